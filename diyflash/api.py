@@ -1,0 +1,130 @@
+"""The public API promised by the seed (../shared/spec/seed-api.md): validate, resolve, call the op."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
+from .kernels import interpreter_active
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def _check_dtypes(**tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"Unsupported dtype {t.dtype} for {name}: supported are torch.float16, torch.bfloat16 and torch.float32"
+            )
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) > 1:
+        listed = ", ".join(f"{n} {t.dtype}" for n, t in tensors.items())
+        raise TypeError(f"dtypes must match, got {listed}")
+
+
+def _check_devices(**tensors: torch.Tensor) -> None:
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        listed = ", ".join(f"{n} on {t.device}" for n, t in tensors.items())
+        raise ValueError(f"all inputs must be on the same device, got {listed}")
+    device = next(iter(devices))
+    if device.type != "cuda" and not interpreter_active():
+        raise ValueError(
+            f"CUDA tensors required, got tensors on {device}. CPU tensors run the same Triton kernels "
+            "under TRITON_INTERPRET=1; torch.ops.diyflash.* also accept CPU tensors (PyTorch path)."
+        )
+
+
+def _check_seq_lens(seq_lens, batch: int, seq_len_k: int, device: torch.device) -> None:
+    if not isinstance(seq_lens, torch.Tensor):
+        raise ValueError(f"seq_lens must be a torch.Tensor of dtype torch.int32, got {type(seq_lens).__name__}")
+    if seq_lens.dtype != torch.int32:
+        raise ValueError(f"seq_lens must have dtype torch.int32, got {seq_lens.dtype}")
+    if tuple(seq_lens.shape) != (batch,):
+        raise ValueError(f"seq_lens must have shape (batch,) = ({batch},), got {tuple(seq_lens.shape)}")
+    if seq_lens.device != device:
+        raise ValueError(f"seq_lens must be on the inputs' device {device}, got {seq_lens.device}")
+    if _tracing() or seq_lens.numel() == 0:
+        return  # values are data: checked eagerly only (the kernels clamp them, so tracing stays safe)
+    bad = (seq_lens <= 0) | (seq_lens > seq_len_k)
+    if bool(bad.any()):
+        idx = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"seq_lens must satisfy 0 < seq_lens[i] <= seq_len ({seq_len_k}), "
+            f"got seq_lens[{idx}] = {int(seq_lens[idx])}"
+        )
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    seq_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Exact attention softmax(q k^T * sm_scale) v with O(N) memory, differentiable in q, k, v.
+
+    Args:
+        q: (batch, heads, seq_len_q, head_dim) or (batch*heads, seq_len_q, head_dim).
+        k, v: (batch, heads, seq_len_k, head_dim) or (batch*heads, seq_len_k, head_dim); seq_len_k may
+            differ from seq_len_q. float16, bfloat16 or float32, all three the same dtype, on one
+            CUDA device (or CPU under TRITON_INTERPRET=1). Any strides: a (B, H, N, D) view of
+            (B, N, H, D) storage is read in place, not copied.
+        causal: query i attends to keys j <= i + seq_len_k - seq_len_q (aligned to the bottom-right
+            corner, as flash-attn; the usual j <= i when the lengths are equal). A row that sees no
+            key outputs 0.
+        sm_scale: score scale, default 1 / sqrt(head_dim).
+        seq_lens: optional (batch,) int32 valid lengths, batch = q.shape[0] (for 3-D inputs every
+            row of the leading dim is its own sample). Keys at positions >= seq_lens[b] are ignored
+            and query rows >= seq_lens[b] output 0. Requires 0 < seq_lens[b] <= seq_len_k; the values
+            are checked eagerly (one device sync), not while compiling or exporting.
+
+    Returns:
+        A tensor shaped like q, in q's dtype (fp16/bf16 computed natively with fp32 accumulation,
+        fp32 with fp32-accurate dots), laid out in memory like q.
+
+    Raises:
+        ValueError: rank not 3 or 4 ("Expected 3D or 4D tensors"), incompatible shapes, not CUDA
+            ("CUDA tensors required"), different devices, "Unsupported head_dim", bad seq_lens.
+        TypeError: "Unsupported dtype", "dtypes must match", non-numeric sm_scale.
+        ModuleNotFoundError: "triton is required" when triton is missing.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(
+            f"Expected 3D or 4D tensors of the same rank, got q.dim()={q.dim()}, k.dim()={k.dim()}, v.dim()={v.dim()}"
+        )
+    _check_dtypes(q=q, k=k, v=v)
+    _check_devices(q=q, k=k, v=v)
+    lead = q.shape[:-2]
+    if k.shape[:-2] != lead or k.shape[-1] != q.shape[-1] or v.shape != k.shape:
+        layout = "(batch, heads, seq_len, head_dim)" if q.dim() == 4 else "(batch*heads, seq_len, head_dim)"
+        raise ValueError(
+            f"Incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected {layout} "
+            "with equal batch, heads and head_dim, and v shaped like k"
+        )
+    head_dim = q.shape[-1]
+    if head_dim % 8 != 0 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"Unsupported head_dim {head_dim}: supported are multiples of 8 from 8 to {MAX_HEAD_DIM}"
+        )
+    if sm_scale is not None:
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+            raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
+        if not math.isfinite(sm_scale):
+            raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+        sm_scale = float(sm_scale)
+    if seq_lens is not None:
+        _check_seq_lens(seq_lens, q.shape[0], k.shape[-2], q.device)
+    return torch.ops.diyflash.attention(q, k, v, causal=bool(causal), scale=sm_scale, seq_lens=seq_lens)

@@ -1,0 +1,42 @@
+"""Where a kernel runs: Triton on CUDA, Triton's interpreter on CPU, or the PyTorch path.
+
+Nothing here imports triton: a CPU-only machine without triton must still import diyflash and run
+the PyTorch implementation. Triton is imported the first time a Triton kernel is needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+# Triton decides interpreter-or-compiler when `@triton.jit` executes (at import of a kernel module),
+# from the same variable and with the same spelling rules as triton.knobs' env_bool.
+_TRUTHY = ("1", "true", "yes", "on", "y")
+
+
+def interpreter_active() -> bool:
+    """True when TRITON_INTERPRET asks Triton to run kernels on CPU tensors through its interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUTHY
+
+
+def uses_triton(t: torch.Tensor) -> bool:
+    """Whether the Triton kernels serve this tensor (CUDA, or CPU under the interpreter).
+
+    float64 always takes the PyTorch path: it exists for gradcheck, not for speed.
+    """
+    if t.dtype == torch.float64:
+        return False
+    return t.is_cuda or (t.device.type == "cpu" and interpreter_active())
+
+
+def require_triton():
+    """Import triton or raise the error table's ModuleNotFoundError ("triton is required")."""
+    try:
+        return importlib.import_module("triton")
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            "triton is required to run diyflash's kernels (on CUDA tensors, or on CPU tensors under "
+            "TRITON_INTERPRET=1), but it is not installed: pip install 'triton>=3.6'"
+        ) from e

@@ -1,0 +1,631 @@
+"""FlashAttention-2 forward and backward in Triton, and their launchers.
+
+Ladder: `_attn_fwd_kernel` (jit) -> `attention_fwd` (launcher) -> `diyflash::attention_fwd` (op, in
+diyflash/ops) -> `diyflash.flash_attention` (public). This module knows nothing of torch.library.
+
+Layout: every tensor is addressed through four strides (batch z, head h, row, dim), so any
+permutation or slice of storage is read in place. A 3-D (BH, N, D) input is viewed as (BH, 1, N, D).
+
+Semantics shared by all kernels (and by the PyTorch path in attention_torch.py):
+- scores are s = (q . k) * scale; the kernels work in base 2: qk_scale = scale * log2(e).
+- causal: query i sees key j iff j <= i + (seq_len_k - seq_len_q) (bottom-right alignment).
+- seq_lens[z] = L (optional): keys j >= L are ignored and query rows i >= L output 0 (lse = -inf).
+  L is clamped to [0, N] inside the kernels, so a bad value can never read out of bounds.
+- a row that sees no key outputs 0 and has lse = -inf; no NaN from finite inputs.
+- lse is the natural-log log-sum-exp of the scaled scores, fp32, shape (Z, H, N_q).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._runtime import interpreter_active, require_triton
+from .attention_configs import AttnConfig, bwd_config, fwd_config
+
+triton = require_triton()
+import triton.language as tl  # noqa: E402  (after the friendly import check above)
+
+LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # ln(2): converts a base-2 lse back to natural log
+MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
+
+
+# ----------------------------------------------------------------------------------------------------
+# Helpers shared by the kernels
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS: tl.constexpr):
+    """Rows < q_len and keys < kv_len take part; the rest is padding."""
+    q_len = seq_len_q
+    kv_len = seq_len_k
+    if HAS_SEQ_LENS:
+        valid = tl.load(seq_lens_ptr + off_z)
+        valid = tl.maximum(valid, 0)
+        q_len = tl.minimum(q_len, valid)
+        kv_len = tl.minimum(kv_len, valid)
+    return q_len, kv_len
+
+
+@triton.jit
+def _load(ptrs, mask, UPCAST: tl.constexpr):
+    # UPCAST: only under Triton's interpreter, whose bf16 tl.dot is wrong (triton-lang/triton#11584);
+    # bf16 tiles are widened to fp32 right after the load there. Compiled kernels never take it.
+    if mask is None:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+# ----------------------------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, q,
+    k_ptrs, v_ptrs, step_k, step_v,
+    offs_m, offs_n, d_mask,
+    lo, hi, kv_len, causal_offset, qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Online softmax over key blocks [lo, hi). MASKED blocks apply the key-length and causal masks;
+    unmasked blocks are fully in range and fully visible to every row of this query block."""
+    k_ptrs += tl.cast(lo, tl.int64) * step_k
+    v_ptrs += tl.cast(lo, tl.int64) * step_v
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            kv_mask = cols < kv_len
+            k = _load(k_ptrs, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
+        elif EVEN_D:
+            k = _load(k_ptrs, None, UPCAST)
+        else:
+            k = _load(k_ptrs, d_mask[:, None], UPCAST)
+        # -- scores, base 2 --
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        if MASKED:
+            visible = kv_mask[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            s = tl.where(visible, s, float("-inf"))
+        # -- online softmax update --
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
+            # a row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- accumulate p @ v --
+        if MASKED:
+            v = _load(v_ptrs, kv_mask[:, None] & d_mask[None, :], UPCAST)
+        elif EVEN_D:
+            v = _load(v_ptrs, None, UPCAST)
+        else:
+            v = _load(v_ptrs, d_mask[None, :], UPCAST)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+        k_ptrs += BLOCK_N * step_k
+        v_ptrs += BLOCK_N * step_v
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seq_lens_ptr,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_lz, stride_lh,
+    num_heads, seq_len_q, seq_len_k,
+    qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
+    off_h = tl.program_id(1)
+    off_z = tl.program_id(2)
+    if CAUSAL:
+        # the last query blocks see the most keys: launch them first so the tail of the grid is short
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
+    causal_offset = seq_len_k - seq_len_q
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+
+    # 64-bit base offsets: z * stride_z alone can pass 2^31 elements
+    q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    q_ptrs = q_base + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # k^T tile (D, BLOCK_N)
+    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+
+    q = _load(q_ptrs, (offs_m < q_len)[:, None] & d_mask[None, :], UPCAST)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+
+    # -- key range: [0, full_hi) is visible to every row of the block, [full_hi, hi) needs masks --
+    if CAUSAL:
+        hi = tl.minimum(kv_len, start_m + BLOCK_M + causal_offset)
+        full_hi = tl.minimum(kv_len, start_m + 1 + causal_offset)
+    else:
+        hi = kv_len
+        full_hi = kv_len
+    hi = tl.maximum(hi, 0)
+    full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
+    # a block made only of padding rows skips every key
+    hi = tl.where(start_m < q_len, hi, 0)
+    full_hi = tl.where(start_m < q_len, full_hi, 0)
+
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
+        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+    )
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
+        BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+    )
+
+    # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf --
+    row_live = (l_i > 0) & (offs_m < q_len)
+    l_safe = tl.where(row_live, l_i, 1.0)
+    out = tl.where(row_live[:, None], acc / l_safe[:, None], 0.0)
+    lse = tl.where(row_live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # * ln(2)
+
+    o_ptrs = (out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+              + offs_m.to(tl.int64)[:, None] * stride_om + offs_d[None, :] * stride_od)
+    row_in = offs_m < seq_len_q
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & d_mask[None, :])
+    l_ptrs = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m
+    tl.store(l_ptrs, lse, mask=row_in)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Backward: delta = rowsum(dout * out) - dlse, then a dk/dv kernel (one program per key block) and a
+# dq kernel (one program per query block). Each output element is written by exactly one program in a
+# fixed loop order: no atomics, so gradients are bitwise deterministic.
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _attn_bwd_preprocess_kernel(
+    out_ptr, dout_ptr, lse_ptr, dlse_ptr, delta_ptr, lse2_ptr,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_gz, stride_gh, stride_gm, stride_gd,
+    stride_lz, stride_lh,
+    stride_dlz, stride_dlh, stride_dlm,
+    num_heads, seq_len_q,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
+):
+    off_h = tl.program_id(1)
+    off_z = tl.program_id(2)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    row_in = offs_m < seq_len_q
+    mask = row_in[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o = tl.load(out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+                + offs_m.to(tl.int64)[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+                 + offs_m.to(tl.int64)[:, None] * stride_gm + offs_d[None, :] * stride_gd, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        # d lse_i / d s_ij = p_ij, so a gradient on lse joins delta with the opposite sign
+        dlse = tl.load(dlse_ptr + off_z.to(tl.int64) * stride_dlz + off_h.to(tl.int64) * stride_dlh
+                       + offs_m * stride_dlm, mask=row_in, other=0.0)
+        delta -= dlse.to(tl.float32)
+    # the backward needs lse in base 2; a row that saw no key (lse = -inf) gets +inf so that
+    # p = exp2(s - lse2) = 0 for it everywhere, masked block or not
+    lse = tl.load(lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m,
+                  mask=row_in, other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # * log2(e)
+    row_off = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q + offs_m
+    tl.store(delta_ptr + row_off, delta, mask=row_in)
+    tl.store(lse2_ptr + row_off, lse2, mask=row_in)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(
+    dk, dv, k, v,
+    q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, step_q, step_do,
+    offs_m, offs_n, d_mask,
+    lo, hi, q_len, kv_len, causal_offset, qk_scale,
+    BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
+    (keys x queries) so that p^T and ds^T come straight out of the dots."""
+    q_ptrs += tl.cast(lo, tl.int64) * step_q
+    do_ptrs += tl.cast(lo, tl.int64) * step_do
+    lse2_ptrs += lo
+    delta_ptrs += lo
+    for start_m in tl.range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        if MASKED:
+            row_mask = rows < q_len
+            q = _load(q_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
+            do = _load(do_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
+            lse2 = tl.load(lse2_ptrs, mask=row_mask, other=float("inf"))
+            delta = tl.load(delta_ptrs, mask=row_mask, other=0.0)
+        else:
+            q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
+            do = _load(do_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
+            lse2 = tl.load(lse2_ptrs)
+            delta = tl.load(delta_ptrs)
+        # -- p^T (keys x queries) from the saved statistics --
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        p_t = tl.math.exp2(s_t - lse2[None, :])
+        if MASKED:
+            visible = (offs_n < kv_len)[:, None] & row_mask[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[:, None] <= rows[None, :] + causal_offset)
+            p_t = tl.where(visible, p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        # -- ds^T = p^T * (dp^T - delta) --
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        q_ptrs += BLOCK_M * step_q
+        do_ptrs += BLOCK_M * step_do
+        lse2_ptrs += BLOCK_M
+        delta_ptrs += BLOCK_M
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, seq_lens_ptr,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_gz, stride_gh, stride_gm, stride_gd,
+    stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+    num_heads, seq_len_q, seq_len_k,
+    qk_scale, scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
+    off_h = tl.program_id(1)
+    off_z = tl.program_id(2)
+    pid_n = tl.program_id(0)  # causal: the first key blocks are seen by the most queries, and go first
+    q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
+    causal_offset = seq_len_k - seq_len_q
+
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+    kv_mask = (offs_n < kv_len)[:, None] & d_mask[None, :]
+
+    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    k = _load(k_base + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kv_mask, UPCAST)
+    v = _load(v_base + offs_n.to(tl.int64)[:, None] * stride_vn + offs_d[None, :] * stride_vd, kv_mask, UPCAST)
+
+    q_ptrs = (q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+              + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+    do_ptrs = (dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+               + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd)
+    row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
+    lse2_ptrs = lse2_ptr + row_base + offs_m
+    delta_ptrs = delta_ptr + row_base + offs_m
+
+    # -- query range: [lo, mid) masked (causal diagonal), [mid, full_end) unmasked, rest masked tail --
+    if CAUSAL:
+        lo = tl.maximum(start_n - causal_offset, 0) // BLOCK_M * BLOCK_M
+        # rows i >= start_n + BLOCK_N - 1 - causal_offset see every key of this block
+        mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0), BLOCK_M) * BLOCK_M
+        mid = tl.maximum(mid, lo)
+    else:
+        lo = 0
+        mid = 0
+    # a partial key block masks every query block; a block of padding keys sees none (dk = dv = 0)
+    mid = tl.where(start_n + BLOCK_N > kv_len, tl.cdiv(q_len, BLOCK_M) * BLOCK_M, mid)
+    lo = tl.where(start_n >= kv_len, mid, lo)
+    full_end = q_len // BLOCK_M * BLOCK_M
+
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+        offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
+        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+    )
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+        offs_m, offs_n, d_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
+        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+    )
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+        offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
+        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+    )
+    dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
+
+    key_in = (offs_n < seq_len_k)[:, None] & d_mask[None, :]
+    dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_h.to(tl.int64) * stride_dkh
+               + offs_n.to(tl.int64)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+    dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_h.to(tl.int64) * stride_dvh
+               + offs_n.to(tl.int64)[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
+    tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=key_in)
+    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=key_in)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq, q, do, lse2, delta,
+    k_ptrs, v_ptrs, step_k, step_v,
+    offs_m, offs_n, d_mask,
+    lo, hi, kv_len, causal_offset, qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """Accumulate dq of one query block over the key blocks [lo, hi)."""
+    k_ptrs += tl.cast(lo, tl.int64) * step_k
+    v_ptrs += tl.cast(lo, tl.int64) * step_v
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            kv_mask = cols < kv_len
+            k_t = _load(k_ptrs, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
+            v_t = _load(v_ptrs, kv_mask[None, :] & d_mask[:, None], UPCAST)
+        else:
+            k_t = _load(k_ptrs, None if EVEN_D else d_mask[:, None], UPCAST)
+            v_t = _load(v_ptrs, None if EVEN_D else d_mask[:, None], UPCAST)
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse2[:, None])
+        if MASKED:
+            visible = kv_mask[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)
+        k_ptrs += BLOCK_N * step_k
+        v_ptrs += BLOCK_N * step_v
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_ptr, seq_lens_ptr,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_gz, stride_gh, stride_gm, stride_gd,
+    stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+    num_heads, seq_len_q, seq_len_k,
+    qk_scale, scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
+    off_h = tl.program_id(1)
+    off_z = tl.program_id(2)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
+    causal_offset = seq_len_k - seq_len_q
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+    row_mask = offs_m < q_len
+    qd_mask = row_mask[:, None] & d_mask[None, :]
+
+    q = _load(q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+              + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd, qd_mask, UPCAST)
+    do = _load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+               + offs_m.to(tl.int64)[:, None] * stride_gm + offs_d[None, :] * stride_gd, qd_mask, UPCAST)
+    row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
+    lse2 = tl.load(lse2_ptr + row_base + offs_m, mask=row_mask, other=float("inf"))
+    delta = tl.load(delta_ptr + row_base + offs_m, mask=row_mask, other=0.0)
+
+    k_ptrs = (k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+              + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd)
+    v_ptrs = (v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+              + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd)
+
+    if CAUSAL:
+        hi = tl.minimum(kv_len, start_m + BLOCK_M + causal_offset)
+        full_hi = tl.minimum(kv_len, start_m + 1 + causal_offset)
+    else:
+        hi = kv_len
+        full_hi = kv_len
+    hi = tl.maximum(hi, 0)
+    full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
+    hi = tl.where(start_m < q_len, hi, 0)
+    full_hi = tl.where(start_m < q_len, full_hi, 0)
+
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
+        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+    )
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
+        BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+    )
+    dq *= scale
+
+    dq_ptrs = (dq_ptr + off_z.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh
+               + offs_m.to(tl.int64)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
+    tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=(offs_m < seq_len_q)[:, None] & d_mask[None, :])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------------
+def head_dim_pad(head_dim: int) -> int:
+    """Tile width along head_dim: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(BH, N, D) -> (BH, 1, N, D) view; 4-D passes through. Never copies."""
+    return t.unsqueeze(1) if t.dim() == 3 else t
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    return tuple(t.stride())  # type: ignore[return-value]
+
+
+def _z_chunks(z: int):
+    """CUDA caps a grid's z dimension at 65535: launch larger batches in slices (views, no copy)."""
+    for z0 in range(0, z, MAX_GRID_Z):
+        yield z0, min(z, z0 + MAX_GRID_Z)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs must stay fp32-accurate: no TF32. fp16/bf16 ignore the setting.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _upcast(dtype: torch.dtype) -> bool:
+    return dtype == torch.bfloat16 and interpreter_active()
+
+
+def attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    seq_lens: torch.Tensor | None,
+    config: AttnConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k, v: same with N_k. Returns
+    (out, lse): out = torch.empty_like(q) (so q's memory layout), lse fp32 (..., N_q) contiguous."""
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    q4, k4, v4, o4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out)
+    lse3 = lse.unsqueeze(1) if q.dim() == 3 else lse
+    z, h, n_q, d = q4.shape
+    n_k = k4.shape[2]
+    d_pad = head_dim_pad(d)
+    cfg = config or fwd_config(d_pad, q.dtype, q.device, interpreter_active())
+    for z0, z1 in _z_chunks(z):
+        grid = (triton.cdiv(n_q, cfg.block_m), h, z1 - z0)
+        sl = seq_lens[z0:z1] if seq_lens is not None else None
+        _attn_fwd_kernel[grid](
+            q4[z0:z1], k4[z0:z1], v4[z0:z1], o4[z0:z1], lse3[z0:z1], sl,
+            *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
+            lse3.stride(0), lse3.stride(1),
+            h, n_q, n_k,
+            scale * LOG2E,
+            HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
+            DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    return out, lse
+
+
+def attention_bwd(
+    dout: torch.Tensor,
+    dlse: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+    seq_lens: torch.Tensor | None,
+    config: AttnConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
+    Returns (dq, dk, dv) allocated with empty_like(q/k/v)."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
+    o4, g4 = _as_4d(out), _as_4d(dout)
+    dq4, dk4, dv4 = _as_4d(dq), _as_4d(dk), _as_4d(dv)
+    lse3 = lse.unsqueeze(1) if q.dim() == 3 else lse
+    z, h, n_q, d = q4.shape
+    n_k = k4.shape[2]
+    if n_q == 0 or n_k == 0 or z == 0 or h == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    dlse3 = None
+    if dlse is not None:
+        dlse3 = dlse.unsqueeze(1) if q.dim() == 3 else dlse
+    d_pad = head_dim_pad(d)
+    cfg = config or bwd_config(d_pad, q.dtype, q.device, interpreter_active())
+    # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
+    delta = torch.empty((z, h, n_q), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    dot_precision, upcast = _dot_precision(q.dtype), _upcast(q.dtype)
+    pre_block = 64
+    for z0, z1 in _z_chunks(z):
+        zs = slice(z0, z1)
+        _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_block), h, z1 - z0)](
+            o4[zs], g4[zs], lse3[zs], dlse3[zs] if dlse3 is not None else None, delta[zs], lse2[zs],
+            *_strides(o4), *_strides(g4),
+            lse3.stride(0), lse3.stride(1),
+            *((dlse3.stride(0), dlse3.stride(1), dlse3.stride(2)) if dlse3 is not None else (0, 0, 0)),
+            h, n_q,
+            HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None,
+        )
+        sl = seq_lens[zs] if seq_lens is not None else None
+        common = dict(
+            HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
+            DOT_PRECISION=dot_precision, UPCAST=upcast,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), h, z1 - z0)](
+            q4[zs], k4[zs], v4[zs], g4[zs], lse2[zs], delta[zs], dk4[zs], dv4[zs], sl,
+            *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
+            h, n_q, n_k, scale * LOG2E, scale,
+            **common,
+        )
+        _attn_bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), h, z1 - z0)](
+            q4[zs], k4[zs], v4[zs], g4[zs], lse2[zs], delta[zs], dq4[zs], sl,
+            *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
+            h, n_q, n_k, scale * LOG2E, scale,
+            **common,
+        )
+    return dq, dk, dv
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

@@ -1,0 +1,9 @@
+"""torch.library registration of every diyflash:: operator (schemas from csrc_registry/).
+
+Importing this package registers the ops. It imports diyflash.kernels, never diyflash.api.
+"""
+
+from . import attention  # noqa: F401  (registers diyflash::attention, attention_fwd, attention_bwd)
+from .registry import registry
+
+__all__ = ["registry"]

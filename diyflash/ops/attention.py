@@ -1,0 +1,109 @@
+"""diyflash::attention and its internal forward/backward ops.
+
+Design (FACTS.md, "one verified way"):
+- `diyflash::attention_fwd -> (out, lse)` is a custom_op with an exact fake and an autograd formula
+  whose backward calls `diyflash::attention_bwd -> (dq, dk, dv)`, another custom_op with a fake. The
+  backward reuses the forward's lse, so a compiled training step holds only diyflash ops.
+- `diyflash::attention -> out` is defined with Library.define and a CompositeImplicitAutograd impl
+  returning attention_fwd(...)[0]: users write torch.ops.diyflash.attention(q, k, v) and get a
+  Tensor; torch.export keeps diyflash.attention in the graph and run_decompositions() lowers it to
+  attention_fwd.
+
+Devices: CUDA tensors run the Triton kernels; CPU tensors run the same kernels under
+TRITON_INTERPRET=1 and the PyTorch blocked implementation otherwise; float64 always takes the
+PyTorch path (it exists for gradcheck).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.library import Library, custom_op
+
+from ..kernels import uses_triton
+from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked
+from .registry import NAMESPACE, entry
+
+
+def _resolve_scale(scale: float | None, head_dim: int) -> float:
+    # scale=None is resolved here, inside the op: a float that varies would recompile compiled graphs
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def _prepare_seq_lens(seq_lens: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    # (B,) lengths: a handful of integers, so normalising dtype/layout here costs nothing
+    if seq_lens is None:
+        return None
+    return seq_lens.to(device=device, dtype=torch.int32).contiguous()
+
+
+def _kernels():
+    from ..kernels import attention as triton_attention  # imports triton (or explains its absence)
+
+    return triton_attention
+
+
+_FWD = entry("attention_fwd")
+_BWD = entry("attention_bwd")
+_ATTN = entry("attention")
+
+
+@custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
+def attention_fwd(q, k, v, causal, scale, seq_lens):
+    scale = _resolve_scale(scale, q.shape[-1])
+    seq_lens = _prepare_seq_lens(seq_lens, q.device)
+    if uses_triton(q):
+        return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens)
+    return attention_fwd_blocked(q, k, v, causal, scale, seq_lens)
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, causal, scale, seq_lens):
+    # the launchers' allocation list, nothing else
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@custom_op(_BWD.qualname, mutates_args=(), schema=_BWD.signature)
+def attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
+    scale = _resolve_scale(scale, q.shape[-1])
+    seq_lens = _prepare_seq_lens(seq_lens, q.device)
+    if uses_triton(q):
+        return _kernels().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens)
+    return attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens)
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, seq_lens = inputs
+    out, lse = output
+    # every gradient needs all of q, k, v, out and lse (p = exp(s - lse) and ds = p * (dp - delta))
+    ctx.save_for_backward(q, k, v, out, lse, seq_lens)
+    ctx.causal = causal
+    ctx.scale = scale
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, seq_lens = ctx.saved_tensors
+    dq, dk, dv = torch.ops.diyflash.attention_bwd(
+        dout, dlse, q, k, v, out, lse, ctx.causal, ctx.scale, seq_lens
+    )
+    return dq, dk, dv, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+# The op users call. Kept alive for the life of the process: dropping a Library deregisters its ops.
+_lib = Library(NAMESPACE, "FRAGMENT")
+_lib.define(_ATTN.schema)
+
+
+def _attention_composite(q, k, v, causal=False, scale=None, seq_lens=None):
+    return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens)[0]
+
+
+_lib.impl(_ATTN.name, _attention_composite, "CompositeImplicitAutograd")
