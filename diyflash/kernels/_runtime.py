@@ -11,8 +11,10 @@ import os
 
 import torch
 
-# Triton decides interpreter-or-compiler when `@triton.jit` executes (at import of a kernel module),
-# from the same variable and with the same spelling rules as triton.knobs' env_bool.
+# Triton decides interpreter-or-compiler when `@triton.jit` executes, from the same variable and with
+# the same spelling rules as triton.knobs' env_bool; for its own standard library (tl.max's combine
+# function, tl.cdiv, ...) that is when triton.language is first imported. So TRITON_INTERPRET must be
+# set before triton is imported (torch may import it), i.e. before the process imports torch.
 _TRUTHY = ("1", "true", "yes", "on", "y")
 
 

@@ -41,11 +41,11 @@ def _visible(rows, cols, q_len, kv_len, causal: bool, causal_offset: int) -> tor
 
 
 def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n: int = BLOCK_N):
+    acc_t = _acc_dtype(q.dtype)
     out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=acc_t, device=q.device)
     if out.numel() == 0:
         return out, lse
-    acc_t = _acc_dtype(q.dtype)
     q4, k4, v4 = _as_4d(q).to(acc_t), _as_4d(k), _as_4d(v)
     z, h, n_q, _ = q4.shape
     n_k = k4.shape[2]

@@ -60,8 +60,9 @@ def attention_fwd(q, k, v, causal, scale, seq_lens):
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, seq_lens):
-    # the launchers' allocation list, nothing else
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    # the launchers' allocation list, nothing else (lse is fp32; fp64 only for fp64 inputs)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=lse_dtype)
 
 
 @custom_op(_BWD.qualname, mutates_args=(), schema=_BWD.signature)

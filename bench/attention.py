@@ -1,0 +1,139 @@
+"""Attention benchmark: diyflash against SDPA's flash (FlashAttention-2) and cuDNN backends, measured
+in the same run.
+
+    python -m bench.attention [--shapes 4x32x64 4x16x128] [--n 1024 2048 ...] [--dtypes fp16 bf16]
+                              [--modes fwd bwd] [--causal both] [--out results.jsonl]
+
+FLOPs (STYLE.md #11): fwd = 4 * B * H * N^2 * D, halved when causal; bwd = 2.5 * fwd (2.0 for the
+backward's four matmuls + 0.5 for recomputing q k^T). The backward is timed alone: the forward runs
+once, then autograd.grad(out, (q, k, v), dout) is timed with the graph retained. Times are medians of
+triton.testing.do_bench (CUDA events) with p20/p80; every row carries provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from bench.common import provenance
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def attention_flops(b, h, n_q, n_k, d, causal, mode) -> float:
+    fwd = 4.0 * b * h * n_q * n_k * d * (0.5 if causal else 1.0)
+    return fwd * (2.5 if mode == "bwd" else 1.0)  # bwd = 2.0 (four matmuls) + 0.5 (recompute q k^T)
+
+
+def _providers():
+    import diyflash
+
+    def sdpa(backend):
+        def run(q, k, v, causal):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        return run
+
+    return {
+        "diyflash": lambda q, k, v, causal: diyflash.flash_attention(q, k, v, causal=causal),
+        "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    }
+
+
+def measure(fn, q, k, v, causal, mode):
+    """(median, p20, p80) ms of the forward, or of the backward alone."""
+    import triton
+
+    if mode == "fwd":
+        bench = lambda: fn(q, k, v, causal)  # noqa: E731
+    else:
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        out = fn(qg, kg, vg, causal)
+        dout = torch.randn_like(out)
+        bench = lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)  # noqa: E731
+    med, p20, p80 = triton.testing.do_bench(bench, warmup=25, rep=100, quantiles=[0.5, 0.2, 0.8])
+    return med, p20, p80
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["4x32x64", "4x16x128"], help="BxHxD")
+    parser.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=list(DTYPES))
+    parser.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
+    parser.add_argument("--causal", choices=["both", "true", "false"], default="both")
+    parser.add_argument("--providers", nargs="+", default=None)
+    parser.add_argument("--out", default=None, help="append JSONL rows here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.attention needs a CUDA GPU", file=sys.stderr)
+        return 2
+
+    providers = _providers()
+    if args.providers:
+        providers = {k: providers[k] for k in args.providers}
+    causals = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
+    prov = provenance()
+    print(f"# {prov['gpu']} | torch {prov['torch']} | triton {prov['triton']} | diyflash {prov['diyflash']}")
+    rows = []
+    for shape in args.shapes:
+        b, h, d = (int(x) for x in shape.split("x"))
+        for dname in args.dtypes:
+            for causal in causals:
+                for n in args.n:
+                    gen = torch.Generator(device="cuda").manual_seed(0)
+                    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=DTYPES[dname], generator=gen)
+                               for _ in range(3))
+                    for mode in args.modes:
+                        for name, fn in providers.items():
+                            try:
+                                med, p20, p80 = measure(fn, q, k, v, causal, mode)
+                            except Exception as e:  # a backend that does not run this shape
+                                print(f"  {name} {shape} n={n} {mode}: {type(e).__name__}: {str(e)[:100]}")
+                                continue
+                            tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
+                            rows.append(dict(prov, provider=name, b=b, h=h, d=d, n=n, dtype=dname,
+                                             causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,
+                                             tflops=tflops))
+                    del q, k, v
+                    torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    print_table(rows)
+    return 0
+
+
+def print_table(rows) -> None:
+    """Markdown table: diyflash TFLOPS and its ratio to each baseline, per cell."""
+    cells = {}
+    for r in rows:
+        key = (r["b"], r["h"], r["d"], r["dtype"], r["causal"], r["mode"], r["n"])
+        cells.setdefault(key, {})[r["provider"]] = r["tflops"]
+    print("| B H D | dtype | causal | pass | N | diyflash | sdpa-flash | sdpa-cudnn | vs flash | vs cudnn |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for key in sorted(cells, key=lambda k: (k[2], k[0], k[1], k[3], k[4], k[5], k[6])):
+        b, h, d, dt, causal, mode, n = key
+        c = cells[key]
+        mine = c.get("diyflash")
+
+        def fmt(x):
+            return f"{x:.0f}" if x is not None else "-"
+
+        def ratio(base):
+            return f"{mine / c[base]:.2f}x" if mine and c.get(base) else "-"
+
+        print(f"| {b} {h} {d} | {dt} | {causal} | {mode} | {n} | {fmt(mine)} | {fmt(c.get('sdpa-flash'))} | "
+              f"{fmt(c.get('sdpa-cudnn'))} | {ratio('sdpa-flash')} | {ratio('sdpa-cudnn')} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

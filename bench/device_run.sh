@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU machine's one call: GPU test suite, config sweep and benchmark; full logs under $OUT.
+#   bash bench/device_run.sh [tests] [sweep] [bench]     (default: all three)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/diyflash-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+[ -d .whl ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site; }
+parts=${*:-tests sweep bench}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+status=0
+if [[ $parts == *tests* ]]; then
+  DIYFLASH_TEST_DEVICE=cuda python3 -m pytest -q --maxfail=25 -p no:cacheprovider --durations=10 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  status=${PIPESTATUS[0]}
+fi
+if [[ $parts == *sweep* ]]; then
+  for c in ${SWEEP_MODES:-plain causal}; do
+    flag=""; [ "$c" = causal ] && flag=--causal
+    python3 -m bench.attention_configs $flag --out "$OUT/configs.jsonl" 2>&1 | tee -a "$OUT/sweep.log"
+  done
+fi
+if [[ $parts == *bench* ]]; then
+  python3 -m bench.attention --out "$OUT/attention.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+fi
+echo "tests exit status: $status"
+exit $status

@@ -1,0 +1,45 @@
+"""Shared test setup: which device the suite runs on, and Triton's interpreter on CPU.
+
+DIYFLASH_TEST_DEVICE=cpu (default, CI): CPU tensors, with TRITON_INTERPRET=1 set here, before any
+kernel module is imported, so the real Triton kernels run through Triton's interpreter.
+DIYFLASH_TEST_DEVICE=cuda (the GPU machine): the same test files on CUDA tensors, compiled kernels.
+"""
+
+import os
+
+DEVICE = os.environ.get("DIYFLASH_TEST_DEVICE", "cpu")
+if DEVICE not in ("cpu", "cuda"):
+    raise RuntimeError(f"DIYFLASH_TEST_DEVICE must be 'cpu' or 'cuda', got {DEVICE!r}")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        # Triton decorates its own standard library (tl.max's combine function, tl.cdiv, ...) when
+        # triton.language is first imported, in the mode TRITON_INTERPRET has then. Import it now, so a
+        # test that later flips the variable for the PyTorch path cannot leave it in compiled mode.
+        import triton.language  # noqa: F401
+    except ModuleNotFoundError:
+        pass
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if DEVICE == "cuda" and not torch.cuda.is_available():
+    raise RuntimeError("DIYFLASH_TEST_DEVICE=cuda but torch.cuda.is_available() is False")
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device(DEVICE)
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """Run CPU tensors through the PyTorch blocked implementation instead of the interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    return torch.device("cpu")
+
+
+def pytest_report_header(config):
+    interp = os.environ.get("TRITON_INTERPRET", "0")
+    gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "none"
+    return f"diyflash tests: device={DEVICE} TRITON_INTERPRET={interp} gpu={gpu} torch={torch.__version__}"

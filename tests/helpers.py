@@ -1,0 +1,53 @@
+"""One seeded input factory for every test (numerics, opcheck, compile, export). The error rule lives
+in diyflash.utils.validation, shared with `python -m diyflash`."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import DEVICE
+
+ON_GPU = DEVICE == "cuda"
+# bf16 runs on CPU too: under the interpreter its tiles are widened to fp32 before tl.dot
+# (triton-lang/triton#11584), so bf16 numerics that matter are the GPU suite's.
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def make_qkv(
+    b: int,
+    h: int,
+    n_q: int,
+    n_k: int,
+    d: int,
+    dtype: torch.dtype = torch.float16,
+    device: torch.device | str = DEVICE,
+    layout: str = "bhnd",
+    requires_grad: bool = False,
+    seed: int = 0,
+):
+    """q (b, h, n_q, d), k and v (b, h, n_k, d), drawn from a seeded generator.
+
+    layout: "bhnd" contiguous; "bnhd" a (b, h, n, d) view of (b, n, h, d) storage (non-contiguous,
+    read in place by the kernels); "3d" (b*h, n, d); "sliced" a view of a wider head_dim buffer
+    (non-dense: rows are strided past the data).
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def one(n: int) -> torch.Tensor:
+        if layout == "bnhd":
+            t = torch.randn(b, n, h, d, generator=gen).to(device=device, dtype=dtype).transpose(1, 2)
+        elif layout == "3d":
+            t = torch.randn(b * h, n, d, generator=gen).to(device=device, dtype=dtype)
+        elif layout == "sliced":
+            t = torch.randn(b, h, n, d + 8, generator=gen).to(device=device, dtype=dtype)[..., :d]
+        else:
+            assert layout == "bhnd", layout
+            t = torch.randn(b, h, n, d, generator=gen).to(device=device, dtype=dtype)
+        return t.requires_grad_(requires_grad)
+
+    return one(n_q), one(n_k), one(n_k)
+
+
+def random_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(t.shape, generator=gen).to(device=t.device, dtype=t.dtype)

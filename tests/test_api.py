@@ -1,0 +1,174 @@
+"""diyflash.flash_attention / reference_attention: every row of the seed's error table (type and
+phrase, naming the bad values) and the seed's examples as written (device adapted)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import diyflash
+from diyflash import flash_attention, reference_attention
+from helpers import ON_GPU, make_qkv
+
+
+def qkv(device, shape=(2, 2, 16, 32), dtype=torch.float16):
+    return tuple(torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+
+
+@pytest.mark.parametrize(
+    "make, exc, phrases",
+    [
+        (lambda d: (torch.randn(16, 32, device=d),) * 3, ValueError, ["Expected 3D or 4D tensors", "q.dim()=2"]),
+        (lambda d: (torch.randn(1, 2, 3, 4, 8, device=d),) * 3, ValueError, ["Expected 3D or 4D tensors", "5"]),
+        (lambda d: (torch.randn(2, 2, 16, 32, device=d),) + qkv(d)[1:], TypeError, ["dtypes must match", "float32", "float16"]),
+        (lambda d: qkv(d, dtype=torch.float64), TypeError, ["Unsupported dtype", "float64"]),
+        (lambda d: qkv(d, dtype=torch.int32) if False else tuple(torch.ones(2, 2, 16, 32, dtype=torch.int32, device=d) for _ in range(3)),
+         TypeError, ["Unsupported dtype", "int32"]),
+        (lambda d: qkv(d, shape=(2, 2, 16, 12)), ValueError, ["Unsupported head_dim 12", "multiples of 8"]),
+        (lambda d: qkv(d, shape=(2, 2, 16, 264)), ValueError, ["Unsupported head_dim 264", "256"]),
+        (lambda d: (torch.randn(2, 2, 16, 32, device=d, dtype=torch.float16), torch.randn(2, 3, 16, 32, device=d, dtype=torch.float16),
+                    torch.randn(2, 3, 16, 32, device=d, dtype=torch.float16)), ValueError, ["Incompatible shapes", "(2, 3, 16, 32)"]),
+        (lambda d: (torch.randn(2, 2, 16, 32, device=d, dtype=torch.float16), torch.randn(2, 2, 16, 32, device=d, dtype=torch.float16),
+                    torch.randn(2, 2, 15, 32, device=d, dtype=torch.float16)), ValueError, ["Incompatible shapes", "v (2, 2, 15, 32)"]),
+        (lambda d: (torch.randn(2, 2, 16, 32, device=d, dtype=torch.float16), torch.randn(2, 2, 16, 64, device=d, dtype=torch.float16),
+                    torch.randn(2, 2, 16, 64, device=d, dtype=torch.float16)), ValueError, ["Incompatible shapes", "head_dim"]),
+        (lambda d: (torch.randn(4, 16, 32, device=d), torch.randn(2, 2, 16, 32, device=d), torch.randn(2, 2, 16, 32, device=d)),
+         ValueError, ["Expected 3D or 4D tensors of the same rank", "k.dim()=4"]),
+    ],
+    ids=["2d", "5d", "dtype-mismatch", "float64", "int32", "head_dim-12", "head_dim-264", "heads", "v-shape",
+         "k-head_dim", "rank-mismatch"],
+)
+def test_error_table(device, make, exc, phrases):
+    q, k, v = make(device)
+    with pytest.raises(exc) as info:
+        flash_attention(q, k, v)
+    for phrase in phrases:
+        assert phrase in str(info.value), f"{phrase!r} not in {info.value!r}"
+
+
+@pytest.mark.parametrize(
+    "seq_lens, phrases",
+    [
+        (torch.tensor([16, 8], dtype=torch.int64), ["dtype torch.int32", "torch.int64"]),
+        (torch.tensor([16, 8, 4], dtype=torch.int32), ["shape (batch,) = (2,)", "(3,)"]),
+        (torch.tensor([16, 0], dtype=torch.int32), ["0 < seq_lens[i] <= seq_len (16)", "seq_lens[1] = 0"]),
+        (torch.tensor([17, 4], dtype=torch.int32), ["0 < seq_lens[i] <= seq_len (16)", "seq_lens[0] = 17"]),
+        ([16, 8], ["torch.Tensor", "list"]),
+    ],
+    ids=["dtype", "shape", "zero", "too-long", "not-tensor"],
+)
+def test_bad_seq_lens(device, seq_lens, phrases):
+    q, k, v = qkv(device)
+    if isinstance(seq_lens, torch.Tensor):
+        seq_lens = seq_lens.to(device)
+    with pytest.raises(ValueError) as info:
+        flash_attention(q, k, v, seq_lens=seq_lens)
+    for phrase in phrases:
+        assert phrase in str(info.value)
+
+
+def test_bad_sm_scale(device):
+    q, k, v = qkv(device)
+    with pytest.raises(TypeError, match="sm_scale must be a float"):
+        flash_attention(q, k, v, sm_scale="0.1")
+    with pytest.raises(ValueError, match="sm_scale must be finite, got nan"):
+        flash_attention(q, k, v, sm_scale=float("nan"))
+
+
+def test_cuda_required_outside_interpreter(monkeypatch):
+    """CPU tensors without the interpreter: the seed's "CUDA tensors required" (the op still runs)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = qkv("cpu")
+    with pytest.raises(ValueError, match="CUDA tensors required, got tensors on cpu"):
+        flash_attention(q, k, v)
+    out = torch.ops.diyflash.attention(q.float(), k.float(), v.float())  # PyTorch path
+    torch.testing.assert_close(out, reference_attention(q.float(), k.float(), v.float()))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs two devices: a CUDA one and the CPU")
+def test_mixed_devices(device):
+    q, k, v = qkv(device)
+    with pytest.raises(ValueError, match="same device, got q on cuda:0, k on cpu"):
+        flash_attention(q, k.cpu(), v)
+    with pytest.raises(ValueError, match="seq_lens must be on the inputs' device"):
+        flash_attention(q, k, v, seq_lens=torch.tensor([16, 8], dtype=torch.int32))
+
+
+def test_triton_required(tmp_path):
+    """Without triton: the PyTorch path still works and the kernels say "triton is required"."""
+    script = tmp_path / "no_triton.py"
+    script.write_text(
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, diyflash\n"
+        "q = torch.randn(1, 2, 8, 16)\n"
+        "out = torch.ops.diyflash.attention(q, q, q)\n"
+        "assert out.shape == q.shape\n"
+        "import os; os.environ['TRITON_INTERPRET'] = '1'\n"
+        "try:\n"
+        "    diyflash.flash_attention(q, q, q)\n"
+        "except ModuleNotFoundError as e:\n"
+        "    assert 'triton is required' in str(e), e\n"
+        "    print('OK')\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr
+
+
+def test_empty_inputs_return_empty(device):
+    for shape in ((0, 2, 16, 32), (2, 2, 0, 32), (0, 16, 32)):
+        q, k, v = qkv(device, shape=shape)
+        out = flash_attention(q, k, v, causal=True)
+        assert out.shape == q.shape and out.dtype == q.dtype
+
+
+def test_3d_equals_4d(device):
+    q, k, v = make_qkv(2, 3, 20, 20, 16, torch.float16, device)
+    out4 = flash_attention(q, k, v, causal=True)
+    out3 = flash_attention(*(t.reshape(6, 20, 16) for t in (q, k, v)), causal=True)
+    torch.testing.assert_close(out3.view_as(out4), out4, rtol=0, atol=0)
+
+
+# ---- the seed's examples (docs/003 "示例"), run as written with the device adapted --------------------
+# On CPU (interpreter) the (2, 8, 512, 64) inputs take ~10 s each; on the GPU they are instant.
+
+
+def test_seed_example_basic_causal_varlen(device):
+    q = torch.randn(2, 8, 512, 64, device=device, dtype=torch.float16)
+    k = torch.randn(2, 8, 512, 64, device=device, dtype=torch.float16)
+    v = torch.randn(2, 8, 512, 64, device=device, dtype=torch.float16)
+    out = flash_attention(q, k, v)
+    assert out.shape == (2, 8, 512, 64) and out.dtype == torch.float16
+    out = flash_attention(q, k, v, causal=True)
+    assert out.shape == q.shape
+    seq_lens = torch.tensor([256, 512], device=device, dtype=torch.int32)
+    out = flash_attention(q, k, v, seq_lens=seq_lens)
+    assert (out[0, :, 256:] == 0).all()
+    ref = reference_attention(q[:1, :, :256], k[:1, :, :256], v[:1, :, :256])
+    torch.testing.assert_close(out[:1, :, :256], ref, rtol=1e-2, atol=1e-2)
+
+
+def test_seed_example_3d(device):
+    q_3d = torch.randn(16, 512, 64, device=device, dtype=torch.float16)
+    k_3d = torch.randn(16, 512, 64, device=device, dtype=torch.float16)
+    v_3d = torch.randn(16, 512, 64, device=device, dtype=torch.float16)
+    out_3d = flash_attention(q_3d, k_3d, v_3d)
+    assert out_3d.shape == (16, 512, 64)
+
+
+def test_seed_example_reference(device):
+    q = torch.randn(2, 8, 128, 64, device=device, dtype=torch.float16)
+    k = torch.randn(2, 8, 128, 64, device=device, dtype=torch.float16)
+    v = torch.randn(2, 8, 128, 64, device=device, dtype=torch.float16)
+    flash_out = flash_attention(q, k, v, causal=True)
+    ref_out = reference_attention(q, k, v, causal=True)
+    assert torch.allclose(flash_out, ref_out, rtol=1e-2, atol=1e-2)
+
+
+def test_public_names():
+    assert diyflash.__all__ == ["flash_attention", "reference_attention", "__version__"]
+    from diyflash.reference import reference_attention as seed_path  # the seed's kernels.flash_attn
+
+    assert seed_path is reference_attention

@@ -1,0 +1,206 @@
+"""Numerics of out, dq, dk, dv against a float64 oracle, with flash-attn's 2x-plain-PyTorch rule.
+
+The same file runs on CPU (Triton interpreter, tiny shapes) and on CUDA (adds large shapes).
+"""
+
+import pytest
+import torch
+
+import diyflash  # noqa: F401  (registers the ops)
+from diyflash.reference import attention_ref
+from diyflash.utils.validation import attention_error_reports
+from helpers import DTYPES, ON_GPU, make_qkv, random_like
+
+LENGTHS = [(1, 1), (17, 17), (113, 113), (17, 113), (113, 17), (1, 113), (64, 1)]
+
+
+def _op(q, k, v, causal, scale, seq_lens):
+    return torch.ops.diyflash.attention(q, k, v, causal=causal, scale=scale, seq_lens=seq_lens)
+
+
+def check_attention(q, k, v, causal, scale=None, seq_lens=None, grad=True):
+    """Run diyflash and both references; assert the error rule on out and (optionally) dq, dk, dv."""
+    out, grads, reports = attention_error_reports(_op, q, k, v, causal, scale, seq_lens, grad=grad)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    for g, t in zip(grads or (), (q, k, v)):
+        assert g.dtype == t.dtype and g.shape == t.shape
+    for report in reports:
+        assert report.ok, str(report)
+    return out
+
+
+@pytest.mark.parametrize("n_q,n_k", LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lengths(device, dtype, causal, n_q, n_k):
+    q, k, v = make_qkv(1, 2, n_q, n_k, 32, dtype, device, requires_grad=True)
+    check_attention(q, k, v, causal)
+
+
+@pytest.mark.parametrize("head_dim", [8, 16, 24, 80, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dims(device, head_dim, causal):
+    q, k, v = make_qkv(1, 2, 47, 33, head_dim, torch.float16, device, requires_grad=True)
+    check_attention(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_length_1023(device, causal):
+    q, k, v = make_qkv(1, 1, 1023, 1023, 16, torch.float16, device, requires_grad=True)
+    check_attention(q, k, v, causal)
+
+
+@pytest.mark.parametrize("layout", ["bnhd", "3d", "sliced"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_layouts(device, layout, dtype):
+    q, k, v = make_qkv(2, 3, 37, 50, 32, dtype, device, layout=layout, requires_grad=True)
+    out = check_attention(q, k, v, causal=True)
+    if layout == "bnhd":
+        # the output keeps q's memory layout: (B, N, H, D) storage, so out.transpose(1, 2) is free
+        assert out.stride() == q.stride()
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0])
+def test_explicit_scale(device, scale):
+    q, k, v = make_qkv(1, 2, 29, 29, 32, torch.float32, device, requires_grad=True)
+    check_attention(q, k, v, causal=False, scale=scale)
+
+
+@pytest.mark.parametrize("n_q,n_k", [(64, 64), (40, 64), (64, 40)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_seq_lens(device, causal, n_q, n_k):
+    q, k, v = make_qkv(3, 2, n_q, n_k, 16, torch.float16, device, requires_grad=True)
+    seq_lens = torch.tensor([min(n_q, n_k), 1, 23], dtype=torch.int32, device=device)
+    out = check_attention(q, k, v, causal, seq_lens=seq_lens)
+    # padding rows are exactly zero
+    assert (out[1, :, 1:] == 0).all() and (out[2, :, 23:] == 0).all()
+
+
+def test_fully_masked_rows(device):
+    """Causal with N_q > N_k: the first N_q - N_k rows see no key: out 0, lse -inf, grads finite."""
+    q, k, v = make_qkv(1, 2, 50, 20, 16, torch.float16, device, requires_grad=True)
+    out, lse = torch.ops.diyflash.attention_fwd(q, k, v, True, None, None)
+    assert (out[:, :, :30] == 0).all()
+    assert torch.isneginf(lse[:, :, :30]).all() and torch.isfinite(lse[:, :, 30:]).all()
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), random_like(out))
+    for g in (dq, dk, dv):
+        assert torch.isfinite(g).all()
+    assert (dq[:, :, :30] == 0).all()
+    check_attention(q, k, v, causal=True)
+
+
+def test_lse_matches_reference(device):
+    q, k, v = make_qkv(2, 2, 45, 61, 32, torch.float32, device)
+    _, lse = torch.ops.diyflash.attention_fwd(q, k, v, True, None, None)
+    _, ref = attention_ref(q, k, v, causal=True)
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    torch.testing.assert_close(lse.double(), ref, rtol=0, atol=1e-5)
+
+
+def test_lse_gradient(device):
+    """attention_fwd's lse is differentiable too (d lse / d s = p): checked against the oracle."""
+    q, k, v = make_qkv(1, 2, 33, 40, 16, torch.float32, device, requires_grad=True)
+    out, lse = torch.ops.diyflash.attention_fwd(q, k, v, True, None, None)
+    w = random_like(lse)
+    loss = (out * random_like(out)).sum() + (lse * w).sum()
+    got = torch.autograd.grad(loss, (q, k, v))
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ro, rl = attention_ref(*leaves, causal=True)
+    ref_loss = (ro * random_like(out).double()).sum() + (rl * w.double()).sum()
+    want = torch.autograd.grad(ref_loss, leaves)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-5)
+
+
+def test_zero_stride_grad(device):
+    """out.sum().backward() hands the backward a (0, 0, 0, 0)-strided gradient. (Not bitwise equal to
+    a contiguous ones gradient on GPU: Triton specialises stride == 1 loads, which changes the
+    reduction layout of delta = rowsum(dout * out).)"""
+    q, k, v = make_qkv(1, 2, 21, 21, 16, torch.float32, device, requires_grad=True)
+    torch.ops.diyflash.attention(q, k, v, causal=True).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    out = torch.ops.diyflash.attention(q, k, v, causal=True)
+    out.backward(torch.ones_like(out))
+    for a, t in zip(grads, (q, k, v)):
+        torch.testing.assert_close(a, t.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_is_deterministic(device, causal):
+    q, k, v = make_qkv(2, 2, 77, 90, 32, torch.float16, device, requires_grad=True)
+    out = torch.ops.diyflash.attention(q, k, v, causal=causal)
+    g = random_like(out)
+    first = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
+    second = torch.autograd.grad(out, (q, k, v), g)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_empty_inputs(device):
+    for shapes in ((0, 2, 16, 16), (2, 2, 0, 16)):
+        q, k, v = (torch.empty(shapes, device=device, dtype=torch.float16, requires_grad=True) for _ in range(3))
+        out = torch.ops.diyflash.attention(q, k, v)
+        assert out.shape == q.shape
+        out.sum().backward()
+        assert q.grad.shape == q.shape
+    # no keys at all: every row sees nothing, so outputs 0 (not NaN)
+    q = torch.randn(1, 2, 5, 16, device=device)
+    k = v = torch.randn(1, 2, 0, 16, device=device)
+    out, lse = torch.ops.diyflash.attention_fwd(q, k, v, False, None, None)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_pytorch_path_matches_oracle(torch_path, causal):
+    """The PyTorch blocked implementation (CPU without the interpreter) follows the same semantics."""
+    q, k, v = make_qkv(2, 2, 150, 131, 24, torch.float32, torch_path, layout="bnhd", requires_grad=True)
+    seq_lens = torch.tensor([131, 77], dtype=torch.int32)
+    check_attention(q, k, v, causal, seq_lens=seq_lens)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="large shapes need the GPU suite (the interpreter would take hours)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q,n_k,head_dim", [(4224, 4224, 256), (4224, 4224, 64), (1023, 4224, 128), (4224, 1023, 80)])
+def test_large_gpu(device, dtype, causal, n_q, n_k, head_dim):
+    q, k, v = make_qkv(1, 2, n_q, n_k, head_dim, dtype, device, requires_grad=True)
+    check_attention(q, k, v, causal)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="64-bit offsets need > 2^31-element tensors: GPU suite only")
+def test_64bit_offsets(device):
+    """q, k, v of 2^31 + 2^17 elements each: batch offsets past 2^31 must not wrap (fwd and bwd),
+    checked on the last batch rows against the oracle."""
+    b, h, n, d = 16385, 1, 1024, 128
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, device=device, dtype=torch.float16, generator=gen) for _ in range(3))
+    assert q.numel() > 2**31
+    for t in (q, k, v):
+        t.requires_grad_()
+    out = torch.ops.diyflash.attention(q, k, v, causal=True)
+    g = torch.randn(out.shape, device=device, dtype=out.dtype, generator=gen)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    tail = slice(b - 2, b)
+    leaves = [t[tail].detach().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*leaves, causal=True)
+    want = torch.autograd.grad(ref, leaves, g[tail].double())
+    torch.testing.assert_close(out[tail].double(), ref, rtol=0, atol=5e-3)
+    for got, w in zip((dq, dk, dv), want):
+        torch.testing.assert_close(got[tail].double(), w, rtol=0, atol=2e-2)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="70000 programs along the grid's z axis: GPU suite only")
+def test_grid_z_chunks(device):
+    """More than 65535 (batch * heads) rows: launched in grid-sized slices, every slice correct."""
+    q, k, v = make_qkv(70000, 1, 16, 24, 16, torch.float16, device, layout="3d", requires_grad=True)
+    out = torch.ops.diyflash.attention(q, k, v, causal=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    rows = torch.tensor([0, 65534, 65535, 65536, 69999], device=device)
+    leaves = [t[rows].detach().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*leaves, causal=True)
+    want = torch.autograd.grad(ref, leaves, torch.ones_like(ref))
+    torch.testing.assert_close(out[rows].double(), ref, rtol=0, atol=2e-3)
+    for got, w in zip((dq, dk, dv), want):
+        torch.testing.assert_close(got[rows].double(), w, rtol=0, atol=1e-2)

@@ -1,0 +1,82 @@
+"""torch.library.opcheck(test_utils="ALL") for every attention op over a matrix of inputs, and
+gradcheck in float64.
+
+opcheck runs each op ~10 times (schema, autograd registration, fake tensor strides, AOT dispatch
+static and dynamic); on CPU that is the Triton interpreter, so shapes stay tiny.
+"""
+
+import pytest
+import torch
+
+import diyflash  # noqa: F401
+from helpers import ON_GPU, make_qkv, random_like
+
+# (n_q, n_k, head_dim, layout, causal, scale, dtype, with seq_lens)
+CASES = [
+    (17, 17, 16, "bhnd", False, None, torch.float32, False),
+    (17, 17, 16, "bhnd", True, 0.3, torch.float16, False),
+    (5, 17, 24, "bnhd", True, None, torch.float32, False),
+    (17, 5, 16, "bnhd", True, None, torch.float16, False),
+    (1, 1, 8, "3d", False, 0.5, torch.float32, False),
+    (13, 13, 16, "sliced", False, None, torch.float16, True),
+    (9, 20, 16, "bhnd", True, None, torch.bfloat16, True),
+]
+IDS = [f"{c[0]}x{c[1]}-d{c[2]}-{c[3]}-causal{int(c[4])}-scale{c[5]}-{str(c[6])[6:]}-sl{int(c[7])}" for c in CASES]
+
+
+def _seq_lens(q, n_k, with_seq_lens):
+    if not with_seq_lens:
+        return None
+    b = q.shape[0]
+    return torch.tensor([max(1, n_k - 3 * i) for i in range(b)], dtype=torch.int32, device=q.device)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_opcheck_attention(device, case, requires_grad):
+    n_q, n_k, d, layout, causal, scale, dtype, with_sl = case
+    q, k, v = make_qkv(2, 2, n_q, n_k, d, dtype, device, layout=layout, requires_grad=requires_grad)
+    seq_lens = _seq_lens(q, n_k, with_sl)
+    torch.library.opcheck(torch.ops.diyflash.attention.default, (q, k, v, causal, scale, seq_lens), test_utils="ALL")
+    torch.library.opcheck(torch.ops.diyflash.attention_fwd.default, (q, k, v, causal, scale, seq_lens), test_utils="ALL")
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_opcheck_attention_bwd(device, case):
+    n_q, n_k, d, layout, causal, scale, dtype, with_sl = case
+    q, k, v = make_qkv(2, 2, n_q, n_k, d, dtype, device, layout=layout)
+    seq_lens = _seq_lens(q, n_k, with_sl)
+    out, lse = torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens)
+    dout = random_like(out)
+    for dlse in (None, random_like(lse)):
+        args = (dout, dlse, q, k, v, out, lse, causal, scale, seq_lens)
+        torch.library.opcheck(torch.ops.diyflash.attention_bwd.default, args, test_utils="ALL")
+
+
+def test_opcheck_zero_stride_grad(device):
+    q, k, v = make_qkv(1, 2, 11, 11, 16, torch.float32, device)
+    out, lse = torch.ops.diyflash.attention_fwd(q, k, v, True, None, None)
+    dout = torch.ones((), device=device).expand_as(out)  # what out.sum().backward() sends
+    args = (dout, None, q, k, v, out, lse, True, None, None)
+    torch.library.opcheck(torch.ops.diyflash.attention_bwd.default, args, test_utils="ALL")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_q,n_k", [(6, 6), (3, 7), (7, 3)])
+def test_gradcheck_float64(causal, n_q, n_k):
+    """float64 takes the PyTorch path on any device; gradcheck also covers the lse output."""
+    q, k, v = make_qkv(1, 2, n_q, n_k, 8, torch.float64, "cpu", requires_grad=True)
+    seq_lens = torch.tensor([max(2, min(n_q, n_k) - 1)], dtype=torch.int32)
+
+    def fn(q, k, v):
+        out, lse = torch.ops.diyflash.attention_fwd(q, k, v, causal, None, seq_lens)
+        return out, torch.where(torch.isneginf(lse), 0.0, lse)  # rows that see no key: lse = -inf
+
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
+    assert torch.autograd.gradcheck(lambda q, k, v: torch.ops.diyflash.attention(q, k, v, causal), (q, k, v))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA float64 path: GPU suite only")
+def test_gradcheck_float64_cuda(device):
+    q, k, v = make_qkv(1, 2, 5, 7, 8, torch.float64, device, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: torch.ops.diyflash.attention(q, k, v, True), (q, k, v))
