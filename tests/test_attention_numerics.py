@@ -191,6 +191,15 @@ def test_64bit_offsets(device):
         torch.testing.assert_close(got[tail].double(), w, rtol=0, atol=2e-2)
 
 
+def test_grid_z_chunking_path(device, monkeypatch):
+    """The sliced launches behind the 65535 grid limit, exercised with a limit of 2 (batch 5, 3-D)."""
+    from diyflash.kernels import attention as ka
+
+    monkeypatch.setattr(ka, "MAX_GRID_Z", 2)
+    q, k, v = make_qkv(5, 1, 19, 23, 16, torch.float16, device, layout="3d", requires_grad=True)
+    check_attention(q, k, v, causal=True, seq_lens=torch.tensor([19, 3, 23, 1, 9], dtype=torch.int32, device=device))
+
+
 @pytest.mark.skipif(not ON_GPU, reason="70000 programs along the grid's z axis: GPU suite only")
 def test_grid_z_chunks(device):
     """More than 65535 (batch * heads) rows: launched in grid-sized slices, every slice correct."""

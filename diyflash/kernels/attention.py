@@ -507,10 +507,16 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())  # type: ignore[return-value]
 
 
-def _z_chunks(z: int):
-    """CUDA caps a grid's z dimension at 65535: launch larger batches in slices (views, no copy)."""
+def _z_chunks(z: int, *tensors):
+    """CUDA caps a grid's z dimension at 65535: launch larger batches in slices along dim 0 (views,
+    no copy). Yields (z_count, *tensors sliced); a single chunk passes the tensors through unsliced
+    (slicing costs microseconds per tensor on every call)."""
+    if z <= MAX_GRID_Z:
+        yield (z, *tensors)
+        return
     for z0 in range(0, z, MAX_GRID_Z):
-        yield z0, min(z, z0 + MAX_GRID_Z)
+        z1 = min(z, z0 + MAX_GRID_Z)
+        yield (z1 - z0, *(t[z0:z1] if t is not None else None for t in tensors))
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -543,11 +549,9 @@ def attention_fwd(
     n_k = k4.shape[2]
     d_pad = head_dim_pad(d)
     cfg = config or fwd_config(d_pad, q.dtype, q.device, interpreter_active())
-    for z0, z1 in _z_chunks(z):
-        grid = (triton.cdiv(n_q, cfg.block_m), h, z1 - z0)
-        sl = seq_lens[z0:z1] if seq_lens is not None else None
-        _attn_fwd_kernel[grid](
-            q4[z0:z1], k4[z0:z1], v4[z0:z1], o4[z0:z1], lse3[z0:z1], sl,
+    for zc, q_, k_, v_, o_, lse_, sl in _z_chunks(z, q4, k4, v4, o4, lse3, seq_lens):
+        _attn_fwd_kernel[(triton.cdiv(n_q, cfg.block_m), h, zc)](
+            q_, k_, v_, o_, lse_, sl,
             *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             lse3.stride(0), lse3.stride(1),
             h, n_q, n_k,
@@ -595,31 +599,30 @@ def attention_bwd(
     lse2 = torch.empty_like(delta)
     dot_precision, upcast = _dot_precision(q.dtype), _upcast(q.dtype)
     pre_block = 64
-    for z0, z1 in _z_chunks(z):
-        zs = slice(z0, z1)
-        _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_block), h, z1 - z0)](
-            o4[zs], g4[zs], lse3[zs], dlse3[zs] if dlse3 is not None else None, delta[zs], lse2[zs],
+    chunks = _z_chunks(z, q4, k4, v4, o4, g4, lse3, dlse3, delta, lse2, dq4, dk4, dv4, seq_lens)
+    for zc, q_, k_, v_, o_, g_, lse_, dlse_, delta_, lse2_, dq_, dk_, dv_, sl in chunks:
+        _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_block), h, zc)](
+            o_, g_, lse_, dlse_, delta_, lse2_,
             *_strides(o4), *_strides(g4),
             lse3.stride(0), lse3.stride(1),
             *((dlse3.stride(0), dlse3.stride(1), dlse3.stride(2)) if dlse3 is not None else (0, 0, 0)),
             h, n_q,
             HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None,
         )
-        sl = seq_lens[zs] if seq_lens is not None else None
         common = dict(
             HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
             DOT_PRECISION=dot_precision, UPCAST=upcast,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), h, z1 - z0)](
-            q4[zs], k4[zs], v4[zs], g4[zs], lse2[zs], delta[zs], dk4[zs], dv4[zs], sl,
+        _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), h, zc)](
+            q_, k_, v_, g_, lse2_, delta_, dk_, dv_, sl,
             *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
             h, n_q, n_k, scale * LOG2E, scale,
             **common,
         )
-        _attn_bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), h, z1 - z0)](
-            q4[zs], k4[zs], v4[zs], g4[zs], lse2[zs], delta[zs], dq4[zs], sl,
+        _attn_bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), h, zc)](
+            q_, k_, v_, g_, lse2_, delta_, dq_, sl,
             *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
             h, n_q, n_k, scale * LOG2E, scale,
             **common,

@@ -8,6 +8,7 @@ needs a GPU, and 32-wide tiles keep the multi-block paths exercised by tiny test
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -92,6 +93,7 @@ def _fit(cfg: AttnConfig, head_dim_pad: int, elem: int, smem_limit: int | None, 
     return cfg
 
 
+@functools.cache
 def _smem_limit(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None
@@ -99,6 +101,8 @@ def _smem_limit(device: torch.device) -> int | None:
     return getattr(props, "shared_memory_per_block_optin", None)
 
 
+# Cached: a config lookup runs on every call, and the device-properties query costs microseconds.
+@functools.cache
 def fwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, interpret: bool) -> AttnConfig:
     if interpret:
         return INTERPRETER_CONFIG
@@ -106,6 +110,7 @@ def fwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, inte
     return _fit(cfg, head_dim_pad, dtype.itemsize, _smem_limit(device), smem_bytes_fwd)
 
 
+@functools.cache
 def bwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, interpret: bool) -> AttnConfig:
     if interpret:
         return INTERPRETER_CONFIG
