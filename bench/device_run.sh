@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: GPU test suite, config sweep and benchmark; full logs under $OUT.
-#   bash bench/device_run.sh [tests] [sweep] [bench]     (default: all three)
+#   bash bench/device_run.sh [tests] [sweep] [bench] [matmul]     (default: tests sweep bench)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/diyflash-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-[ -d .whl ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site; }
+[ -d .whl ] && { python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site; }
 parts=${*:-tests sweep bench}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
@@ -22,6 +22,9 @@ if [[ $parts == *sweep* ]]; then
 fi
 if [[ $parts == *bench* ]]; then
   python3 -m bench.attention --out "$OUT/attention.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+fi
+if [[ $parts == *matmul* ]]; then
+  python3 -m bench.matmul --ablation --out "$OUT/matmul.jsonl" 2>&1 | tee "$OUT/matmul.log" | tail -60
 fi
 echo "tests exit status: $status"
 exit $status

@@ -1,13 +1,14 @@
 """diyflash: exact FlashAttention and matmul kernels in Triton, as torch.library custom ops.
 
 Importing diyflash registers every op: torch.ops.diyflash.attention (and its internal
-attention_fwd / attention_bwd), usable in eager code, torch.compile(fullgraph=True) and torch.export.
+attention_fwd / attention_bwd) and torch.ops.diyflash.matmul, usable in eager code,
+torch.compile(fullgraph=True) and torch.export.
 """
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
-from .api import flash_attention
+from .api import flash_attention, triton_matmul
 from .reference import reference_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attention", "reference_attention", "__version__"]
+__all__ = ["flash_attention", "triton_matmul", "reference_attention", "__version__"]

@@ -9,6 +9,7 @@ import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
 from .kernels import interpreter_active
+from .kernels.matmul_configs import manual_config
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -128,3 +129,53 @@ def flash_attention(
     if seq_lens is not None:
         _check_seq_lens(seq_lens, q.shape[0], k.shape[-2], q.device)
     return torch.ops.diyflash.attention(q, k, v, causal=bool(causal), scale=sm_scale, seq_lens=seq_lens)
+
+
+def triton_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    use_autotune: bool = True,
+    allow_tf32: bool = False,
+) -> torch.Tensor:
+    """C = A @ B with diyflash's Triton kernel, differentiable in a and b.
+
+    Args:
+        a: (M, K) and b: (K, N), float16, bfloat16 or float32, the same dtype, on one CUDA device (or CPU
+            under TRITON_INTERPRET=1). Any strides: a transposed view (`x.mT`) is read in place, never copied.
+        block_m, block_n, block_k: tile sizes; all three or none. Positive powers of two that the kernel
+            supports (16..256 for m and n, 16..128 for k) and no larger than the problem padded to a power
+            of two. Given, they bypass the autotuner.
+        use_autotune: without block sizes, time the candidate tiles once per (dtype, layout, shape bucket)
+            and keep the fastest for the process (default); False takes the untuned default tiles.
+        allow_tf32: float32 inputs only: use TF32 tensor cores (about 10 mantissa bits) instead of the
+            default IEEE fp32 arithmetic.
+
+    Returns:
+        (M, N) contiguous, in a's dtype: fp16/bf16 accumulate in fp32; fp32 is fp32-accurate by default
+        (the seed computed fp32 inputs in fp16 and returned fp16; diyflash does not).
+
+    Raises:
+        ValueError: "Expected 2D tensors", "CUDA tensors required", different devices, "Incompatible
+            dimensions", bad block sizes. TypeError: "Unsupported dtype", "dtypes must match".
+        ModuleNotFoundError: "triton is required" when triton is missing.
+    """
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"Expected 2D tensors, got a.dim()={a.dim()} (shape {tuple(a.shape)}) and "
+                         f"b.dim()={b.dim()} (shape {tuple(b.shape)})")
+    _check_dtypes(a=a, b=b)
+    _check_devices(a=a, b=b)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"Incompatible dimensions: a is {tuple(a.shape)} and b is {tuple(b.shape)}, "
+                         f"but a.shape[1] ({a.shape[1]}) != b.shape[0] ({b.shape[0]})")
+    blocks = None
+    if (block_m, block_n, block_k) != (None, None, None):
+        # validated here so the error names the arguments; the op validates the same way
+        manual_config(block_m, block_n, block_k, a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
+        blocks = [block_m, block_n, block_k]
+    return torch.ops.diyflash.matmul(a, b, blocks, bool(use_autotune), bool(allow_tf32))

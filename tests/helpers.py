@@ -51,3 +51,15 @@ def make_qkv(
 def random_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:
     gen = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randn(t.shape, generator=gen).to(device=t.device, dtype=t.dtype)
+
+
+def copies_of(fn, *tensors) -> list[str]:
+    """aten copy/clone/contiguous calls made while running fn whose input has the shape of one of
+    `tensors`: a silent full copy of an operand. (Triton's interpreter copies every argument's storage
+    in and out as flat byte buffers; those are 1-D and not counted.)"""
+    shapes = {tuple(t.shape) for t in tensors}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    names = ("aten::contiguous", "aten::clone", "aten::copy_", "aten::_to_copy")
+    return [f"{e.name}{e.input_shapes}" for e in prof.events()
+            if e.name in names and any(tuple(s) in shapes for s in e.input_shapes if s)]

@@ -168,7 +168,7 @@ def test_seed_example_reference(device):
 
 
 def test_public_names():
-    assert diyflash.__all__ == ["flash_attention", "reference_attention", "__version__"]
+    assert diyflash.__all__ == ["flash_attention", "triton_matmul", "reference_attention", "__version__"]
     from diyflash.reference import reference_attention as seed_path  # the seed's kernels.flash_attn
 
     assert seed_path is reference_attention

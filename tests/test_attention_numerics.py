@@ -9,7 +9,7 @@ import torch
 import diyflash  # noqa: F401  (registers the ops)
 from diyflash.reference import attention_ref
 from diyflash.utils.validation import attention_error_reports
-from helpers import DTYPES, ON_GPU, make_qkv, random_like
+from helpers import DTYPES, ON_GPU, copies_of, make_qkv, random_like
 
 LENGTHS = [(1, 1), (17, 17), (113, 113), (17, 113), (113, 17), (1, 113), (64, 1)]
 
@@ -37,7 +37,7 @@ def test_lengths(device, dtype, causal, n_q, n_k):
     check_attention(q, k, v, causal)
 
 
-@pytest.mark.parametrize("head_dim", [8, 16, 24, 80, 128, 256])
+@pytest.mark.parametrize("head_dim", [8, 16, 24, 80, 96, 128, 160, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(device, head_dim, causal):
     q, k, v = make_qkv(1, 2, 47, 33, head_dim, torch.float16, device, requires_grad=True)
@@ -58,6 +58,19 @@ def test_layouts(device, layout, dtype):
     if layout == "bnhd":
         # the output keeps q's memory layout: (B, N, H, D) storage, so out.transpose(1, 2) is free
         assert out.stride() == q.stride()
+
+
+def test_permuted_inputs_are_not_copied(device):
+    """(B, H, N, D) views of (B, N, H, D) storage go to the kernels as they are, forward and backward."""
+    q, k, v = make_qkv(2, 3, 40, 40, 32, torch.float16, device, layout="bnhd", requires_grad=True)
+
+    dout = random_like(q).transpose(1, 2).contiguous().transpose(1, 2)  # permuted like q
+
+    def step():
+        torch.ops.diyflash.attention(q, k, v, causal=True).backward(dout)
+
+    assert not copies_of(step, q)
+    assert copies_of(lambda: q.contiguous(), q)  # the check sees a copy when there is one
 
 
 @pytest.mark.parametrize("scale", [0.05, 1.0])

@@ -34,7 +34,8 @@ class TestRegistry(TestCase):
         self.assertExpectedInline(table, """\
 attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? seq_lens=None) -> Tensor
 attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float? scale, Tensor? seq_lens) -> (Tensor out, Tensor lse)
-attention_bwd(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale, Tensor? seq_lens) -> (Tensor dq, Tensor dk, Tensor dv)""")
+attention_bwd(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale, Tensor? seq_lens) -> (Tensor dq, Tensor dk, Tensor dv)
+matmul(Tensor a, Tensor b, int[]? block_sizes=None, bool autotune=True, bool allow_tf32=False) -> Tensor""")
 
     def test_every_op_is_documented(self):
         for e in registry().values():

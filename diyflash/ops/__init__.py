@@ -4,6 +4,7 @@ Importing this package registers the ops. It imports diyflash.kernels, never diy
 """
 
 from . import attention  # noqa: F401  (registers diyflash::attention, attention_fwd, attention_bwd)
+from . import matmul  # noqa: F401  (registers diyflash::matmul)
 from .registry import registry
 
 __all__ = ["registry"]

@@ -1,0 +1,196 @@
+"""C = A @ B in Triton: a persistent, grouped-order kernel and its launcher.
+
+Ladder: `_matmul_kernel` (jit) -> `matmul` (launcher) -> `diyflash::matmul` (op) ->
+`diyflash.triton_matmul` (public). This module knows nothing of torch.library.
+
+Two ways to read the operands, one kernel body (USE_TMA is a constexpr):
+- Tensor descriptors (TMA on Hopper): when A, B and C meet TMA's rules (16-byte aligned base and
+  row strides, unit stride on one dim). A transposed view (stride 1 along M for A, along N for B)
+  is described through its row-major storage and transposed in registers/shared memory, so
+  `a.mT @ b` is read in place. Out-of-range tiles are zero-filled by the hardware.
+- Masked pointer loads with 64-bit offsets: any strides at all (stride 0 from expand() too).
+
+Tiles are visited in grouped order (GROUP_M rows of tiles at a time) so that a wave of programs
+shares A and B tiles in L2. With PERSISTENT the grid is one program per SM, each looping over tiles.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._runtime import interpreter_active, require_triton
+from .matmul_configs import (
+    INTERPRETER_CONFIG, MatmulConfig, bucket, candidates, default_config, device_limits, tma_layout,
+)
+
+triton = require_triton()
+import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped ordering: walk GROUP_M tile-rows down a column before moving right (L2 reuse)."""
+    group_size = GROUP_M * num_pid_n
+    group_id = tile_id // group_size
+    first_m = group_id * GROUP_M
+    rows = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile_id % group_size) % rows
+    pid_n = (tile_id % group_size) // rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _matmul_kernel(
+    a, b, c,
+    M, N, K,
+    stride_am, stride_ak,
+    stride_bk, stride_bn,
+    stride_cm, stride_cn,
+    num_programs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    USE_TMA: tl.constexpr, A_TRANS: tl.constexpr, B_TRANS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """a, b, c are tensor descriptors when USE_TMA else pointers. With TMA, A_TRANS means a's
+    descriptor is over A^T (shape (K, M)) and B_TRANS that b's is over B^T (shape (N, K))."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    offs_k = tl.arange(0, BLOCK_K)
+
+    for tile_id in tl.range(pid, num_tiles, num_programs):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        offs_m = off_m + tl.arange(0, BLOCK_M)
+        offs_n = off_n + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if not USE_TMA:
+            # 64-bit row offsets: M * stride_am alone can pass 2^31 elements
+            a_ptrs = a + offs_m.to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
+            b_ptrs = b + offs_k[:, None] * stride_bk + offs_n.to(tl.int64)[None, :] * stride_bn
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            if USE_TMA:
+                if A_TRANS:
+                    a_tile = tl.trans(a.load([off_k, off_m]))
+                else:
+                    a_tile = a.load([off_m, off_k])
+                if B_TRANS:
+                    b_tile = tl.trans(b.load([off_n, off_k]))
+                else:
+                    b_tile = b.load([off_k, off_n])
+            else:
+                k_in = off_k + offs_k < K
+                a_tile = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_in[None, :], other=0.0)
+                b_tile = tl.load(b_ptrs, mask=k_in[:, None] & (offs_n[None, :] < N), other=0.0)
+                a_ptrs += BLOCK_K * stride_ak
+                b_ptrs += BLOCK_K * stride_bk
+            if UPCAST:  # interpreter only: its bf16 tl.dot is wrong (triton-lang/triton#11584)
+                a_tile = a_tile.to(tl.float32)
+                b_tile = b_tile.to(tl.float32)
+            acc = tl.dot(a_tile, b_tile, acc, input_precision=DOT_PRECISION)
+        if USE_TMA:
+            c.store([off_m, off_n], acc.to(c.dtype))
+        else:
+            c_ptrs = c + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n.to(tl.int64)[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
+    # fp32 stays fp32-accurate unless TF32 is asked for; fp16/bf16 ignore the setting
+    return "tf32" if allow_tf32 else "ieee"
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: a few persistent programs exercise the tile loop
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, cfg: MatmulConfig, allow_tf32: bool = False) -> torch.Tensor:
+    """Launch C = A @ B with one config. a: (M, K), b: (K, N), any strides; c: (M, N) contiguous."""
+    m, k = a.shape
+    n = b.shape[1]
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if c.numel() == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    layout = tma_layout(a, b) if cfg.use_tma and device_limits(a.device)[1] else None
+    num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    programs = min(num_tiles, _num_sms(a.device) * cfg.programs_per_sm) if cfg.persistent else num_tiles
+    if layout is not None:
+        a_trans, b_trans = layout
+        bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+        a_arg = TensorDescriptor.from_tensor(a.mT, [bk, bm]) if a_trans else TensorDescriptor.from_tensor(a, [bm, bk])
+        b_arg = TensorDescriptor.from_tensor(b.mT, [bn, bk]) if b_trans else TensorDescriptor.from_tensor(b, [bk, bn])
+        c_arg = TensorDescriptor.from_tensor(c, [bm, bn])
+    else:
+        a_trans = b_trans = False
+        a_arg, b_arg, c_arg = a, b, c
+    _matmul_kernel[(programs,)](
+        a_arg, b_arg, c_arg,
+        m, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        programs,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        USE_TMA=layout is not None, A_TRANS=a_trans, B_TRANS=b_trans,
+        DOT_PRECISION=dot_precision(a.dtype, allow_tf32),
+        UPCAST=a.dtype == torch.bfloat16 and interpreter_active(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return c
+
+
+# ----------------------------------------------------------------------------------------------------
+# Autotuning: each candidate is timed once per key on the caller's own operands, the winner cached
+# for the life of the process (tuning_cache() shows what was chosen).
+# ----------------------------------------------------------------------------------------------------
+_TUNED: dict[tuple, tuple[MatmulConfig, float]] = {}
+
+
+def tuning_key(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool) -> tuple:
+    m, k = a.shape
+    n = b.shape[1]
+    return (str(a.device), str(a.dtype)[6:], allow_tf32, tma_layout(a, b), bucket(m), bucket(n), bucket(k))
+
+
+def tuning_cache() -> dict[tuple, dict]:
+    """What the autotuner chose so far: key -> config (and its measured milliseconds)."""
+    return {key: {**cfg.as_dict(), "ms": ms} for key, (cfg, ms) in _TUNED.items()}
+
+
+def _tune(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool) -> tuple[MatmulConfig, float]:
+    m, k = a.shape
+    n = b.shape[1]
+    best: tuple[MatmulConfig, float] | None = None
+    for cfg in candidates(a.dtype, m, n, k, a.device):
+        try:
+            ms = triton.testing.do_bench(lambda: matmul(a, b, cfg, allow_tf32), warmup=5, rep=25,
+                                         return_mode="median")
+        except triton.runtime.errors.OutOfResources:  # the estimate let through a config that fails
+            continue
+        if best is None or ms < best[1]:
+            best = (cfg, ms)
+    if best is None:
+        raise RuntimeError(f"no matmul config runs on {a.device} for {m}x{k} @ {k}x{n} {a.dtype}")
+    return best
+
+
+def select_config(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool, autotune: bool) -> MatmulConfig:
+    """The config C = A @ B runs with: pinned under the interpreter, else tuned (once per key) or the
+    untuned default."""
+    if a.device.type == "cpu":
+        return INTERPRETER_CONFIG
+    m, k = a.shape
+    n = b.shape[1]
+    if not autotune:
+        return default_config(a.dtype, m, n, k, a.device)
+    key = tuning_key(a, b, allow_tf32)
+    if key not in _TUNED:
+        _TUNED[key] = _tune(a, b, allow_tf32)
+    return _TUNED[key][0]

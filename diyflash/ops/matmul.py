@@ -1,0 +1,65 @@
+"""diyflash::matmul: C = A @ B with an exact fake and an autograd formula whose backward calls
+diyflash::matmul itself (dA = dC B^T, dB = A^T dC), reading the transposed views in place.
+
+Devices: CUDA tensors run the Triton kernel; CPU tensors run it under TRITON_INTERPRET=1 and
+torch.matmul otherwise; float64 always takes torch.matmul (it exists for gradcheck).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import custom_op
+
+from ..kernels import uses_triton
+from ..kernels.matmul_configs import manual_config
+from .registry import entry
+
+_MATMUL = entry("matmul")
+
+
+def _kernels():
+    from ..kernels import matmul as triton_matmul  # imports triton (or explains its absence)
+
+    return triton_matmul
+
+
+# The defaults repeat the schema's: a Python kernel receives only the arguments the caller passed.
+@custom_op(_MATMUL.qualname, mutates_args=(), schema=_MATMUL.signature)
+def matmul(a, b, block_sizes=None, autotune=True, allow_tf32=False):
+    if not uses_triton(a):
+        # a fresh contiguous (M, N) tensor, as the kernel path and the fake
+        return torch.matmul(a, b).contiguous()
+    km = _kernels()
+    if block_sizes is not None:
+        if len(block_sizes) != 3:
+            raise ValueError(f"block_sizes must be (block_m, block_n, block_k), got {list(block_sizes)}")
+        cfg = manual_config(*block_sizes, a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
+    else:
+        cfg = km.select_config(a, b, allow_tf32, autotune)
+    return km.matmul(a, b, cfg, allow_tf32)
+
+
+@matmul.register_fake
+def _matmul_fake(a, b, block_sizes=None, autotune=True, allow_tf32=False):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, *_ = inputs
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    # dA needs only B and dB needs only A: keep nothing the requested gradients do not use
+    ctx.save_for_backward(b if need_a else None, a if need_b else None)
+    ctx.allow_tf32 = inputs[4] if len(inputs) > 4 else False
+
+
+def _backward(ctx, grad):
+    b, a = ctx.saved_tensors
+    da = db = None
+    if ctx.needs_input_grad[0]:
+        da = torch.ops.diyflash.matmul(grad, b.mT, None, True, ctx.allow_tf32)
+    if ctx.needs_input_grad[1]:
+        db = torch.ops.diyflash.matmul(a.mT, grad, None, True, ctx.allow_tf32)
+    return da, db, None, None, None
+
+
+matmul.register_autograd(_backward, setup_context=_setup_context)
