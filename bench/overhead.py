@@ -74,7 +74,37 @@ def main() -> int:
                 ms = graph_ms(fn) if "graph" in name else triton.testing.do_bench(fn, return_mode="median")
                 cells.append(f"{name} {ms * 1e3:6.0f}us {flops / ms / 1e9:4.0f}TF")
             print(f"  B{b} H{h} N{n} D{d} causal={causal}: " + " | ".join(cells))
+    matmul_rows()
     return 0
+
+
+def matmul_rows() -> None:
+    import dataclasses
+
+    import triton
+
+    import diyflash
+    from diyflash.kernels import matmul as km
+
+    print("matmul, fp16: eager per call (host-bound when GPU time is short) vs GPU-only (graph replay)")
+    for s in (1024, 2048):
+        a = torch.randn(s, s, device="cuda", dtype=torch.float16)
+        b = torch.randn(s, s, device="cuda", dtype=torch.float16)
+        diyflash.triton_matmul(a, b)  # tune
+        cfg = km.select_config(a, b, False, True)
+        ptr = dataclasses.replace(cfg, use_tma=False)
+        rows = {
+            "diyflash.triton_matmul": lambda: diyflash.triton_matmul(a, b),
+            "torch.ops.diyflash.matmul": lambda: torch.ops.diyflash.matmul(a, b),
+            "select_config": lambda: km.select_config(a, b, False, True),
+            "launcher (tma)": lambda: km.matmul(a, b, cfg),
+            "launcher (pointers)": lambda: km.matmul(a, b, ptr),
+            "torch.matmul": lambda: torch.matmul(a, b),
+        }
+        cells = [f"{name} {per_call_us(fn, 300):.0f}us" for name, fn in rows.items()]
+        cells += [f"graph(tma) {graph_ms(rows['launcher (tma)']) * 1e3:.0f}us",
+                  f"graph(cublas) {graph_ms(rows['torch.matmul']) * 1e3:.0f}us", f"config {cfg}"]
+        print(f"  {s}^3: " + " | ".join(cells))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,12 @@ HALF_CANDIDATES = [
     MatmulConfig(128, 64, 64, num_warps=4, num_stages=4),
     MatmulConfig(64, 64, 64, num_warps=4, num_stages=4),
 ]
+# Small problems are host-bound: encoding three TMA descriptors per launch costs ~23 us on an H200
+# (bench/overhead.py), more than TMA saves on a 1024^3 product. Pointer-load twins of the small tiles
+# let the tuner (which times whole launches) pick whichever is faster end to end.
+SMALL_POINTER_TWINS = [replace(c, use_tma=False) for c in HALF_CANDIDATES if c.block_m * c.block_n <= 128 * 256]
+SMALL_PROBLEM_FLOPS = 2 * 2048**3  # up to here the twins are tried
+
 # fp32 is computed with IEEE fp32 FMAs by default (no tensor cores): smaller tiles.
 FP32_CANDIDATES = [
     MatmulConfig(128, 128, 32, num_warps=8, num_stages=3),
@@ -95,6 +101,8 @@ def candidates(dtype: torch.dtype, m: int, n: int, k: int, device: torch.device)
     """Candidates for this problem: fitting shared memory, tiles no larger than the padded problem."""
     limit, has_tma = device_limits(device)
     pool = FP32_CANDIDATES if dtype == torch.float32 else HALF_CANDIDATES
+    if dtype != torch.float32 and 2 * m * n * k <= SMALL_PROBLEM_FLOPS:
+        pool = pool + SMALL_POINTER_TWINS
     out = []
     for cfg in pool:
         if not has_tma:
