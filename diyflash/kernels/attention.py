@@ -61,6 +61,36 @@ def _load(ptrs, mask, UPCAST: tl.constexpr):
     return x
 
 
+@triton.jit
+def _query_block(CAUSAL: tl.constexpr):
+    """This program's query block. Causal: the last blocks see the most keys, so they launch first
+    and the tail of the grid is short."""
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    return pid_m
+
+
+@triton.jit
+def _key_range(start_m, q_len, kv_len, causal_offset,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key blocks of query rows [start_m, start_m + BLOCK_M): [0, full_hi) is visible to every row
+    (no masks), [full_hi, hi) needs the key-length and causal masks. A block of padding rows gets
+    an empty range."""
+    if CAUSAL:
+        hi = tl.minimum(kv_len, start_m + BLOCK_M + causal_offset)
+        full_hi = tl.minimum(kv_len, start_m + 1 + causal_offset)
+    else:
+        hi = kv_len
+        full_hi = kv_len
+    hi = tl.maximum(hi, 0)
+    full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
+    hi = tl.where(start_m < q_len, hi, 0)
+    full_hi = tl.where(start_m < q_len, full_hi, 0)
+    return full_hi, hi
+
+
 # ----------------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------------
@@ -137,11 +167,7 @@ def _attn_fwd_kernel(
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
-    if CAUSAL:
-        # the last query blocks see the most keys: launch them first so the tail of the grid is short
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
+    pid_m = _query_block(CAUSAL)
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
     causal_offset = seq_len_k - seq_len_q
 
@@ -164,18 +190,7 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    # -- key range: [0, full_hi) is visible to every row of the block, [full_hi, hi) needs masks --
-    if CAUSAL:
-        hi = tl.minimum(kv_len, start_m + BLOCK_M + causal_offset)
-        full_hi = tl.minimum(kv_len, start_m + 1 + causal_offset)
-    else:
-        hi = kv_len
-        full_hi = kv_len
-    hi = tl.maximum(hi, 0)
-    full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
-    # a block made only of padding rows skips every key
-    hi = tl.where(start_m < q_len, hi, 0)
-    full_hi = tl.where(start_m < q_len, full_hi, 0)
+    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
 
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
@@ -433,10 +448,7 @@ def _attn_bwd_dq_kernel(
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    else:
-        pid_m = tl.program_id(0)
+    pid_m = _query_block(CAUSAL)
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
     causal_offset = seq_len_k - seq_len_q
 
@@ -461,16 +473,7 @@ def _attn_bwd_dq_kernel(
     v_ptrs = (v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
               + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd)
 
-    if CAUSAL:
-        hi = tl.minimum(kv_len, start_m + BLOCK_M + causal_offset)
-        full_hi = tl.minimum(kv_len, start_m + 1 + causal_offset)
-    else:
-        hi = kv_len
-        full_hi = kv_len
-    hi = tl.maximum(hi, 0)
-    full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
-    hi = tl.where(start_m < q_len, hi, 0)
-    full_hi = tl.where(start_m < q_len, full_hi, 0)
+    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     dq = _attn_bwd_dq_inner(

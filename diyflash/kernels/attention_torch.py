@@ -40,6 +40,15 @@ def _visible(rows, cols, q_len, kv_len, causal: bool, causal_offset: int) -> tor
     return vis
 
 
+def _key_block(q4, k4, v4, n0: int, block_n: int, acc_t, scale: float):
+    """Keys [n0, n0 + block_n): their k and v in the accumulation dtype, their positions (1, 1, 1, n)
+    and the scaled scores q k^T (Z, H, N_q, n)."""
+    kb = k4[:, :, n0 : n0 + block_n].to(acc_t)
+    vb = v4[:, :, n0 : n0 + block_n].to(acc_t)
+    cols = torch.arange(n0, n0 + kb.shape[2], device=q4.device).view(1, 1, 1, -1)
+    return kb, vb, cols, torch.matmul(q4, kb.transpose(-1, -2)) * scale
+
+
 def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n: int = BLOCK_N):
     acc_t = _acc_dtype(q.dtype)
     out = torch.empty_like(q)
@@ -56,10 +65,7 @@ def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n
     l = torch.zeros((z, h, n_q), dtype=acc_t, device=q.device)
     acc = torch.zeros(q4.shape, dtype=acc_t, device=q.device)
     for n0 in range(0, n_k, block_n):
-        kb = k4[:, :, n0 : n0 + block_n].to(acc_t)
-        vb = v4[:, :, n0 : n0 + block_n].to(acc_t)
-        cols = torch.arange(n0, n0 + kb.shape[2], device=q.device).view(1, 1, 1, -1)
-        s = torch.matmul(q4, kb.transpose(-1, -2)) * scale
+        kb, vb, cols, s = _key_block(q4, k4, v4, n0, block_n, acc_t, scale)
         s = s.masked_fill(~_visible(rows, cols, q_len, kv_len, causal, n_k - n_q), float("-inf"))
         # -- online softmax update (a row with no visible key keeps m = -inf and gets p = 0) --
         m_new = torch.maximum(m, s.amax(-1))
@@ -98,10 +104,7 @@ def attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal: bool, scale: fl
     dk4 = torch.zeros(k4.shape, dtype=acc_t, device=q.device)
     dv4 = torch.zeros(v4.shape, dtype=acc_t, device=q.device)
     for n0 in range(0, n_k, block_n):
-        kb = k4[:, :, n0 : n0 + block_n].to(acc_t)
-        vb = v4[:, :, n0 : n0 + block_n].to(acc_t)
-        cols = torch.arange(n0, n0 + kb.shape[2], device=q.device).view(1, 1, 1, -1)
-        s = torch.matmul(q4, kb.transpose(-1, -2)) * scale
+        kb, vb, cols, s = _key_block(q4, k4, v4, n0, block_n, acc_t, scale)
         p = torch.exp(s - lse4.unsqueeze(-1))
         p = torch.where(_visible(rows, cols, q_len, kv_len, causal, n_k - n_q), p, 0.0)
         dv4[:, :, n0 : n0 + block_n] = torch.matmul(p.transpose(-1, -2), g4)
