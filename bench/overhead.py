@@ -81,8 +81,6 @@ def main() -> int:
 def matmul_rows() -> None:
     import dataclasses
 
-    import triton
-
     import diyflash
     from diyflash.kernels import matmul as km
 

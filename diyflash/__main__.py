@@ -40,8 +40,8 @@ def validate(device: torch.device, n: int) -> bool:
     dtypes = [torch.float16, torch.bfloat16, torch.float32] if device.type == "cuda" else [torch.float16, torch.float32]
     head_dims = [64, 128] if device.type == "cuda" else [32]
     ok = True
-    print(f"\nValidation: diyflash.attention (forward + backward) vs a float64 oracle; "
-          f"pass = error <= 2 x plain PyTorch error in the same dtype + rounding band")
+    print("\nValidation: diyflash.attention (forward + backward) vs a float64 oracle; "
+          "pass = error <= 2 x plain PyTorch error in the same dtype + rounding band")
     print(f"{'dtype':<9} {'head_dim':>8} {'causal':>6} {'N_q x N_k':>12}  " + "  ".join(f"{n_:>18}" for n_ in ("out", "dq", "dk", "dv")) + "  verdict")
     gen = torch.Generator(device="cpu").manual_seed(0)
     for dtype in dtypes:
@@ -65,7 +65,7 @@ def bench(n: int) -> None:
 
     import diyflash
 
-    print(f"\nBenchmark (medians of triton.testing.do_bench; TFLOPS: fwd 4*B*H*N^2*D, halved when causal; bwd 2.5x)")
+    print("\nBenchmark (medians of triton.testing.do_bench; TFLOPS: fwd 4*B*H*N^2*D, halved when causal; bwd 2.5x)")
     print(f"{'B H N D':<18} {'causal':>6} {'pass':>4} {'diyflash':>9} {'SDPA flash':>11} {'SDPA cuDNN':>11} {'vs flash':>9} {'vs cuDNN':>9}")
 
     def sdpa(backend):

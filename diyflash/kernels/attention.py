@@ -17,8 +17,6 @@ Semantics shared by all kernels (and by the PyTorch path in attention_torch.py):
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ._runtime import interpreter_active, require_triton
@@ -28,7 +26,6 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
 LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
-LN2 = 0.6931471805599453  # ln(2): converts a base-2 lse back to natural log
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
 
 
@@ -631,7 +628,3 @@ def attention_bwd(
             **common,
         )
     return dq, dk, dv
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
