@@ -8,7 +8,28 @@ torch.compile(fullgraph=True) and torch.export.
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
 from .api import flash_attention, triton_matmul
 from .reference import reference_attention
+from .selector import (
+    AdaptiveKernelSelector,
+    check_hopper_features,
+    get_attention_config,
+    get_matmul_config,
+    get_optimal_attention,
+    get_optimal_matmul,
+    supports_fp8,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["flash_attention", "triton_matmul", "reference_attention", "__version__"]
+__all__ = [
+    "flash_attention",
+    "triton_matmul",
+    "reference_attention",
+    "AdaptiveKernelSelector",
+    "check_hopper_features",
+    "get_attention_config",
+    "get_matmul_config",
+    "get_optimal_attention",
+    "get_optimal_matmul",
+    "supports_fp8",
+    "__version__",
+]

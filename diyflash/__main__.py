@@ -1,8 +1,11 @@
-"""python -m diyflash: detect the GPU, validate the kernels against the float64 oracle, benchmark.
+"""python -m diyflash: detect the GPU, validate the kernels against a float64 oracle, benchmark them.
 
-On a CPU-only machine it says so and runs the very same Triton kernels through Triton's interpreter
-on small shapes (re-executing itself with TRITON_INTERPRET=1, which must be set before triton is
-imported). Exit status 1 when any validation fails.
+Validation checks attention (forward and backward) and matmul (C, dA, dB) with flash-attn's rule:
+the kernel's error is at most 2x plain PyTorch's error in the same dtype plus a rounding band.
+On a GPU a short benchmark follows (diyflash vs SDPA flash/cuDNN and vs cuBLAS, in the same run).
+On a CPU-only machine it says so and runs the very same Triton kernels through Triton's interpreter on
+small shapes (re-executing itself with TRITON_INTERPRET=1, which must be set before triton is imported).
+Exit status 1 when any validation fails.
 """
 
 from __future__ import annotations
@@ -13,16 +16,28 @@ import sys
 
 import torch
 
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="python -m diyflash", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m diyflash", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--parts", nargs="+", choices=["attention", "matmul"], default=["attention", "matmul"],
+                   help="which operators to validate and benchmark")
     p.add_argument("--skip-validate", action="store_true", help="do not validate the kernels")
     p.add_argument("--skip-bench", action="store_true", help="do not benchmark (GPU only)")
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=None,
+                   help="dtypes to validate (default: fp16 bf16 fp32 on a GPU, fp16 fp32 on CPU)")
+    p.add_argument("--causal", choices=["both", "true", "false"], default="both", help="attention masks")
+    p.add_argument("--head-dims", type=int, nargs="+", default=None,
+                   help="attention head dims (default: 64 128 on a GPU, 32 on CPU)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help="sequence length of the validation (default 1024 on GPU, 67 on CPU)")
+                   help="attention validation length (default 1024 on a GPU, 67 on CPU)")
+    p.add_argument("--matmul-size", type=int, default=None,
+                   help="matmul validation size M=N=K-ish (default 1000 on a GPU, 70 on CPU)")
     p.add_argument("--bench-seq-len", type=int, default=4096,
-                   help="sequence length of the benchmark (default 4096: shorter calls at B=4, H=16 take "
-                        "less GPU time than an eager call's ~0.1 ms of Python dispatch and measure that)")
+                   help="attention benchmark length (shorter calls at B=4, H=16 take less GPU time than an "
+                        "eager call's ~0.1 ms of Python dispatch and measure that)")
     return p.parse_args(argv)
 
 
@@ -31,42 +46,66 @@ def _reexec_with_interpreter() -> None:
     os.execve(sys.executable, [sys.executable, "-m", "diyflash", *sys.argv[1:]], env)
 
 
-def validate(device: torch.device, n: int) -> bool:
+def _cells(reports) -> str:
+    return "  ".join(f"{r.name} {r.err:7.1e}/{r.bound:7.1e}" for r in reports)
+
+
+def validate_attention_part(device, dtypes, head_dims, causals, n) -> bool:
     from diyflash.utils.validation import attention_error_reports
 
     def op(q, k, v, causal, scale, seq_lens):
         return torch.ops.diyflash.attention(q, k, v, causal=causal, scale=scale, seq_lens=seq_lens)
 
-    dtypes = [torch.float16, torch.bfloat16, torch.float32] if device.type == "cuda" else [torch.float16, torch.float32]
-    head_dims = [64, 128] if device.type == "cuda" else [32]
     ok = True
-    print("\nValidation: diyflash.attention (forward + backward) vs a float64 oracle; "
-          "pass = error <= 2 x plain PyTorch error in the same dtype + rounding band")
-    print(f"{'dtype':<9} {'head_dim':>8} {'causal':>6} {'N_q x N_k':>12}  " + "  ".join(f"{n_:>18}" for n_ in ("out", "dq", "dk", "dv")) + "  verdict")
     gen = torch.Generator(device="cpu").manual_seed(0)
     for dtype in dtypes:
         for d in head_dims:
-            for causal in (False, True):
+            for causal in causals:
                 n_q, n_k = n, n + (n // 3 if causal else 0)  # bottom-right causal with N_q != N_k
                 q, k, v = (torch.randn(2, 2, m, d, generator=gen).to(device, dtype) for m in (n_q, n_k, n_k))
                 _, _, reports = attention_error_reports(op, q, k, v, causal)
                 good = all(r.ok for r in reports)
                 ok &= good
-                cells = "  ".join(f"{r.err:8.1e}/{r.bound:8.1e}" for r in reports)
-                print(f"{str(dtype)[6:]:<9} {d:>8} {str(causal):>6} {f'{n_q}x{n_k}':>12}  {cells}  {'ok' if good else 'FAIL'}")
-    print("(each cell: kernel error / allowed bound)")
+                print(f"  attention {str(dtype)[6:]:<8} d={d:<3} causal={str(causal):<5} {n_q}x{n_k}:  "
+                      f"{_cells(reports)}  {'ok' if good else 'FAIL'}")
     return ok
 
 
-def bench(n: int) -> None:
+def validate_matmul_part(device, dtypes, size) -> bool:
+    import diyflash
+    from diyflash.utils.validation import matmul_error_reports
+
+    ok = True
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    shapes = [(size, size + 17, size - 3), (size // 2 + 1, size, size + 31)]  # odd edges on every side
+    for dtype in dtypes:
+        for m, k, n in shapes:
+            for trans in (False, True):  # b given as the transposed view of (n, k) storage, read in place
+                a = torch.randn(m, k, generator=gen).to(device, dtype)
+                b = (torch.randn(n, k, generator=gen).to(device, dtype).mT if trans
+                     else torch.randn(k, n, generator=gen).to(device, dtype))
+                _, _, reports = matmul_error_reports(diyflash.triton_matmul, a, b)
+                good = all(r.ok for r in reports)
+                ok &= good
+                print(f"  matmul    {str(dtype)[6:]:<8} {m}x{k} @ {k}x{n}{' (b = view.mT)' if trans else ''}:  "
+                      f"{_cells(reports)}  {'ok' if good else 'FAIL'}")
+    return ok
+
+
+def _time(call) -> float:
     import triton
+
+    for _ in range(3):  # a fresh kernel compiles (and matmul autotunes) on its first calls
+        call()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(call, warmup=100, rep=200, return_mode="median")
+
+
+def bench_attention(n: int) -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import diyflash
-
-    print("\nBenchmark (medians of triton.testing.do_bench; TFLOPS: fwd 4*B*H*N^2*D, halved when causal; bwd 2.5x)")
-    print(f"{'B H N D':<18} {'causal':>6} {'pass':>4} {'diyflash':>9} {'SDPA flash':>11} {'SDPA cuDNN':>11} {'vs flash':>9} {'vs cuDNN':>9}")
 
     def sdpa(backend):
         def run(q, k, v, causal):
@@ -74,11 +113,11 @@ def bench(n: int) -> None:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return run
 
-    providers = {
-        "diyflash": lambda q, k, v, causal: diyflash.flash_attention(q, k, v, causal=causal),
-        "flash": sdpa(SDPBackend.FLASH_ATTENTION),
-        "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-    }
+    providers = {"diyflash": lambda q, k, v, causal: diyflash.flash_attention(q, k, v, causal=causal),
+                 "flash": sdpa(SDPBackend.FLASH_ATTENTION), "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    print(f"\nAttention, fp16 (TFLOPS: fwd 4*B*H*N^2*D, halved when causal; bwd 2.5x fwd, timed alone)")
+    print(f"  {'B H N D':<16} {'causal':>6} {'pass':>4} {'diyflash':>9} {'SDPA flash':>11} {'SDPA cuDNN':>11} "
+          f"{'vs flash':>9} {'vs cuDNN':>9}")
     for b, h, d in ((4, 16, 64), (4, 16, 128)):
         for causal in (False, True):
             q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
@@ -87,31 +126,37 @@ def bench(n: int) -> None:
                 for name, fn in providers.items():
                     try:
                         if mode == "fwd":
-                            call = lambda: fn(q, k, v, causal)  # noqa: E731
+                            ms = _time(lambda: fn(q, k, v, causal))
                         else:
                             out = fn(q, k, v, causal)
                             g = torch.randn_like(out)
-                            call = lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True)  # noqa: E731
-                        # untimed calls first: a fresh kernel compiles for seconds with the GPU idle, and a
-                        # short warm-up right after it reads ~2x slow
-                        for _ in range(3):
-                            call()
-                        torch.cuda.synchronize()
-                        ms = triton.testing.do_bench(call, warmup=100, rep=200, return_mode="median")
-                    except Exception:  # a backend that does not run here
+                            ms = _time(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True))
+                    except Exception:  # a backend that does not run this shape here
                         continue
-                    flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0) * (2.5 if mode == "bwd" else 1.0)
-                    tf[name] = flops / ms / 1e9
-                mine = tf.get("diyflash")
+                    tf[name] = 4 * b * h * n * n * d * (0.5 if causal else 1.0) * (2.5 if mode == "bwd" else 1.0) / ms / 1e9
+                _row(f"{b} {h} {n} {d}", f"{str(causal):>6} {mode:>4}", tf, ("flash", "cudnn"))
 
-                def show(x):
-                    return f"{x:.0f}" if x else "-"
 
-                def ratio(base):
-                    return f"{mine / tf[base]:.2f}x" if mine and tf.get(base) else "-"
+def bench_matmul() -> None:
+    import diyflash
 
-                print(f"{f'{b} {h} {n} {d}':<18} {str(causal):>6} {mode:>4} {show(mine):>9} {show(tf.get('flash')):>11} "
-                      f"{show(tf.get('cudnn')):>11} {ratio('flash'):>9} {ratio('cudnn'):>9}")
+    print("\nMatmul, fp16 (TFLOPS = 2*M*N*K / time; diyflash autotunes on its first call per shape bucket)")
+    print(f"  {'M x K x N':<16} {'':>11} {'diyflash':>9} {'cuBLAS':>11} {'':>11} {'vs cuBLAS':>9}")
+    for m, k, n in ((4096, 4096, 4096), (8192, 4096, 11008), (8192, 11008, 4096)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        tf = {name: 2.0 * m * n * k / _time(fn) / 1e9
+              for name, fn in (("diyflash", lambda: diyflash.triton_matmul(a, b)), ("cublas", lambda: a @ b))}
+        _row(f"{m}x{k}x{n}", " " * 11, tf, ("cublas",))
+
+
+def _row(label, middle, tf, baselines) -> None:
+    mine = tf.get("diyflash")
+    show = lambda x: f"{x:.0f}" if x else "-"  # noqa: E731
+    ratio = lambda base: f"{mine / tf[base]:.2f}x" if mine and tf.get(base) else "-"  # noqa: E731
+    cols = [f"{show(tf.get(base)):>11}" for base in baselines] + [" " * 11] * (2 - len(baselines))
+    ratios = [f"{ratio(base):>9}" for base in baselines]
+    print(f"  {label:<16} {middle} {show(mine):>9} {' '.join(cols)} {' '.join(ratios)}")
 
 
 def main(argv=None) -> int:
@@ -123,6 +168,7 @@ def main(argv=None) -> int:
         _reexec_with_interpreter()
 
     import diyflash
+    from diyflash.utils.gpu import print_gpu_info
 
     print(f"diyflash {diyflash.__version__} | torch {torch.__version__}", end="")
     try:
@@ -132,20 +178,29 @@ def main(argv=None) -> int:
     except ModuleNotFoundError:
         print(" | triton not installed")
     if on_gpu:
-        props = torch.cuda.get_device_properties(0)
-        print(f"GPU: {props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs, "
-              f"{props.total_memory / 2**30:.0f} GiB)")
-        device, n = torch.device("cuda"), args.seq_len or 1024
+        print_gpu_info()
+        device = torch.device("cuda")
     else:
         print("no GPU: running the Triton kernels through the interpreter on small shapes")
-        device, n = torch.device("cpu"), args.seq_len or 67
+        device = torch.device("cpu")
+    dtypes = [DTYPES[d] for d in (args.dtypes or (["fp16", "bf16", "fp32"] if on_gpu else ["fp16", "fp32"]))]
+    causals = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
 
     ok = True
     if not args.skip_validate:
-        ok = validate(device, n)
+        print("\nValidation vs a float64 oracle: each cell is kernel error / allowed bound "
+              "(2 x plain PyTorch error in the same dtype + rounding band)")
+        if "attention" in args.parts:
+            ok &= validate_attention_part(device, dtypes, args.head_dims or ([64, 128] if on_gpu else [32]),
+                                          causals, args.seq_len or (1024 if on_gpu else 67))
+        if "matmul" in args.parts:
+            ok &= validate_matmul_part(device, dtypes, args.matmul_size or (1000 if on_gpu else 70))
         print("validation:", "PASSED" if ok else "FAILED")
     if on_gpu and not args.skip_bench:
-        bench(args.bench_seq_len)
+        if "attention" in args.parts:
+            bench_attention(args.bench_seq_len)
+        if "matmul" in args.parts:
+            bench_matmul()
     return 0 if ok else 1
 
 

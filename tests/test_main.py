@@ -38,3 +38,16 @@ def test_validation_fails_a_wrong_kernel(device):
     q, k, v = make_qkv(1, 2, 40, 40, 32, torch.float16, device)
     _, _, reports = attention_error_reports(wrong, q, k, v, causal=True)
     assert not any(r.ok for r in reports), [str(r) for r in reports]
+
+
+def test_main_exits_1_when_a_kernel_is_wrong(monkeypatch, capsys):
+    import diyflash
+    from diyflash.__main__ import main
+
+    real = diyflash.triton_matmul
+    monkeypatch.setattr(diyflash, "triton_matmul", lambda a, b: real(a, b) * 1.01)
+    assert main(["--parts", "matmul", "--dtypes", "fp32", "--matmul-size", "20", "--skip-bench"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "validation: FAILED" in out and "attention" not in out
+    monkeypatch.setattr(diyflash, "triton_matmul", real)
+    assert main(["--parts", "matmul", "--dtypes", "fp32", "--matmul-size", "20", "--skip-bench"]) == 0

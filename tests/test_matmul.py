@@ -12,7 +12,7 @@ from torch.export import Dim
 
 import diyflash
 from diyflash import triton_matmul
-from diyflash.utils.validation import error_report
+from diyflash.utils.validation import matmul_error_reports
 from helpers import ON_GPU, copies_of
 
 HALF = (torch.float16, torch.bfloat16)
@@ -40,18 +40,10 @@ def make(m, k, n, dtype, device, layout="nn", requires_grad=False, seed=0):
 
 
 def check_matmul(a, b, grad=True, **kw):
-    out = triton_matmul(a, b, **kw)
+    out, grads, reports = matmul_error_reports(lambda a, b: triton_matmul(a, b, **kw), a, b, grad=grad)
     assert out.shape == (a.shape[0], b.shape[1]) and out.dtype == a.dtype and out.is_contiguous()
-    a64, b64 = (t.detach().double().requires_grad_(grad) for t in (a, b))
-    ap, bp = (t.detach().clone().requires_grad_(grad) for t in (a, b))
-    ref, plain = a64 @ b64, ap @ bp
-    reports = [error_report("c", out, ref, plain)]
-    if grad:
-        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(out.device, out.dtype)
-        got = torch.autograd.grad(out, (a, b), g)
-        want = torch.autograd.grad(ref, (a64, b64), g.double())
-        base = torch.autograd.grad(plain, (ap, bp), g)
-        reports += [error_report(n, x, r, p) for n, x, r, p in zip(("da", "db"), got, want, base)]
+    for g, t in zip(grads or (), (a, b)):
+        assert g.dtype == t.dtype and g.shape == t.shape
     for r in reports:
         assert r.ok, str(r)
     return out

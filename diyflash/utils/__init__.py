@@ -1,5 +1,11 @@
-"""The seed's utilities (GPU detection, benchmark runner, validators) grow here; see validation.py."""
+"""The seed's utilities: GPU detection, benchmark tools, validators (and the shared error rule)."""
 
-from .validation import ErrorReport, attention_error_reports, error_report
+from .benchmark import BenchmarkResult, BenchmarkRunner, benchmark_fn
+from .gpu import GPUArch, GPUCapabilities, check_hopper_features, detect_gpu, print_gpu_info, supports_fp8
+from .validation import ErrorReport, attention_error_reports, error_report, validate_attention, validate_matmul
 
-__all__ = ["ErrorReport", "attention_error_reports", "error_report"]
+__all__ = [
+    "BenchmarkResult", "BenchmarkRunner", "benchmark_fn",
+    "GPUArch", "GPUCapabilities", "check_hopper_features", "detect_gpu", "print_gpu_info", "supports_fp8",
+    "ErrorReport", "attention_error_reports", "error_report", "validate_attention", "validate_matmul",
+]

@@ -6,6 +6,7 @@ Rule: |kernel - oracle| <= 2 * |plain PyTorch in the kernel's dtype - oracle| + 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -83,3 +84,75 @@ def attention_error_reports(fn, q, k, v, causal=False, scale=None, seq_lens=None
         base = torch.autograd.grad(plain, plain_leaves, dout)
         reports += [error_report(n, a, r, p) for n, a, r, p in zip(("dq", "dk", "dv"), got, want, base)]
     return out, got, reports
+
+
+def matmul_error_reports(fn, a, b, grad=True, dout=None):
+    """Run fn(a, b) and both references (float64 and plain torch.matmul in a's dtype).
+
+    Returns (out, grads, reports): grads = (da, db) or None, reports for c (and da, db).
+    """
+    a, b = (t.detach().requires_grad_(grad) for t in (a, b))
+    out = fn(a, b)
+    a64, b64 = (t.detach().double().requires_grad_(grad) for t in (a, b))
+    ap, bp = (t.detach().clone().requires_grad_(grad) for t in (a, b))
+    ref, plain = a64 @ b64, ap @ bp
+    reports = [error_report("c", out, ref, plain)]
+    got = None
+    if grad:
+        if dout is None:
+            gen = torch.Generator(device="cpu").manual_seed(3)
+            dout = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
+        got = torch.autograd.grad(out, (a, b), dout)
+        want = torch.autograd.grad(ref, (a64, b64), dout.double())
+        base = torch.autograd.grad(plain, (ap, bp), dout)
+        reports += [error_report(n, x, r, p) for n, x, r, p in zip(("da", "db"), got, want, base)]
+    return out, got, reports
+
+
+# ---- the seed's validators: tolerance checks against PyTorch, returning (ok, max_diff) -------------------
+
+
+def _report(name: str, ok: bool, max_diff: float, rtol: float, atol: float, verbose: bool) -> tuple[bool, float]:
+    if verbose:
+        print(f"{name}: {'PASSED' if ok else 'FAILED'} (max |diff| {max_diff:.3e}, rtol {rtol}, atol {atol})")
+    return ok, max_diff
+
+
+def validate_matmul(triton_fn, m: int, n: int, k: int, rtol: float = 1e-3, atol: float = 1e-3,
+                    dtype: torch.dtype = torch.float16, device: str = "cuda", verbose: bool = False):
+    """Compare triton_fn(a, b) with torch.matmul on the same inputs, computed in float32 (float64 for
+    float32 inputs) so that the reference carries no rounding of its own. Inputs are N(0, 1) scaled by
+    1/sqrt(k) so the outputs are O(1) and rtol/atol mean the same at every k. Returns (ok, max_diff)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = (torch.randn(m, k, generator=gen) / math.sqrt(max(k, 1))).to(device=device, dtype=dtype)
+    b = torch.randn(k, n, generator=gen).to(device=device, dtype=dtype)
+    ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
+    ref = torch.matmul(a.to(ref_dtype), b.to(ref_dtype))
+    out = triton_fn(a, b)
+    if out.shape != ref.shape:
+        return _report(f"matmul {m}x{k} @ {k}x{n}", False, float("inf"), rtol, atol, verbose)
+    got = out.to(ref_dtype)
+    max_diff = (got - ref).abs().max().item() if ref.numel() else 0.0
+    ok = bool(torch.allclose(got, ref, rtol=rtol, atol=atol)) and not bool(torch.isnan(got).any())
+    return _report(f"matmul {m}x{k} @ {k}x{n} {dtype}", ok, max_diff, rtol, atol, verbose)
+
+
+def validate_attention(flash_fn, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = False,
+                       rtol: float = 1e-3, atol: float = 1e-3, dtype: torch.dtype = torch.float16,
+                       device: str = "cuda", verbose: bool = False):
+    """Compare flash_fn(q, k, v, causal=causal) with PyTorch's scaled_dot_product_attention on the same
+    inputs upcast to float32 (float64 for float32 inputs). Returns (ok, max_diff). The defaults suit
+    fp16 and fp32; bf16 keeps 8 mantissa bits, so give it rtol = atol = 1e-2."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, seq_len, head_dim, generator=gen).to(device=device, dtype=dtype)
+               for _ in range(3))
+    ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.to(ref_dtype), k.to(ref_dtype), v.to(ref_dtype), is_causal=causal)
+    out = flash_fn(q, k, v, causal=causal)
+    if out.shape != ref.shape:
+        return _report(f"attention {tuple(q.shape)}", False, float("inf"), rtol, atol, verbose)
+    got = out.to(ref_dtype)
+    max_diff = (got - ref).abs().max().item() if ref.numel() else 0.0
+    ok = bool(torch.allclose(got, ref, rtol=rtol, atol=atol)) and not bool(torch.isnan(got).any())
+    return _report(f"attention {tuple(q.shape)} causal={causal} {dtype}", ok, max_diff, rtol, atol, verbose)

@@ -1,0 +1,100 @@
+"""Kernel selection for this machine (the seed's AdaptiveKernelSelector and its shortcuts).
+
+The configurations reported are the ones the kernels actually run with here: they come from the same
+functions the launchers call (the matmul autotuner, the attention tile tables after shared-memory
+pruning), not from a table kept beside the code.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .api import flash_attention, triton_matmul
+from .kernels import interpreter_active
+from .kernels.attention_configs import bwd_config, fwd_config
+from .kernels.attention_torch import BLOCK_N as TORCH_PATH_BLOCK_N
+from .kernels.matmul_configs import INTERPRETER_CONFIG as MATMUL_INTERPRETER_CONFIG
+from .kernels.matmul_configs import tma_layout
+from .utils.gpu import check_hopper_features, detect_gpu, supports_fp8
+
+
+def _cpu_backend() -> str:
+    return "triton-interpreter" if interpreter_active() else "pytorch"
+
+
+class AdaptiveKernelSelector:
+    """What diyflash runs on device `device_id` (CPU-only machines: the interpreter or the PyTorch path)."""
+
+    def __init__(self, device_id: int = 0):
+        self.on_gpu = torch.cuda.is_available()
+        self.device = torch.device("cuda", device_id) if self.on_gpu else torch.device("cpu")
+        self.capabilities = detect_gpu(device_id) if self.on_gpu else None
+        self.features = check_hopper_features(device_id)
+
+    def _where(self) -> dict:
+        if self.capabilities is None:
+            return {"device": "cpu", "backend": _cpu_backend(),
+                    "note": "no CUDA GPU: kernels run through Triton's interpreter (TRITON_INTERPRET=1) or PyTorch"}
+        return {"device": self.capabilities.name, "arch": self.capabilities.arch.value, "backend": "triton"}
+
+    def get_matmul_config(self, m: int = 4096, n: int = 4096, k: int = 4096,
+                          dtype: torch.dtype = torch.float16) -> dict:
+        """The tiles diyflash.triton_matmul uses for an (m, k) @ (k, n) product of this dtype. On a GPU this
+        runs the autotuner for that shape bucket if it has not run yet (seconds, once per process)."""
+        if not self.on_gpu:
+            cfg = MATMUL_INTERPRETER_CONFIG.as_dict() if interpreter_active() else {}
+            return {**self._where(), **cfg, "shape": (m, n, k), "dtype": str(dtype)}
+        from .kernels import matmul as km
+
+        a = torch.randn(m, k, device=self.device, dtype=dtype)
+        b = torch.randn(k, n, device=self.device, dtype=dtype)
+        cfg = km.select_config(a, b, allow_tf32=False, autotune=True)
+        uses_tma = cfg.use_tma and tma_layout(a, b) is not None and self.features["tma_available"]
+        return {**self._where(), **cfg.as_dict(), "tma": uses_tma, "autotuned": True,
+                "shape": (m, n, k), "dtype": str(dtype)}
+
+    def get_attention_config(self, head_dim: int = 64, dtype: torch.dtype = torch.float16) -> dict:
+        """The forward and backward tiles diyflash.flash_attention uses for this head_dim and dtype."""
+        if head_dim % 8 or not 8 <= head_dim <= 256:
+            raise ValueError(f"Unsupported head_dim {head_dim}: supported are multiples of 8 from 8 to 256")
+        pad = max(16, 1 << (head_dim - 1).bit_length())
+        interpret = not self.on_gpu and interpreter_active()
+        if not self.on_gpu and not interpret:
+            return {**self._where(), "head_dim": head_dim, "dtype": str(dtype), "block_n": TORCH_PATH_BLOCK_N,
+                    "note": f"PyTorch blocked implementation ({TORCH_PATH_BLOCK_N} keys per block)"}
+        return {**self._where(), "head_dim": head_dim, "head_dim_pad": pad, "dtype": str(dtype), "tma": False,
+                "forward": fwd_config(pad, dtype, self.device, interpret).as_dict(),
+                "backward": bwd_config(pad, dtype, self.device, interpret).as_dict()}
+
+    def select_matmul_kernel(self) -> Callable:
+        """diyflash.triton_matmul where it runs (GPU, or CPU under the interpreter), else the op's PyTorch path."""
+        if self.on_gpu or interpreter_active():
+            return triton_matmul
+        return torch.ops.diyflash.matmul
+
+    def select_attention_kernel(self) -> Callable:
+        if self.on_gpu or interpreter_active():
+            return flash_attention
+        return torch.ops.diyflash.attention
+
+
+def get_matmul_config(**kwargs) -> dict:
+    return AdaptiveKernelSelector().get_matmul_config(**kwargs)
+
+
+def get_attention_config(**kwargs) -> dict:
+    return AdaptiveKernelSelector().get_attention_config(**kwargs)
+
+
+def get_optimal_matmul() -> Callable:
+    return AdaptiveKernelSelector().select_matmul_kernel()
+
+
+def get_optimal_attention() -> Callable:
+    return AdaptiveKernelSelector().select_attention_kernel()
+
+
+__all__ = ["AdaptiveKernelSelector", "get_matmul_config", "get_attention_config", "get_optimal_matmul",
+           "get_optimal_attention", "supports_fp8", "check_hopper_features"]
