@@ -2,7 +2,11 @@
 in the same run.
 
     python -m bench.attention [--shapes 4x32x64 4x16x128] [--n 1024 2048 ...] [--dtypes fp16 bf16]
-                              [--modes fwd bwd] [--causal both] [--out results.jsonl]
+                              [--modes fwd bwd] [--causal both] [--out results.jsonl] [--plot a.png]
+    python -m bench.attention --from-jsonl results.jsonl --plot a.png     (no GPU needed)
+
+Providers: diyflash, SDPA's flash (FlashAttention-2) and cuDNN backends, and FlexAttention
+(torch.compile'd, a causal block mask when causal) where it runs.
 
 FLOPs (STYLE.md #11): fwd = 4 * B * H * N^2 * D, halved when causal; bwd = 2.5 * fwd (2.0 for the
 backward's four matmuls + 0.5 for recomputing q k^T). The backward is timed alone: the forward runs
@@ -13,7 +17,6 @@ triton.testing.do_bench (CUDA events) with p20/p80; every row carries provenance
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.common import provenance
+from bench.plots import plot_attention, read_jsonl, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -40,11 +44,29 @@ def _providers():
 
         return run
 
-    return {
+    providers = {
         "diyflash": lambda q, k, v, causal: diyflash.flash_attention(q, k, v, causal=causal),
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     }
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return providers
+    flex = torch.compile(flex_attention)
+    masks = {}
+
+    def run_flex(q, k, v, causal):
+        mask = None
+        if causal:
+            n = q.shape[-2]
+            if n not in masks:
+                masks[n] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device=q.device)
+            mask = masks[n]
+        return flex(q, k, v, block_mask=mask)
+
+    providers["flex"] = run_flex
+    return providers
 
 
 def measure(fn, q, k, v, causal, mode):
@@ -76,7 +98,15 @@ def main(argv=None) -> int:
     parser.add_argument("--causal", choices=["both", "true", "false"], default="both")
     parser.add_argument("--providers", nargs="+", default=None)
     parser.add_argument("--out", default=None, help="append JSONL rows here")
+    parser.add_argument("--plot", default=None, help="write a PNG: TFLOPS vs N per provider, a panel per config")
+    parser.add_argument("--from-jsonl", default=None, help="re-plot / re-tabulate saved rows instead of measuring")
     args = parser.parse_args(argv)
+    if args.from_jsonl:
+        rows = read_jsonl(args.from_jsonl)
+        if args.plot:
+            plot_attention(rows, args.plot)
+        print(readme_table(rows))
+        return 0
     if not torch.cuda.is_available():
         print("bench.attention needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -88,31 +118,32 @@ def main(argv=None) -> int:
     prov = provenance()
     print(f"# {prov['gpu']} | torch {prov['torch']} | triton {prov['triton']} | diyflash {prov['diyflash']}")
     rows = []
-    for shape in args.shapes:
+    from tqdm import tqdm
+
+    cells = [(shape, dname, causal, n) for shape in args.shapes for dname in args.dtypes
+             for causal in causals for n in args.n]
+    for shape, dname, causal, n in tqdm(cells, desc="attention cells", unit="cell"):
         b, h, d = (int(x) for x in shape.split("x"))
-        for dname in args.dtypes:
-            for causal in causals:
-                for n in args.n:
-                    gen = torch.Generator(device="cuda").manual_seed(0)
-                    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=DTYPES[dname], generator=gen)
-                               for _ in range(3))
-                    for mode in args.modes:
-                        for name, fn in providers.items():
-                            try:
-                                med, p20, p80 = measure(fn, q, k, v, causal, mode)
-                            except Exception as e:  # a backend that does not run this shape
-                                print(f"  {name} {shape} n={n} {mode}: {type(e).__name__}: {str(e)[:100]}")
-                                continue
-                            tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
-                            rows.append(dict(prov, provider=name, b=b, h=h, d=d, n=n, dtype=dname,
-                                             causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,
-                                             tflops=tflops))
-                    del q, k, v
-                    torch.cuda.empty_cache()
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=DTYPES[dname], generator=gen)
+                   for _ in range(3))
+        for mode in args.modes:
+            for name, fn in providers.items():
+                try:
+                    med, p20, p80 = measure(fn, q, k, v, causal, mode)
+                except Exception as e:  # a backend that does not run this shape
+                    tqdm.write(f"  {name} {shape} n={n} {mode}: {type(e).__name__}: {str(e)[:100]}")
+                    continue
+                tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
+                rows.append(dict(prov, provider=name, b=b, h=h, d=d, n=n, dtype=dname,
+                                 causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,
+                                 tflops=tflops))
+        del q, k, v
+        torch.cuda.empty_cache()
     if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        write_jsonl(args.out, rows)
+    if args.plot:
+        plot_attention(rows, args.plot)
     print_table(rows)
     return 0
 
@@ -123,8 +154,8 @@ def print_table(rows) -> None:
     for r in rows:
         key = (r["b"], r["h"], r["d"], r["dtype"], r["causal"], r["mode"], r["n"])
         cells.setdefault(key, {})[r["provider"]] = r["tflops"]
-    print("| B H D | dtype | causal | pass | N | diyflash | sdpa-flash | sdpa-cudnn | vs flash | vs cudnn |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| B H D | dtype | causal | pass | N | diyflash | sdpa-flash | sdpa-cudnn | flex | vs flash | vs cudnn |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(cells, key=lambda k: (k[2], k[0], k[1], k[3], k[4], k[5], k[6])):
         b, h, d, dt, causal, mode, n = key
         c = cells[key]
@@ -137,7 +168,7 @@ def print_table(rows) -> None:
             return f"{mine / c[base]:.2f}x" if mine and c.get(base) else "-"
 
         print(f"| {b} {h} {d} | {dt} | {causal} | {mode} | {n} | {fmt(mine)} | {fmt(c.get('sdpa-flash'))} | "
-              f"{fmt(c.get('sdpa-cudnn'))} | {ratio('sdpa-flash')} | {ratio('sdpa-cudnn')} |")
+              f"{fmt(c.get('sdpa-cudnn'))} | {fmt(c.get('flex'))} | {ratio('sdpa-flash')} | {ratio('sdpa-cudnn')} |")
 
 
 def readme_table(rows) -> str:
@@ -164,6 +195,6 @@ def readme_table(rows) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--readme-table"]:
-        print(readme_table([json.loads(line) for line in open(sys.argv[2])]))
+        print(readme_table(read_jsonl(sys.argv[2])))
         sys.exit(0)
     sys.exit(main())

@@ -21,10 +21,10 @@ if [[ $parts == *sweep* ]]; then
   done
 fi
 if [[ $parts == *bench* ]]; then
-  python3 -m bench.attention --out "$OUT/attention.jsonl" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+  python3 -m bench.attention --out "$OUT/attention.jsonl" --plot "$OUT/attention.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
 fi
 if [[ $parts == *matmul* ]]; then
-  python3 -m bench.matmul --ablation --out "$OUT/matmul.jsonl" 2>&1 | tee "$OUT/matmul.log" | tail -60
+  python3 -m bench.matmul --ablation --out "$OUT/matmul.jsonl" --plot "$OUT/matmul.png" 2>&1 | tee "$OUT/matmul.log" | tail -60
 fi
 echo "tests exit status: $status"
 exit $status

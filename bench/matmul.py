@@ -1,6 +1,7 @@
 """Matmul benchmark: diyflash.triton_matmul against torch.matmul (cuBLAS), measured in the same run.
 
-    python -m bench.matmul [--dtypes fp16 bf16] [--out results.jsonl] [--ablation]
+    python -m bench.matmul [--dtypes fp16 bf16] [--out results.jsonl] [--ablation] [--plot m.png]
+    python -m bench.matmul --from-jsonl results.jsonl --plot m.png      (no GPU needed)
 
 Shapes: squares 1024..8192 and transformer projections (M = tokens 2048..16384, (K, N) in
 {(4096, 4096), (4096, 11008), (11008, 4096), (8192, 28672)}). FLOPs = 2*M*N*K. Each problem is run
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 
 import torch
 
 from bench.common import provenance
+from bench.plots import plot_matmul, read_jsonl, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
@@ -56,7 +57,15 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=list(DTYPES))
     parser.add_argument("--out", default=None, help="append JSONL rows here")
     parser.add_argument("--ablation", action="store_true", help="TMA / persistent on and off, fixed tiles")
+    parser.add_argument("--plot", default=None, help="write a PNG: diyflash / cuBLAS per shape, a panel per dtype")
+    parser.add_argument("--from-jsonl", default=None, help="re-plot / re-tabulate saved rows instead of measuring")
     args = parser.parse_args(argv)
+    if args.from_jsonl:
+        rows = read_jsonl(args.from_jsonl)
+        if args.plot:
+            plot_matmul(rows, args.plot)
+        print(readme_table(rows))
+        return 0
     if not torch.cuda.is_available():
         print("bench.matmul needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -67,39 +76,41 @@ def main(argv=None) -> int:
     prov = provenance()
     print(f"# {prov['gpu']} | torch {prov['torch']} | triton {prov['triton']} | diyflash {prov['diyflash']}")
     rows = []
-    for dname in args.dtypes:
+    from tqdm import tqdm
+
+    problems = [(dname, kind, shape) for dname in args.dtypes
+                for kind, shapes in (("square", SQUARES), ("transformer", TRANSFORMER)) for shape in shapes]
+    for dname, kind, (m, k, n) in tqdm(problems, desc="matmul shapes", unit="shape"):
         dtype = DTYPES[dname]
-        for kind, shapes in (("square", SQUARES), ("transformer", TRANSFORMER)):
-            for m, k, n in shapes:
-                gen = torch.Generator(device="cuda").manual_seed(0)
-                a = torch.randn(m, k, device="cuda", dtype=dtype, generator=gen)
-                b = torch.randn(k, n, device="cuda", dtype=dtype, generator=gen)
-                flops = 2.0 * m * n * k
-                for name, fn in (("diyflash", lambda: diyflash.triton_matmul(a, b)),
-                                 ("cublas", lambda: torch.matmul(a, b))):
-                    med, p20, p80 = timed(fn)
-                    row = dict(prov, provider=name, kind=kind, m=m, k=k, n=n, dtype=dname, ms=med,
-                               p20_ms=p20, p80_ms=p80, tflops=flops / med / 1e9)
-                    if flops <= 2 * 2048**3:  # host-bound sizes: also the GPU-only time (graph replay)
-                        row["graph_tflops"] = flops / graph_ms(fn) / 1e9
-                    if name == "diyflash":
-                        row["config"] = km.select_config(a, b, False, True).as_dict()
-                    rows.append(row)
-                if args.ablation and (m, k, n) in ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 11008)):
-                    best = km.select_config(a, b, False, True)
-                    for tma in (True, False):
-                        for persistent in (True, False):
-                            cfg = dataclasses.replace(best, use_tma=tma, persistent=persistent)
-                            med, p20, p80 = timed(lambda: km.matmul(a, b, cfg))
-                            rows.append(dict(prov, provider=f"ablation tma={tma} persistent={persistent}",
-                                             kind="ablation", m=m, k=k, n=n, dtype=dname, ms=med, p20_ms=p20,
-                                             p80_ms=p80, tflops=flops / med / 1e9, config=cfg.as_dict()))
-                del a, b
-                torch.cuda.empty_cache()
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(m, k, device="cuda", dtype=dtype, generator=gen)
+        b = torch.randn(k, n, device="cuda", dtype=dtype, generator=gen)
+        flops = 2.0 * m * n * k
+        for name, fn in (("diyflash", lambda: diyflash.triton_matmul(a, b)),
+                         ("cublas", lambda: torch.matmul(a, b))):
+            med, p20, p80 = timed(fn)
+            row = dict(prov, provider=name, kind=kind, m=m, k=k, n=n, dtype=dname, ms=med,
+                       p20_ms=p20, p80_ms=p80, tflops=flops / med / 1e9)
+            if flops <= 2 * 2048**3:  # host-bound sizes: also the GPU-only time (graph replay)
+                row["graph_tflops"] = flops / graph_ms(fn) / 1e9
+            if name == "diyflash":
+                row["config"] = km.select_config(a, b, False, True).as_dict()
+            rows.append(row)
+        if args.ablation and (m, k, n) in ((4096, 4096, 4096), (8192, 8192, 8192), (8192, 4096, 11008)):
+            best = km.select_config(a, b, False, True)
+            for tma in (True, False):
+                for persistent in (True, False):
+                    cfg = dataclasses.replace(best, use_tma=tma, persistent=persistent)
+                    med, p20, p80 = timed(lambda: km.matmul(a, b, cfg))
+                    rows.append(dict(prov, provider=f"ablation tma={tma} persistent={persistent}",
+                                     kind="ablation", m=m, k=k, n=n, dtype=dname, ms=med, p20_ms=p20,
+                                     p80_ms=p80, tflops=flops / med / 1e9, config=cfg.as_dict()))
+        del a, b
+        torch.cuda.empty_cache()
     if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        write_jsonl(args.out, rows)
+    if args.plot:
+        plot_matmul(rows, args.plot)
     print(readme_table(rows))
     return 0
 
@@ -138,6 +149,6 @@ def readme_table(rows) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--readme-table"]:
-        print(readme_table([json.loads(line) for line in open(sys.argv[2])]))
+        print(readme_table(read_jsonl(sys.argv[2])))
         sys.exit(0)
     sys.exit(main())

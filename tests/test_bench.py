@@ -1,0 +1,78 @@
+"""bench/: JSONL rows with provenance, PNG plots and README tables, from fake rows (no GPU needed)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("matplotlib", reason="plots need matplotlib (pip install -e '.[test]')")
+
+from bench.attention import readme_table as attention_table  # noqa: E402
+from bench.common import provenance  # noqa: E402
+from bench.matmul import readme_table as matmul_table  # noqa: E402
+from bench.plots import plot_attention, plot_matmul, read_jsonl, write_jsonl  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_attention_rows():
+    prov = provenance()
+    rows = []
+    for provider, scale in (("diyflash", 1.2), ("sdpa-flash", 1.0), ("sdpa-cudnn", 1.5), ("flex", 1.1)):
+        for causal in (False, True):
+            for mode in ("fwd", "bwd"):
+                for n in (1024, 2048, 4096):
+                    rows.append(dict(prov, provider=provider, b=4, h=16, d=64, n=n, dtype="fp16", causal=causal,
+                                     mode=mode, ms=1.0, p20_ms=0.9, p80_ms=1.1, tflops=100 * scale * n / 1024))
+    return rows
+
+
+def fake_matmul_rows():
+    prov = provenance()
+    rows = []
+    for m in (1024, 4096):
+        for provider, tf in (("diyflash", 600.0), ("cublas", 640.0)):
+            rows.append(dict(prov, provider=provider, kind="square", m=m, k=m, n=m, dtype="fp16", ms=1.0,
+                             p20_ms=0.9, p80_ms=1.1, tflops=tf * m / 4096,
+                             config={"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8,
+                                     "num_stages": 3, "use_tma": True, "persistent": False}))
+    return rows
+
+
+def test_provenance_fields():
+    p = provenance()
+    for key in ("gpu", "torch", "triton", "diyflash", "timestamp"):
+        assert key in p
+    assert p["torch"] == torch.__version__
+
+
+def test_jsonl_roundtrip_and_plots(tmp_path):
+    rows = fake_attention_rows()
+    path = tmp_path / "att.jsonl"
+    write_jsonl(path, rows[:5])
+    write_jsonl(path, rows[5:])  # appends
+    assert read_jsonl(path) == rows
+    for plot, data, name in ((plot_attention, rows, "a.png"), (plot_matmul, fake_matmul_rows(), "m.png")):
+        out = tmp_path / name
+        plot(data, out)
+        blob = out.read_bytes()
+        assert blob.startswith(PNG_MAGIC) and len(blob) > 5_000
+
+
+def test_readme_tables():
+    table = attention_table(fake_attention_rows())
+    assert table.splitlines()[2] == "| 4 16 64 | fp16 | no | 1024 | 120 | 100 / 150 | 1.20x / 0.80x | 120 | 100 / 150 | 1.20x / 0.80x |"
+    mm = matmul_table(fake_matmul_rows())
+    assert "| fp16 | 4096 x 4096 x 4096 | 600 | 640 | 0.94x | 128x256x64 w8 s3 tma |" in mm
+    assert "fp16: median ratio 0.94x, min 0.94x over 2 shapes" in mm
+
+
+@pytest.mark.parametrize("module, rows", [("bench.attention", fake_attention_rows), ("bench.matmul", fake_matmul_rows)])
+def test_cli_replots_saved_rows_without_gpu(tmp_path, module, rows):
+    src, png = tmp_path / "rows.jsonl", tmp_path / "plot.png"
+    write_jsonl(src, rows())
+    done = subprocess.run([sys.executable, "-m", module, "--from-jsonl", str(src), "--plot", str(png)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert png.read_bytes().startswith(PNG_MAGIC) and "|" in done.stdout
