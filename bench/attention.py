@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,10 @@ def _providers():
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
         return providers
+    # A sweep compiles flex once per (shape, dtype, mask). Past dynamo's recompile limit (8) flex silently
+    # falls back to its unfused eager path (the full score matrix): raise the limit, and refuse to time
+    # flex if the fallback still happens (its warning becomes an error here).
+    torch._dynamo.config.recompile_limit = 256
     flex = torch.compile(flex_attention)
     masks = {}
 
@@ -63,7 +68,9 @@ def _providers():
             if n not in masks:
                 masks[n] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device=q.device)
             mask = masks[n]
-        return flex(q, k, v, block_mask=mask)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="flex_attention called without torch.compile")
+            return flex(q, k, v, block_mask=mask)
 
     providers["flex"] = run_flex
     return providers
