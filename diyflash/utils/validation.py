@@ -61,52 +61,42 @@ def error_report(name: str, got: torch.Tensor, ref: torch.Tensor, plain: torch.T
     )
 
 
-def attention_error_reports(fn, q, k, v, causal=False, scale=None, seq_lens=None, grad=True, dout=None):
-    """Run fn(q, k, v, causal, scale, seq_lens) and both references.
-
-    Returns (out, grads, reports): grads = (dq, dk, dv) or None, reports for out (and dq, dk, dv).
-    The caller's q, k, v are not modified (requires_grad is set on detached aliases).
-    """
-    q, k, v = (t.detach().requires_grad_(grad) for t in (q, k, v))
-    out = fn(q, k, v, causal, scale, seq_lens)
-    leaves64 = [t.detach().double().requires_grad_(grad) for t in (q, k, v)]
-    ref, _ = attention_ref(*leaves64, causal=causal, scale=scale, seq_lens=seq_lens, upcast=True)
-    plain_leaves = [t.detach().clone().requires_grad_(grad) for t in (q, k, v)]
-    plain, _ = attention_ref(*plain_leaves, causal=causal, scale=scale, seq_lens=seq_lens, upcast=False)
-    reports = [error_report("out", out, ref, plain)]
+def compare_with_oracle(fn, reference, inputs, out_name, grad_names, grad=True, dout=None, seed=1):
+    """Run fn(*inputs), reference(*inputs in float64, upcast=True) (the oracle) and
+    reference(*inputs, upcast=False) (plain PyTorch in the inputs' dtype); with grad, backpropagate one
+    seeded gradient through all three. Returns (out, grads or None, [ErrorReport, ...]).
+    The caller's tensors are not modified (requires_grad is set on detached aliases)."""
+    inputs = [t.detach().requires_grad_(grad) for t in inputs]
+    out = fn(*inputs)
+    leaves64 = [t.detach().double().requires_grad_(grad) for t in inputs]
+    plain_leaves = [t.detach().clone().requires_grad_(grad) for t in inputs]
+    ref = reference(*leaves64, upcast=True)
+    plain = reference(*plain_leaves, upcast=False)
+    reports = [error_report(out_name, out, ref, plain)]
     got = None
     if grad:
         if dout is None:
-            gen = torch.Generator(device="cpu").manual_seed(1)
+            gen = torch.Generator(device="cpu").manual_seed(seed)
             dout = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
-        got = torch.autograd.grad(out, (q, k, v), dout)
+        got = torch.autograd.grad(out, inputs, dout)
         want = torch.autograd.grad(ref, leaves64, dout.double())
         base = torch.autograd.grad(plain, plain_leaves, dout)
-        reports += [error_report(n, a, r, p) for n, a, r, p in zip(("dq", "dk", "dv"), got, want, base)]
+        reports += [error_report(n, a, r, p) for n, a, r, p in zip(grad_names, got, want, base)]
     return out, got, reports
+
+
+def attention_error_reports(fn, q, k, v, causal=False, scale=None, seq_lens=None, grad=True, dout=None):
+    """fn(q, k, v, causal, scale, seq_lens) against attention_ref: reports for out (and dq, dk, dv)."""
+    return compare_with_oracle(
+        lambda q, k, v: fn(q, k, v, causal, scale, seq_lens),
+        lambda q, k, v, upcast: attention_ref(q, k, v, causal=causal, scale=scale, seq_lens=seq_lens, upcast=upcast)[0],
+        (q, k, v), "out", ("dq", "dk", "dv"), grad=grad, dout=dout, seed=1)
 
 
 def matmul_error_reports(fn, a, b, grad=True, dout=None):
-    """Run fn(a, b) and both references (float64 and plain torch.matmul in a's dtype).
-
-    Returns (out, grads, reports): grads = (da, db) or None, reports for c (and da, db).
-    """
-    a, b = (t.detach().requires_grad_(grad) for t in (a, b))
-    out = fn(a, b)
-    a64, b64 = (t.detach().double().requires_grad_(grad) for t in (a, b))
-    ap, bp = (t.detach().clone().requires_grad_(grad) for t in (a, b))
-    ref, plain = a64 @ b64, ap @ bp
-    reports = [error_report("c", out, ref, plain)]
-    got = None
-    if grad:
-        if dout is None:
-            gen = torch.Generator(device="cpu").manual_seed(3)
-            dout = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
-        got = torch.autograd.grad(out, (a, b), dout)
-        want = torch.autograd.grad(ref, (a64, b64), dout.double())
-        base = torch.autograd.grad(plain, (ap, bp), dout)
-        reports += [error_report(n, x, r, p) for n, x, r, p in zip(("da", "db"), got, want, base)]
-    return out, got, reports
+    """fn(a, b) against a @ b: reports for c (and da, db)."""
+    return compare_with_oracle(fn, lambda a, b, upcast: a @ b, (a, b), "c", ("da", "db"),
+                               grad=grad, dout=dout, seed=3)
 
 
 # ---- the seed's validators: tolerance checks against PyTorch, returning (ok, max_diff) -------------------
