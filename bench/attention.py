@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.common import provenance
-from bench.plots import plot_attention, read_jsonl, write_jsonl
+from bench.plots import plot_attention, read_jsonl, replay, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -109,11 +109,7 @@ def main(argv=None) -> int:
     parser.add_argument("--from-jsonl", default=None, help="re-plot / re-tabulate saved rows instead of measuring")
     args = parser.parse_args(argv)
     if args.from_jsonl:
-        rows = read_jsonl(args.from_jsonl)
-        if args.plot:
-            plot_attention(rows, args.plot)
-        print(readme_table(rows))
-        return 0
+        return replay(args.from_jsonl, args.plot, plot_attention, readme_table)
     if not torch.cuda.is_available():
         print("bench.attention needs a CUDA GPU", file=sys.stderr)
         return 2

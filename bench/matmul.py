@@ -20,7 +20,7 @@ import sys
 import torch
 
 from bench.common import provenance
-from bench.plots import plot_matmul, read_jsonl, write_jsonl
+from bench.plots import plot_matmul, read_jsonl, replay, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
@@ -61,11 +61,7 @@ def main(argv=None) -> int:
     parser.add_argument("--from-jsonl", default=None, help="re-plot / re-tabulate saved rows instead of measuring")
     args = parser.parse_args(argv)
     if args.from_jsonl:
-        rows = read_jsonl(args.from_jsonl)
-        if args.plot:
-            plot_matmul(rows, args.plot)
-        print(readme_table(rows))
-        return 0
+        return replay(args.from_jsonl, args.plot, plot_matmul, readme_table)
     if not torch.cuda.is_available():
         print("bench.matmul needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -16,6 +16,15 @@ def write_jsonl(path, rows: list[dict]) -> None:
             f.write(json.dumps(r) + "\n")
 
 
+def replay(jsonl_path, plot_path, plot_fn, table_fn) -> int:
+    """The benches' --from-jsonl: re-plot (if asked) and re-tabulate saved rows; no GPU needed."""
+    rows = read_jsonl(jsonl_path)
+    if plot_path:
+        plot_fn(rows, plot_path)
+    print(table_fn(rows))
+    return 0
+
+
 def _figure(n_panels: int, cols: int):
     import matplotlib
 

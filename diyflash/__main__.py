@@ -115,7 +115,7 @@ def bench_attention(n: int) -> None:
 
     providers = {"diyflash": lambda q, k, v, causal: diyflash.flash_attention(q, k, v, causal=causal),
                  "flash": sdpa(SDPBackend.FLASH_ATTENTION), "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
-    print(f"\nAttention, fp16 (TFLOPS: fwd 4*B*H*N^2*D, halved when causal; bwd 2.5x fwd, timed alone)")
+    print("\nAttention, fp16 (TFLOPS: fwd 4*B*H*N^2*D, halved when causal; bwd 2.5x fwd, timed alone)")
     print(f"  {'B H N D':<16} {'causal':>6} {'pass':>4} {'diyflash':>9} {'SDPA flash':>11} {'SDPA cuDNN':>11} "
           f"{'vs flash':>9} {'vs cuDNN':>9}")
     for b, h, d in ((4, 16, 64), (4, 16, 128)):

@@ -102,7 +102,7 @@ def _matmul_kernel(
             tl.store(c_ptrs, acc.to(c.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-def dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
+def dot_precision(allow_tf32: bool) -> str:
     # fp32 stays fp32-accurate unless TF32 is asked for; fp16/bf16 ignore the setting
     return "tf32" if allow_tf32 else "ieee"
 
@@ -142,7 +142,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, cfg: MatmulConfig, allow_tf32: bool
         programs,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
         USE_TMA=layout is not None, A_TRANS=a_trans, B_TRANS=b_trans,
-        DOT_PRECISION=dot_precision(a.dtype, allow_tf32),
+        DOT_PRECISION=dot_precision(allow_tf32),
         UPCAST=a.dtype == torch.bfloat16 and interpreter_active(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

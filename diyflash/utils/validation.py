@@ -102,7 +102,15 @@ def matmul_error_reports(fn, a, b, grad=True, dout=None):
 # ---- the seed's validators: tolerance checks against PyTorch, returning (ok, max_diff) -------------------
 
 
-def _report(name: str, ok: bool, max_diff: float, rtol: float, atol: float, verbose: bool) -> tuple[bool, float]:
+def _within_tolerance(name: str, out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float,
+                      verbose: bool) -> tuple[bool, float]:
+    """(ok, max |out - ref|): a wrong shape, NaN or anything outside allclose(rtol, atol) fails."""
+    if out.shape != ref.shape:
+        ok, max_diff = False, float("inf")
+    else:
+        got = out.to(ref.dtype)
+        max_diff = (got - ref).abs().max().item() if ref.numel() else 0.0
+        ok = bool(torch.allclose(got, ref, rtol=rtol, atol=atol)) and not bool(torch.isnan(got).any())
     if verbose:
         print(f"{name}: {'PASSED' if ok else 'FAILED'} (max |diff| {max_diff:.3e}, rtol {rtol}, atol {atol})")
     return ok, max_diff
@@ -118,13 +126,7 @@ def validate_matmul(triton_fn, m: int, n: int, k: int, rtol: float = 1e-3, atol:
     b = torch.randn(k, n, generator=gen).to(device=device, dtype=dtype)
     ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
     ref = torch.matmul(a.to(ref_dtype), b.to(ref_dtype))
-    out = triton_fn(a, b)
-    if out.shape != ref.shape:
-        return _report(f"matmul {m}x{k} @ {k}x{n}", False, float("inf"), rtol, atol, verbose)
-    got = out.to(ref_dtype)
-    max_diff = (got - ref).abs().max().item() if ref.numel() else 0.0
-    ok = bool(torch.allclose(got, ref, rtol=rtol, atol=atol)) and not bool(torch.isnan(got).any())
-    return _report(f"matmul {m}x{k} @ {k}x{n} {dtype}", ok, max_diff, rtol, atol, verbose)
+    return _within_tolerance(f"matmul {m}x{k} @ {k}x{n} {dtype}", triton_fn(a, b), ref, rtol, atol, verbose)
 
 
 def validate_attention(flash_fn, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = False,
@@ -139,10 +141,5 @@ def validate_attention(flash_fn, batch: int, heads: int, seq_len: int, head_dim:
     ref_dtype = torch.float64 if dtype == torch.float32 else torch.float32
     ref = torch.nn.functional.scaled_dot_product_attention(
         q.to(ref_dtype), k.to(ref_dtype), v.to(ref_dtype), is_causal=causal)
-    out = flash_fn(q, k, v, causal=causal)
-    if out.shape != ref.shape:
-        return _report(f"attention {tuple(q.shape)}", False, float("inf"), rtol, atol, verbose)
-    got = out.to(ref_dtype)
-    max_diff = (got - ref).abs().max().item() if ref.numel() else 0.0
-    ok = bool(torch.allclose(got, ref, rtol=rtol, atol=atol)) and not bool(torch.isnan(got).any())
-    return _report(f"attention {tuple(q.shape)} causal={causal} {dtype}", ok, max_diff, rtol, atol, verbose)
+    return _within_tolerance(f"attention {tuple(q.shape)} causal={causal} {dtype}",
+                             flash_fn(q, k, v, causal=causal), ref, rtol, atol, verbose)
