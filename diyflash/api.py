@@ -8,6 +8,8 @@ import numbers
 import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
+from .ops.attention import call_attention
+from .ops.matmul import call_matmul
 from .kernels import interpreter_active
 from .kernels.matmul_configs import manual_config
 
@@ -128,7 +130,7 @@ def flash_attention(
         sm_scale = float(sm_scale)
     if seq_lens is not None:
         _check_seq_lens(seq_lens, q.shape[0], k.shape[-2], q.device)
-    return torch.ops.diyflash.attention(q, k, v, causal=bool(causal), scale=sm_scale, seq_lens=seq_lens)
+    return call_attention(q, k, v, bool(causal), sm_scale, seq_lens)
 
 
 def triton_matmul(
@@ -178,4 +180,4 @@ def triton_matmul(
         # validated here so the error names the arguments; the op validates the same way
         manual_config(block_m, block_n, block_k, a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
         blocks = [block_m, block_n, block_k]
-    return torch.ops.diyflash.matmul(a, b, blocks, bool(use_autotune), bool(allow_tf32))
+    return call_matmul(a, b, blocks, bool(use_autotune), bool(allow_tf32))

@@ -23,6 +23,7 @@ from torch.library import Library, custom_op
 
 from ..kernels import uses_triton
 from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked
+from .eager import dispatcher_free
 from .registry import NAMESPACE, entry
 
 
@@ -49,13 +50,18 @@ _BWD = entry("attention_bwd")
 _ATTN = entry("attention")
 
 
-@custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
-def attention_fwd(q, k, v, causal, scale, seq_lens):
+def _attention_fwd_impl(q, k, v, causal, scale, seq_lens):
+    """What attention_fwd computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut."""
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     if uses_triton(q):
         return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens)
     return attention_fwd_blocked(q, k, v, causal, scale, seq_lens)
+
+
+@custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
+def attention_fwd(q, k, v, causal, scale, seq_lens):
+    return _attention_fwd_impl(q, k, v, causal, scale, seq_lens)
 
 
 @attention_fwd.register_fake
@@ -108,3 +114,11 @@ def _attention_composite(q, k, v, causal=False, scale=None, seq_lens=None):
 
 
 _lib.impl(_ATTN.name, _attention_composite, "CompositeImplicitAutograd")
+
+
+def call_attention(q, k, v, causal=False, scale=None, seq_lens=None):
+    """diyflash::attention for the Python API: the forward implementation itself when no tracer, mode,
+    subclass or autograd could see the op (ops/eager.py), else the op through the dispatcher."""
+    if dispatcher_free(q, k, v, seq_lens):
+        return _attention_fwd_impl(q, k, v, causal, scale, seq_lens)[0]
+    return torch.ops.diyflash.attention(q, k, v, causal=causal, scale=scale, seq_lens=seq_lens)

@@ -12,6 +12,7 @@ from torch.library import custom_op
 
 from ..kernels import uses_triton
 from ..kernels.matmul_configs import manual_config
+from .eager import dispatcher_free
 from .registry import entry
 
 _MATMUL = entry("matmul")
@@ -23,9 +24,8 @@ def _kernels():
     return triton_matmul
 
 
-# The defaults repeat the schema's: a Python kernel receives only the arguments the caller passed.
-@custom_op(_MATMUL.qualname, mutates_args=(), schema=_MATMUL.signature)
-def matmul(a, b, block_sizes=None, autotune=True, allow_tf32=False):
+def _matmul_impl(a, b, block_sizes, autotune, allow_tf32):
+    """What the op computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut."""
     if not uses_triton(a):
         # a fresh contiguous (M, N) tensor, as the kernel path and the fake
         return torch.matmul(a, b).contiguous()
@@ -37,6 +37,20 @@ def matmul(a, b, block_sizes=None, autotune=True, allow_tf32=False):
     else:
         cfg = km.select_config(a, b, allow_tf32, autotune)
     return km.matmul(a, b, cfg, allow_tf32)
+
+
+# The defaults repeat the schema's: a Python kernel receives only the arguments the caller passed.
+@custom_op(_MATMUL.qualname, mutates_args=(), schema=_MATMUL.signature)
+def matmul(a, b, block_sizes=None, autotune=True, allow_tf32=False):
+    return _matmul_impl(a, b, block_sizes, autotune, allow_tf32)
+
+
+def call_matmul(a, b, block_sizes=None, autotune=True, allow_tf32=False):
+    """diyflash::matmul for the Python API: the implementation itself when no tracer, mode, subclass or
+    autograd could see the op (ops/eager.py), else the op through the dispatcher."""
+    if dispatcher_free(a, b):
+        return _matmul_impl(a, b, block_sizes, autotune, allow_tf32)
+    return torch.ops.diyflash.matmul(a, b, block_sizes, autotune, allow_tf32)
 
 
 @matmul.register_fake

@@ -1,0 +1,44 @@
+"""When the public API may call an op's implementation directly instead of going through the dispatcher.
+
+A custom op's eager dispatch costs ~25-35 us of host time per call on the GPU machine (FACTS.md;
+`bench/overhead.py`): more than the GPU needs for a 1024^3 matmul or a short attention. When nothing
+can observe the difference, `diyflash.flash_attention` and `diyflash.triton_matmul` skip it and call
+the same implementation function the op's CUDA/CPU kernel calls, so the result is bit-identical.
+
+Nothing observes it when all of these hold (each check costs well under a microsecond):
+- no tracer: not compiling, exporting or torch.jit-tracing (those must record `diyflash::*`);
+- no autograd: grad mode is off or no input requires grad (with grad the op's autograd formula runs);
+- no torch-function or torch-dispatch mode (FakeTensorMode, FlopCounterMode, functionalization, ...)
+  and no functorch transform (vmap, grad);
+- every tensor is a plain torch.Tensor or nn.Parameter (subclasses dispatch through the op);
+- the autograd profiler is off (a profile should show `diyflash::*`, not just the Triton kernel).
+
+`torch.ops.diyflash.*` called by name always dispatches; only the Python API takes the shortcut.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def dispatcher_free(*tensors: torch.Tensor | None) -> bool:
+    """True when calling the implementation directly is indistinguishable from calling the op."""
+    if (
+        torch.compiler.is_compiling()
+        or torch.compiler.is_exporting()
+        or torch.jit.is_tracing()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+        or torch._C._functorch.peek_interpreter_stack() is not None
+        or torch.autograd._profiler_enabled()
+    ):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in _PLAIN or (grad and t.requires_grad):
+            return False
+    return True

@@ -1,0 +1,94 @@
+"""The API's eager shortcut (diyflash/ops/eager.py): taken only where nothing can tell it from the op,
+and then bit-identical to the op; every tracer, mode, subclass and autograd case goes through the op."""
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import diyflash
+from diyflash.ops.eager import dispatcher_free
+from helpers import make_qkv
+
+
+class _Noop(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _NoopDispatch(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def test_dispatcher_free_only_when_unobservable(device):
+    x = torch.randn(4, 4, device=device)
+    w = torch.randn(4, 4, device=device, requires_grad=True)
+    assert dispatcher_free(x, x, None)
+    assert dispatcher_free(torch.nn.Parameter(x, requires_grad=False))
+    assert not dispatcher_free(x, w)  # autograd must record the op's formula
+    with torch.no_grad():
+        assert dispatcher_free(x, w)
+    with torch.inference_mode():
+        assert dispatcher_free(x, w)
+    assert not dispatcher_free(x.as_subclass(_Sub))
+    with _Noop():
+        assert not dispatcher_free(x)
+    with _NoopDispatch():
+        assert not dispatcher_free(x)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert not dispatcher_free(x)
+    seen = []
+    torch.vmap(lambda t: seen.append(dispatcher_free(t)) or t)(x)
+    assert seen == [False]
+    compiled = torch.compile(lambda t: t + 1 if dispatcher_free(t) else t - 1, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x), x - 1)  # traced code always records the op
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """Counts calls that went through torch.ops.diyflash.{matmul,attention} (the dispatcher)."""
+    calls = []
+    for name in ("matmul", "attention"):
+        op = getattr(torch.ops.diyflash, name)
+
+        def spy(*args, _op=op, _name=name, **kwargs):
+            calls.append(_name)
+            return _op(*args, **kwargs)
+
+        monkeypatch.setattr(torch.ops.diyflash, name, spy)
+    return calls
+
+
+def test_matmul_shortcut_is_bit_identical(device, op_calls):
+    a = torch.randn(33, 40, device=device, dtype=torch.float16)
+    b = torch.randn(24, 40, device=device, dtype=torch.float16).mT
+    fast = diyflash.triton_matmul(a, b)
+    assert op_calls == []
+    via_op = torch.ops.diyflash.matmul(a, b)
+    assert op_calls == ["matmul"]
+    assert torch.equal(fast, via_op) and fast.stride() == via_op.stride()
+
+
+def test_attention_shortcut_is_bit_identical(device, op_calls):
+    q, k, v = make_qkv(2, 2, 17, 24, 32, layout="bnhd", device=device)
+    lens = torch.tensor([24, 9], dtype=torch.int32, device=device)
+    fast = diyflash.flash_attention(q, k, v, causal=True, seq_lens=lens)
+    assert op_calls == []
+    via_op = torch.ops.diyflash.attention(q, k, v, causal=True, seq_lens=lens)
+    assert torch.equal(fast, via_op) and fast.stride() == via_op.stride()
+
+
+def test_grad_and_profiler_go_through_the_op(device, op_calls):
+    q, k, v = make_qkv(1, 1, 8, 8, 16, device=device, requires_grad=True)
+    diyflash.flash_attention(q, k, v).sum().backward()
+    assert op_calls == ["attention"] and q.grad is not None
+    a = torch.randn(8, 8, device=device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        diyflash.triton_matmul(a, a)
+    assert op_calls == ["attention", "matmul"]
+    assert "diyflash::matmul" in {e.name for e in prof.events()}
