@@ -50,9 +50,9 @@ HALF_CANDIDATES = [
     MatmulConfig(128, 64, 64, num_warps=4, num_stages=4),
     MatmulConfig(64, 64, 64, num_warps=4, num_stages=4),
 ]
-# Small problems are host-bound: encoding three TMA descriptors per launch costs ~23 us on an H200
-# (bench/overhead.py), more than TMA saves on a 1024^3 product. Pointer-load twins of the small tiles
-# let the tuner (which times whole launches) pick whichever is faster end to end.
+# Small problems: TMA buys less there, and on some GPU hosts the three descriptors cost measurable host
+# time per launch (bench/overhead.py: 5-23 us on H200 hosts). Pointer-load twins of the small tiles
+# let the tuner pick whichever runs faster.
 SMALL_POINTER_TWINS = [replace(c, use_tma=False) for c in HALF_CANDIDATES if c.block_m * c.block_n <= 128 * 256]
 SMALL_PROBLEM_FLOPS = 2 * 2048**3  # up to here the twins are tried
 
