@@ -1,8 +1,9 @@
 """Attention benchmark: diyflash against SDPA's flash (FlashAttention-2) and cuDNN backends, measured
 in the same run.
 
-    python -m bench.attention [--shapes 4x32x64 4x16x128] [--n 1024 2048 ...] [--dtypes fp16 bf16]
+    python -m bench.attention [--shapes 4x32x64 4x16x128 2x8x256] [--n 1024 2048 ...] [--dtypes fp16 bf16]
                               [--modes fwd bwd] [--causal both] [--out results.jsonl] [--plot a.png]
+    python -m bench.attention --short ...     (B = 16, N = 128, 256, 384, 512: host cost matters here)
     python -m bench.attention --from-jsonl results.jsonl --plot a.png     (no GPU needed)
 
 Providers: diyflash, SDPA's flash (FlashAttention-2) and cuDNN backends, and FlexAttention
@@ -28,6 +29,7 @@ from bench.common import provenance
 from bench.plots import plot_attention, read_jsonl, replay, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+SHORT_N = [128, 256, 384, 512]
 
 
 def attention_flops(b, h, n_q, n_k, d, causal, mode) -> float:
@@ -98,8 +100,10 @@ def measure(fn, q, k, v, causal, mode):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", nargs="+", default=["4x32x64", "4x16x128"], help="BxHxD")
+    parser.add_argument("--shapes", nargs="+", default=["4x32x64", "4x16x128", "2x8x256"], help="BxHxD")
     parser.add_argument("--n", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--short", action="store_true",
+                        help="the short-sequence sweep instead: B=16 with each shape's H and D, N = 128..512")
     parser.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=list(DTYPES))
     parser.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     parser.add_argument("--causal", choices=["both", "true", "false"], default="both")
@@ -123,8 +127,12 @@ def main(argv=None) -> int:
     rows = []
     from tqdm import tqdm
 
-    cells = [(shape, dname, causal, n) for shape in args.shapes for dname in args.dtypes
-             for causal in causals for n in args.n]
+    shapes, lengths = args.shapes, args.n
+    if args.short:
+        shapes = ["16x" + shape.split("x", 1)[1] for shape in args.shapes]
+        lengths = SHORT_N
+    cells = [(shape, dname, causal, n) for shape in shapes for dname in args.dtypes
+             for causal in causals for n in lengths]
     for shape, dname, causal, n in tqdm(cells, desc="attention cells", unit="cell"):
         b, h, d = (int(x) for x in shape.split("x"))
         gen = torch.Generator(device="cuda").manual_seed(0)

@@ -1,10 +1,14 @@
-"""Sweep the attention tile configurations on the GPU and print the fastest per head_dim.
+"""Re-tune the attention tiles on this GPU and record them: the one command behind attention_tuned.py.
 
-    python -m bench.attention_configs [--n 4096] [--dtype fp16] [--out results/configs.jsonl]
+    python -m bench.attention_configs [--n 4096] [--dtype fp16] [--head-dims 64 128 256]
+                                      [--causal both] [--kinds fwd dkdv dq] [--out rows.jsonl] [--write]
 
-Each candidate of diyflash/kernels/attention_configs.py (FWD_CANDIDATES, BWD_CANDIDATES) that fits
-the device's shared memory is checked against the default config's result, then timed (median of
-triton.testing.do_bench). The winners are what the tables in attention_configs.py should hold.
+For each kernel (forward, backward dk/dv, backward dq), head_dim and causal setting, every candidate of
+diyflash/kernels/attention_configs.py that fits shared memory is run, checked against the current
+tiles' result, and timed (median of triton.testing.do_bench). A backward candidate for one kernel is
+timed as the whole backward with the other kernel's current tiles, so only its own kernel differs.
+--write rewrites diyflash/kernels/attention_tuned.py with the winners (entries not swept are kept)
+and a header naming the device, versions and this command; --out keeps every timing.
 """
 
 from __future__ import annotations
@@ -12,10 +16,67 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 from bench.common import provenance
+
+SHAPES = {64: (4, 32), 128: (4, 16), 256: (2, 8)}  # (batch, heads) per head_dim: the benchmark's shapes
+
+
+def render_tuned(table: dict, header: str) -> str:
+    """The source of attention_tuned.py for `table` (kind -> "plain"/"causal" -> head_dim -> tiles)."""
+    lines = ["TUNED = {"]
+    for kind, modes in table.items():
+        lines.append(f"    {kind!r}: {{")
+        for mode, dims in modes.items():
+            entries = ", ".join(f"{d}: {tuple(dims[d])}" for d in sorted(dims))
+            lines.append(f"        {mode!r}: {{{entries}}},")
+        lines.append("    },")
+    lines.append("}")
+    return (f'"""Tuned attention tiles (block_m, block_n, num_warps, num_stages) per kernel, causal or not, and padded\n'
+            f'head_dim. Written by `python -m bench.attention_configs --write`; edit by re-running it, not by hand.\n\n'
+            f'{header}\n"""\n\n' + "\n".join(lines) + "\n")
+
+
+def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, log):
+    """Time every fitting candidate of one kernel; returns result rows (ok = matches current tiles)."""
+    import triton
+
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import BwdConfig, bwd_config, fwd_config
+
+    b, h = SHAPES.get(d, (2, 8))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    scale = d ** -0.5
+    out, lse = ka.attention_fwd(q, k, v, causal, scale, None)
+    dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=gen)
+    current = bwd_config(d, dtype, q.device, causal, False)
+    ref = (out,) if kind == "fwd" else ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None)
+    flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0) * (1.0 if kind == "fwd" else 2.5)
+    default = fwd_config(d, dtype, q.device, causal, False) if kind == "fwd" else getattr(current, kind)
+    rows = []
+    for cfg in candidates:
+        if cost(cfg, d, dtype.itemsize) > limit:
+            continue
+        if kind == "fwd":
+            fn = lambda cfg=cfg: ka.attention_fwd(q, k, v, causal, scale, None, config=cfg)[:1]  # noqa: E731
+        else:
+            both = BwdConfig(cfg, current.dq) if kind == "dkdv" else BwdConfig(current.dkdv, cfg)
+            fn = lambda both=both: ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None, config=both)  # noqa: E731
+        try:
+            got = fn()
+            ok = all((g.float() - r.float()).abs().max().item() < (1e-2 if kind == "fwd" else 5e-2)
+                     for g, r in zip(got, ref))
+            ms = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+        except Exception as e:  # out of resources on this GPU: not a candidate here
+            log(f"  skip {kind} d={d} causal={causal} {cfg}: {type(e).__name__}: {str(e)[:80]}")
+            continue
+        rows.append(dict(kind=kind, head_dim=d, n=n, b=b, h=h, causal=causal, ok=ok, ms=ms,
+                         tflops=flops / ms / 1e9, is_default=cfg == default, **cfg.as_dict()))
+    return rows
 
 
 def main(argv=None) -> int:
@@ -23,80 +84,66 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=4096, help="sequence length")
     parser.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
-    parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--kinds", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
-    parser.add_argument("--out", default=None, help="append JSONL rows here")
+    parser.add_argument("--causal", choices=["plain", "causal", "both"], default="both")
+    parser.add_argument("--kinds", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq"])
+    parser.add_argument("--out", default=None, help="append every timing here (JSONL)")
+    parser.add_argument("--write", action="store_true", help="record the winners in diyflash/kernels/attention_tuned.py")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("attention_configs: needs a CUDA GPU", file=sys.stderr)
         return 2
 
-    import triton
-
-    from diyflash.kernels import attention as ka
-    from diyflash.kernels.attention_configs import (
-        BWD_CANDIDATES, FWD_CANDIDATES, bwd_config, fwd_config, smem_bytes_bwd, smem_bytes_fwd,
-    )
+    from diyflash.kernels import attention_tuned
+    from diyflash.kernels.attention_configs import CANDIDATES, SMEM_BYTES
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
-    shapes = {64: (4, 32), 128: (4, 16), 256: (2, 8)}
-    rows = []
-    for d in args.head_dims:
-        b, h = shapes.get(d, (2, 8))
-        n = args.n
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
-        scale = d ** -0.5
-        flops = 4 * b * h * n * n * d * (0.5 if args.causal else 1.0)
-        ref_out, ref_lse = ka.attention_fwd(q, k, v, args.causal, scale, None)
-        dout = torch.randn_like(q)
-        ref_grads = ka.attention_bwd(dout, None, q, k, v, ref_out, ref_lse, args.causal, scale, None)
-        for kind, cands, cost, default in (
-            ("fwd", FWD_CANDIDATES, smem_bytes_fwd, fwd_config(d, dtype, q.device, False)),
-            ("bwd", BWD_CANDIDATES, smem_bytes_bwd, bwd_config(d, dtype, q.device, False)),
-        ):
-            if kind not in args.kinds:
-                continue
-            results = []
-            for cfg in cands:
-                if cost(cfg, d, dtype.itemsize) > limit:
+    modes = {"plain": [False], "causal": [True], "both": [False, True]}[args.causal]
+    prov = provenance()
+    table = {kind: {m: dict(dims) for m, dims in ms.items()} for kind, ms in attention_tuned.TUNED.items()}
+    all_rows = []
+    # dq is swept after dk/dv has its winner, so each backward kernel is timed next to the other's best
+    for kind in [k for k in ("fwd", "dkdv", "dq") if k in args.kinds]:
+        for d in args.head_dims:
+            for causal in modes:
+                rows = sweep_one(kind, d, causal, dtype, args.n, CANDIDATES[kind], SMEM_BYTES[kind], limit, print)
+                all_rows += rows
+                good = sorted((r for r in rows if r["ok"]), key=lambda r: r["ms"])
+                bad = [(r["block_m"], r["block_n"], r["num_warps"], r["num_stages"]) for r in rows if not r["ok"]]
+                if bad:
+                    print(f"  WRONG RESULTS {kind} d={d} causal={causal}: {bad}")
+                dflt = next((r for r in rows if r["is_default"]), None)
+                if not good:
                     continue
-                try:
-                    if kind == "fwd":
-                        fn = lambda cfg=cfg: ka.attention_fwd(q, k, v, args.causal, scale, None, config=cfg)  # noqa: E731
-                        got = fn()[0]
-                        ok = (got - ref_out).abs().max().item() < 1e-2
-                    else:
-                        fn = lambda cfg=cfg: ka.attention_bwd(  # noqa: E731
-                            dout, None, q, k, v, ref_out, ref_lse, args.causal, scale, None, config=cfg)
-                        got = fn()
-                        ok = all((a - r).abs().max().item() < 5e-2 for a, r in zip(got, ref_grads))
-                    ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-                except Exception as e:  # out of resources on this GPU: not a candidate here
-                    print(f"  skip {kind} d={d} {cfg}: {type(e).__name__}: {str(e)[:80]}")
-                    continue
-                tflops = flops * (2.5 if kind == "bwd" else 1.0) / ms / 1e9
-                row = dict(kind=kind, head_dim=d, n=n, b=b, h=h, causal=args.causal, dtype=args.dtype,
-                           ok=ok, ms=ms, tflops=tflops, is_default=cfg == default, **cfg.as_dict())
-                results.append(row)
-                rows.append(row)
-            good = sorted((r for r in results if r["ok"]), key=lambda r: r["ms"])
-            bad = [r for r in results if not r["ok"]]
-            if bad:
-                print(f"  WRONG RESULTS {kind} d={d}: {[(r['block_m'], r['block_n'], r['num_warps'], r['num_stages']) for r in bad]}")
-            dflt = next((r for r in results if r["is_default"]), None)
-            for r in good[:3]:
-                print(f"{kind} d={d} causal={args.causal}: {r['block_m']}x{r['block_n']} w{r['num_warps']} "
-                      f"s{r['num_stages']} {r['tflops']:.0f} TFLOPS")
-            if dflt:
-                print(f"{kind} d={d} default {dflt['block_m']}x{dflt['block_n']} w{dflt['num_warps']} "
-                      f"s{dflt['num_stages']}: {dflt['tflops']:.0f} TFLOPS")
+                best = good[0]
+                print(f"{kind} d={d} causal={causal}: best {best['block_m']}x{best['block_n']} w{best['num_warps']} "
+                      f"s{best['num_stages']} {best['tflops']:.0f} TFLOPS; was "
+                      + (f"{dflt['tflops']:.0f}" if dflt else "not a candidate"), flush=True)
+                mode = "causal" if causal else "plain"
+                table[kind][mode][d] = (best["block_m"], best["block_n"], best["num_warps"], best["num_stages"])
+                if args.write:  # after each winner: later kernels' sweeps run with it
+                    _write(table, prov, args)
     if args.out:
-        prov = provenance()
         with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps({**prov, **r}) + "\n")
+            for r in all_rows:
+                f.write(json.dumps({**prov, "dtype": args.dtype, **r}) + "\n")
     return 0
+
+
+def _write(table, prov, args) -> None:
+    import importlib
+
+    from diyflash.kernels import attention_configs, attention_tuned
+
+    header = (f"Source: {prov['gpu']}, torch {prov['torch']}, Triton {prov['triton']}, {args.dtype}, N={args.n}, "
+              f"{prov['timestamp']}.\nCommand: python -m bench.attention_configs --n {args.n} --dtype {args.dtype} "
+              f"--head-dims {' '.join(map(str, args.head_dims))} --causal {args.causal} --kinds {' '.join(args.kinds)} --write\n"
+              "Entries that command did not sweep were kept from the file it replaced.")
+    Path(attention_tuned.__file__).write_text(render_tuned(table, header))
+    importlib.reload(attention_tuned)
+    attention_configs.TUNED = attention_tuned.TUNED
+    attention_configs.fwd_config.cache_clear()
+    attention_configs.bwd_config.cache_clear()
 
 
 if __name__ == "__main__":

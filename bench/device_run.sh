@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: GPU test suite, config sweep and benchmark; full logs under $OUT.
-#   bash bench/device_run.sh [tests] [sweep] [bench] [matmul]     (default: tests sweep bench)
+#   bash bench/device_run.sh [tests] [sweep] [bench] [short] [overhead] [matmul]   (default: tests sweep bench)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/diyflash-out}; mkdir -p "$OUT"
@@ -14,14 +14,18 @@ if [[ $parts == *tests* ]]; then
   DIYFLASH_TEST_DEVICE=cuda python3 -m pytest -q --maxfail=25 -p no:cacheprovider --durations=10 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   status=${PIPESTATUS[0]}
 fi
-if [[ $parts == *sweep* ]]; then
-  for c in ${SWEEP_MODES:-plain causal}; do
-    flag=""; [ "$c" = causal ] && flag=--causal
-    python3 -m bench.attention_configs $flag --out "$OUT/configs.jsonl" 2>&1 | tee -a "$OUT/sweep.log"
-  done
+if [[ $parts == *sweep* ]]; then  # re-tunes diyflash/kernels/attention_tuned.py (copied to $OUT)
+  python3 -m bench.attention_configs --write --out "$OUT/configs.jsonl" ${SWEEP_ARGS:-} 2>&1 | tee -a "$OUT/sweep.log" | grep -v "^  skip"
+  cp diyflash/kernels/attention_tuned.py "$OUT/"
 fi
 if [[ $parts == *bench* ]]; then
   python3 -m bench.attention --out "$OUT/attention.jsonl" --plot "$OUT/attention.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+fi
+if [[ $parts == *short* ]]; then
+  python3 -m bench.attention --short --providers diyflash sdpa-flash sdpa-cudnn --out "$OUT/attention_short.jsonl" 2>&1 | tee "$OUT/short.log" | tail -60
+fi
+if [[ $parts == *overhead* ]]; then
+  python3 -m bench.overhead 2>&1 | tee "$OUT/overhead.txt"
 fi
 if [[ $parts == *matmul* ]]; then
   python3 -m bench.matmul --ablation --out "$OUT/matmul.jsonl" --plot "$OUT/matmul.png" 2>&1 | tee "$OUT/matmul.log" | tail -60

@@ -55,8 +55,10 @@ class AdaptiveKernelSelector:
         return {**self._where(), **cfg.as_dict(), "tma": uses_tma, "autotuned": True,
                 "shape": (m, n, k), "dtype": str(dtype)}
 
-    def get_attention_config(self, head_dim: int = 64, dtype: torch.dtype = torch.float16) -> dict:
-        """The forward and backward tiles diyflash.flash_attention uses for this head_dim and dtype."""
+    def get_attention_config(self, head_dim: int = 64, dtype: torch.dtype = torch.float16,
+                             causal: bool = False) -> dict:
+        """The forward and backward (dk/dv and dq kernels) tiles diyflash.flash_attention uses for this
+        head_dim, dtype and causal setting."""
         if head_dim % 8 or not 8 <= head_dim <= 256:
             raise ValueError(f"Unsupported head_dim {head_dim}: supported are multiples of 8 from 8 to 256")
         pad = max(16, 1 << (head_dim - 1).bit_length())
@@ -65,8 +67,9 @@ class AdaptiveKernelSelector:
             return {**self._where(), "head_dim": head_dim, "dtype": str(dtype), "block_n": TORCH_PATH_BLOCK_N,
                     "note": f"PyTorch blocked implementation ({TORCH_PATH_BLOCK_N} keys per block)"}
         return {**self._where(), "head_dim": head_dim, "head_dim_pad": pad, "dtype": str(dtype), "tma": False,
-                "forward": fwd_config(pad, dtype, self.device, interpret).as_dict(),
-                "backward": bwd_config(pad, dtype, self.device, interpret).as_dict()}
+                "causal": causal,
+                "forward": fwd_config(pad, dtype, self.device, causal, interpret).as_dict(),
+                "backward": bwd_config(pad, dtype, self.device, causal, interpret).as_dict()}
 
     def select_matmul_kernel(self) -> Callable:
         """diyflash.triton_matmul where it runs (GPU, or CPU under the interpreter), else the op's PyTorch path."""

@@ -73,10 +73,13 @@ def test_permuted_inputs_are_not_copied(device):
     assert copies_of(lambda: q.contiguous(), q)  # the check sees a copy when there is one
 
 
-@pytest.mark.parametrize("scale", [0.05, 1.0])
-def test_explicit_scale(device, scale):
-    q, k, v = make_qkv(1, 2, 29, 29, 32, torch.float32, device, requires_grad=True)
-    check_attention(q, k, v, causal=False, scale=scale)
+# 0 and negative scales take the forward's unfolded path (the row max of the raw dot no longer scales
+# to the max of the scaled scores); both causal settings cover its masked and unmasked blocks
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [0.05, 1.0, 0.0, -0.4])
+def test_explicit_scale(device, scale, causal):
+    q, k, v = make_qkv(1, 2, 45, 70, 32, torch.float16, device, requires_grad=True)
+    check_attention(q, k, v, causal=causal, scale=scale)
 
 
 @pytest.mark.parametrize("n_q,n_k", [(64, 64), (40, 64), (64, 40)])

@@ -76,3 +76,25 @@ def test_cli_replots_saved_rows_without_gpu(tmp_path, module, rows):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert png.read_bytes().startswith(PNG_MAGIC) and "|" in done.stdout
+
+
+def test_tuned_table_covers_every_kernel_and_round_trips():
+    """attention_tuned.py (written by `python -m bench.attention_configs --write`) has tiles for every
+    kernel, causal setting and padded head_dim, each one the sweep could have chosen; rendering the
+    table back gives the same table."""
+    from bench.attention_configs import render_tuned
+    from diyflash.kernels.attention_configs import CANDIDATES, AttnConfig
+    from diyflash.kernels.attention_tuned import TUNED
+
+    assert set(TUNED) == {"fwd", "dkdv", "dq"}
+    for kind, modes in TUNED.items():
+        assert set(modes) == {"plain", "causal"}
+        for dims in modes.values():
+            assert set(dims) >= {16, 32, 64, 128, 256}, (kind, sorted(dims))
+            for tiles in dims.values():
+                cfg = AttnConfig(*tiles)
+                assert any((c.block_m, c.block_n, c.num_warps) == (cfg.block_m, cfg.block_n, cfg.num_warps)
+                           for c in CANDIDATES[kind]), (kind, tiles)
+    namespace: dict = {}
+    exec(render_tuned(TUNED, "Source: test."), namespace)
+    assert namespace["TUNED"] == TUNED

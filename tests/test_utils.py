@@ -63,11 +63,14 @@ def test_selector_reports_what_the_kernels_use(device):
     from diyflash.kernels.attention_configs import bwd_config, fwd_config
 
     selector = diyflash.AdaptiveKernelSelector()
-    cfg = selector.get_attention_config(head_dim=80, dtype=torch.float16)
     interpret = device.type == "cpu"
-    assert cfg["head_dim_pad"] == 128
-    assert cfg["forward"] == fwd_config(128, torch.float16, device if ON_GPU else torch.device("cpu"), interpret).as_dict()
-    assert cfg["backward"] == bwd_config(128, torch.float16, device if ON_GPU else torch.device("cpu"), interpret).as_dict()
+    for causal in (False, True):
+        cfg = selector.get_attention_config(head_dim=80, dtype=torch.float16, causal=causal)
+        assert cfg["head_dim_pad"] == 128 and cfg["causal"] == causal
+        where = device if ON_GPU else torch.device("cpu")
+        assert cfg["forward"] == fwd_config(128, torch.float16, where, causal, interpret).as_dict()
+        assert cfg["backward"] == bwd_config(128, torch.float16, where, causal, interpret).as_dict()
+        assert set(cfg["backward"]) == {"dkdv", "dq"}
     mm = selector.get_matmul_config(m=96, n=80, k=64)
     if ON_GPU:
         from diyflash.kernels import matmul as km

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ._runtime import interpreter_active, require_triton
-from .attention_configs import AttnConfig, bwd_config, fwd_config
+from .attention_configs import AttnConfig, BwdConfig, bwd_config, fwd_config
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
@@ -98,7 +98,7 @@ def _attn_fwd_inner(
     offs_m, offs_n, d_mask,
     lo, hi, kv_len, causal_offset, qk_scale,
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MASKED blocks apply the key-length and causal masks;
@@ -114,21 +114,30 @@ def _attn_fwd_inner(
             k = _load(k_ptrs, None, UPCAST)
         else:
             k = _load(k_ptrs, d_mask[:, None], UPCAST)
-        # -- scores, base 2 --
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        # -- scores, base 2. FOLD_SCALE (qk_scale > 0): the row max of the raw dot scales to the max
+        # of the scaled scores, so the scale rides in the exponent's FMA: one op per score saved --
+        s = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if not FOLD_SCALE:
+            s = s * qk_scale
         if MASKED:
             visible = kv_mask[None, :]
             if CAUSAL:
                 visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
             s = tl.where(visible, s, float("-inf"))
         # -- online softmax update --
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if FOLD_SCALE:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
         if MASKED:
             # a row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
-        p = tl.math.exp2(s - m_sub[:, None])
+        if FOLD_SCALE:
+            p = tl.math.exp2(s * qk_scale - m_sub[:, None])
+        else:
+            p = tl.math.exp2(s - m_sub[:, None])
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- accumulate p @ v --
@@ -158,7 +167,7 @@ def _attn_fwd_kernel(
     qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
@@ -192,12 +201,12 @@ def _attn_fwd_kernel(
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+        BLOCK_N, False, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+        BLOCK_N, True, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST,
     )
 
     # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf --
@@ -548,7 +557,7 @@ def attention_fwd(
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     d_pad = head_dim_pad(d)
-    cfg = config or fwd_config(d_pad, q.dtype, q.device, interpreter_active())
+    cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, interpreter_active())
     for zc, q_, k_, v_, o_, lse_, sl in _z_chunks(z, q4, k4, v4, o4, lse3, seq_lens):
         _attn_fwd_kernel[(triton.cdiv(n_q, cfg.block_m), h, zc)](
             q_, k_, v_, o_, lse_, sl,
@@ -558,7 +567,7 @@ def attention_fwd(
             scale * LOG2E,
             HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
+            CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
             DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
@@ -576,7 +585,7 @@ def attention_bwd(
     causal: bool,
     scale: float,
     seq_lens: torch.Tensor | None,
-    config: AttnConfig | None = None,
+    config: BwdConfig | AttnConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
     Returns (dq, dk, dv) allocated with empty_like(q/k/v)."""
@@ -593,7 +602,9 @@ def attention_bwd(
     if dlse is not None:
         dlse3 = dlse.unsqueeze(1) if q.dim() == 3 else dlse
     d_pad = head_dim_pad(d)
-    cfg = config or bwd_config(d_pad, q.dtype, q.device, interpreter_active())
+    cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, interpreter_active())
+    if isinstance(cfg, AttnConfig):
+        cfg = BwdConfig(cfg, cfg)
     # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
     delta = torch.empty((z, h, n_q), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
@@ -610,21 +621,22 @@ def attention_bwd(
             HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None,
         )
         common = dict(
-            HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
+            HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
             DOT_PRECISION=dot_precision, UPCAST=upcast,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, cfg.block_n), h, zc)](
+        kv_cfg, q_cfg = cfg
+        _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, kv_cfg.block_n), h, zc)](
             q_, k_, v_, g_, lse2_, delta_, dk_, dv_, sl,
             *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
             h, n_q, n_k, scale * LOG2E, scale,
-            **common,
+            BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
+            num_stages=kv_cfg.num_stages, **common,
         )
-        _attn_bwd_dq_kernel[(triton.cdiv(n_q, cfg.block_m), h, zc)](
+        _attn_bwd_dq_kernel[(triton.cdiv(n_q, q_cfg.block_m), h, zc)](
             q_, k_, v_, g_, lse2_, delta_, dq_, sl,
             *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
             h, n_q, n_k, scale * LOG2E, scale,
-            **common,
+            BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, num_warps=q_cfg.num_warps,
+            num_stages=q_cfg.num_stages, **common,
         )
     return dq, dk, dv

@@ -1,8 +1,10 @@
 """Tile configurations for the attention kernels, in one place.
 
-A config is chosen per (head_dim, dtype) from a small table measured on an H200
-(bench/attention_configs.py sweeps the candidates below and prints the winners), then pruned to what
-fits the device's shared memory. Under Triton's interpreter one small config is pinned: autotuning
+Each kernel (forward, backward dk/dv, backward dq) takes its tiles per (padded head_dim, causal) from
+attention_tuned.py, which one command writes (`python -m bench.attention_configs --write`: it times
+the candidates below on the GPU and records the winners with the device and versions). fp16 and bf16
+share the table; fp32 has fixed small tiles. The chosen tiles are pruned to what fits the device's
+shared memory. Under Triton's interpreter one small config is pinned: autotuning
 needs a GPU, and 32-wide tiles keep the multi-block paths exercised by tiny test shapes.
 """
 
@@ -10,8 +12,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
+
+from .attention_tuned import TUNED
 
 
 @dataclass(frozen=True)
@@ -32,43 +37,42 @@ class AttnConfig:
 
 INTERPRETER_CONFIG = AttnConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
 
-# Candidates the sweep tries (bench/attention_configs.py); the tables below pick from these.
+# Candidates the sweep tries (bench/attention_configs.py). The forward tiles queries (block_m) and streams
+# keys (block_n); the dk/dv kernel keeps a key block (block_n) and streams queries (block_m); the dq
+# kernel keeps a query block and streams keys. Each kernel is tuned on its own.
 FWD_CANDIDATES = [
     AttnConfig(bm, bn, w, s)
     for bm in (64, 128)
     for bn in (32, 64, 128)
     for w in (4, 8)
-    for s in (2, 3, 4)
+    for s in (3, 4)
 ]
-BWD_CANDIDATES = [
+DKDV_CANDIDATES = [
     AttnConfig(bm, bn, w, s)
-    for bm, bn in ((32, 64), (32, 128), (64, 64), (64, 128), (128, 64))
+    for bm, bn in ((32, 64), (32, 128), (64, 64), (64, 128), (128, 64), (128, 128))
     for w in (4, 8)
     for s in (2, 3)
 ]
+DQ_CANDIDATES = [
+    AttnConfig(bm, bn, w, s)
+    for bm, bn in ((64, 32), (64, 64), (128, 32), (64, 128), (128, 64), (128, 128))
+    for w in (4, 8)
+    for s in (2, 3)
+]
+CANDIDATES = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
 
-# Forward, fp16/bf16, keyed by padded head_dim. Winners of bench/attention_configs.py on an H200
-# (torch 2.11, Triton 3.6, fp16, N = 4096, 2026-11-21), non-causal TFLOPS of the winner / runner-up:
-# d64 371 (128x64 w4 s3) / 366; d128 474 (128x64 w8 s4) / 445; d256 436 (128x32 w8 s4) / 434.
-_FWD_HALF = {
-    16: AttnConfig(128, 64, 4, 3),
-    32: AttnConfig(128, 64, 4, 3),
-    64: AttnConfig(128, 64, 4, 3),
-    128: AttnConfig(128, 64, 8, 4),
-    256: AttnConfig(128, 32, 8, 4),
-}
-# Backward (the dk/dv and the dq kernel share these tiles), same sweep, non-causal / causal TFLOPS:
-# d64 333 / 310 (64x64 w4 s3); d128 301 / 288 (64x64 w4 s2); d256 175 (64x64 w8 s2).
-_BWD_HALF = {
-    16: AttnConfig(64, 64, 4, 3),
-    32: AttnConfig(64, 64, 4, 3),
-    64: AttnConfig(64, 64, 4, 3),
-    128: AttnConfig(64, 64, 4, 2),
-    256: AttnConfig(64, 64, 8, 2),
-}
 # fp32 is computed with IEEE fp32 dots (no TF32): twice the bytes per tile, no tensor cores.
-_FWD_FP32 = AttnConfig(64, 32, 4, 2)
-_BWD_FP32 = AttnConfig(32, 32, 4, 2)
+_FP32 = {"fwd": AttnConfig(64, 32, 4, 2), "dkdv": AttnConfig(32, 32, 4, 2), "dq": AttnConfig(32, 32, 4, 2)}
+
+
+class BwdConfig(NamedTuple):
+    """The backward's two main kernels, tiled independently."""
+
+    dkdv: AttnConfig
+    dq: AttnConfig
+
+    def as_dict(self) -> dict:
+        return {"dkdv": self.dkdv.as_dict(), "dq": self.dq.as_dict()}
 
 
 def smem_bytes_fwd(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
@@ -77,11 +81,21 @@ def smem_bytes_fwd(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
     return elem * head_dim_pad * (cfg.block_m + 2 * cfg.block_n * cfg.num_stages)
 
 
-def smem_bytes_bwd(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
-    """Shared memory of the larger backward program (dk/dv): k, v resident, q and dout pipelined."""
+def smem_bytes_dkdv(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
+    """Shared memory of a dk/dv program: k, v resident, q and dout pipelined, a p/ds tile staged."""
     resident = 2 * cfg.block_n * head_dim_pad
     streamed = 2 * cfg.block_m * head_dim_pad * cfg.num_stages
     return elem * (resident + streamed) + 4 * cfg.block_m * cfg.block_n
+
+
+def smem_bytes_dq(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
+    """Shared memory of a dq program: q, dout resident, k and v pipelined, a ds tile staged."""
+    resident = 2 * cfg.block_m * head_dim_pad
+    streamed = 2 * cfg.block_n * head_dim_pad * cfg.num_stages
+    return elem * (resident + streamed) + 4 * cfg.block_m * cfg.block_n
+
+
+SMEM_BYTES = {"fwd": smem_bytes_fwd, "dkdv": smem_bytes_dkdv, "dq": smem_bytes_dq}
 
 
 def _fit(cfg: AttnConfig, head_dim_pad: int, elem: int, smem_limit: int | None, cost) -> AttnConfig:
@@ -101,18 +115,32 @@ def _smem_limit(device: torch.device) -> int | None:
     return getattr(props, "shared_memory_per_block_optin", None)
 
 
+def table_config(kind: str, head_dim_pad: int, causal: bool) -> AttnConfig:
+    """The tuned fp16/bf16 tiles of one kernel (attention_tuned.py), before shared-memory pruning.
+    A head_dim the sweep did not cover takes the nearest tuned one above it (or the largest)."""
+    table = TUNED[kind]["causal" if causal else "plain"]
+    dims = sorted(table)
+    d = next((x for x in dims if x >= head_dim_pad), dims[-1])
+    return AttnConfig(*table[d])
+
+
+def _config(kind: str, head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
+            interpret: bool) -> AttnConfig:
+    if interpret:
+        return INTERPRETER_CONFIG
+    cfg = _FP32[kind] if dtype == torch.float32 else table_config(kind, head_dim_pad, causal)
+    return _fit(cfg, head_dim_pad, dtype.itemsize, _smem_limit(device), SMEM_BYTES[kind])
+
+
 # Cached: a config lookup runs on every call, and the device-properties query costs microseconds.
 @functools.cache
-def fwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, interpret: bool) -> AttnConfig:
-    if interpret:
-        return INTERPRETER_CONFIG
-    cfg = _FWD_FP32 if dtype == torch.float32 else _FWD_HALF[head_dim_pad]
-    return _fit(cfg, head_dim_pad, dtype.itemsize, _smem_limit(device), smem_bytes_fwd)
+def fwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
+               interpret: bool) -> AttnConfig:
+    return _config("fwd", head_dim_pad, dtype, device, causal, interpret)
 
 
 @functools.cache
-def bwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, interpret: bool) -> AttnConfig:
-    if interpret:
-        return INTERPRETER_CONFIG
-    cfg = _BWD_FP32 if dtype == torch.float32 else _BWD_HALF[head_dim_pad]
-    return _fit(cfg, head_dim_pad, dtype.itemsize, _smem_limit(device), smem_bytes_bwd)
+def bwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
+               interpret: bool) -> BwdConfig:
+    return BwdConfig(_config("dkdv", head_dim_pad, dtype, device, causal, interpret),
+                     _config("dq", head_dim_pad, dtype, device, causal, interpret))
