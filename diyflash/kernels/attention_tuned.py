@@ -1,8 +1,8 @@
 """Tuned attention tiles (block_m, block_n, num_warps, num_stages) per kernel, causal or not, and padded
 head_dim. Written by `python -m bench.attention_configs --write`; edit by re-running it, not by hand.
 
-Source: NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=4096, 2026-11-21T23:56:04+00:00.
-Command: python -m bench.attention_configs --n 4096 --dtype fp16 --head-dims 64 128 256 --causal both --kinds dq --write
+Source: NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=4096, 2026-11-22T00:18:25+00:00.
+Command: python -m bench.attention_configs --n 4096 --dtype fp16 --head-dims 256 --causal both --kinds dq --write
 Entries that command did not sweep were kept from the file it replaced.
 """
 
