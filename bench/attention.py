@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.common import provenance
-from bench.plots import plot_attention, read_jsonl, replay, write_jsonl
+from bench.plots import add_output_args, plot_attention, read_jsonl, replay_or_require_gpu, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SHORT_N = [128, 256, 384, 512]
@@ -108,15 +108,11 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     parser.add_argument("--causal", choices=["both", "true", "false"], default="both")
     parser.add_argument("--providers", nargs="+", default=None)
-    parser.add_argument("--out", default=None, help="append JSONL rows here")
-    parser.add_argument("--plot", default=None, help="write a PNG: TFLOPS vs N per provider, a panel per config")
-    parser.add_argument("--from-jsonl", default=None, help="re-plot / re-tabulate saved rows instead of measuring")
+    add_output_args(parser, "write a PNG: TFLOPS vs N per provider, a panel per config")
     args = parser.parse_args(argv)
-    if args.from_jsonl:
-        return replay(args.from_jsonl, args.plot, plot_attention, readme_table)
-    if not torch.cuda.is_available():
-        print("bench.attention needs a CUDA GPU", file=sys.stderr)
-        return 2
+    early = replay_or_require_gpu(args, "bench.attention", plot_attention, readme_table)
+    if early is not None:
+        return early
 
     providers = _providers()
     if args.providers:

@@ -20,7 +20,7 @@ import sys
 import torch
 
 from bench.common import provenance
-from bench.plots import plot_matmul, read_jsonl, replay, write_jsonl
+from bench.plots import add_output_args, plot_matmul, read_jsonl, replay_or_require_gpu, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
@@ -55,16 +55,12 @@ def graph_ms(fn) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=list(DTYPES))
-    parser.add_argument("--out", default=None, help="append JSONL rows here")
     parser.add_argument("--ablation", action="store_true", help="TMA / persistent on and off, fixed tiles")
-    parser.add_argument("--plot", default=None, help="write a PNG: diyflash / cuBLAS per shape, a panel per dtype")
-    parser.add_argument("--from-jsonl", default=None, help="re-plot / re-tabulate saved rows instead of measuring")
+    add_output_args(parser, "write a PNG: diyflash / cuBLAS per shape, a panel per dtype")
     args = parser.parse_args(argv)
-    if args.from_jsonl:
-        return replay(args.from_jsonl, args.plot, plot_matmul, readme_table)
-    if not torch.cuda.is_available():
-        print("bench.matmul needs a CUDA GPU", file=sys.stderr)
-        return 2
+    early = replay_or_require_gpu(args, "bench.matmul", plot_matmul, readme_table)
+    if early is not None:
+        return early
 
     import diyflash
     from diyflash.kernels import matmul as km

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+import torch
 
 
 def read_jsonl(path) -> list[dict]:
@@ -16,13 +19,26 @@ def write_jsonl(path, rows: list[dict]) -> None:
             f.write(json.dumps(r) + "\n")
 
 
-def replay(jsonl_path, plot_path, plot_fn, table_fn) -> int:
-    """The benches' --from-jsonl: re-plot (if asked) and re-tabulate saved rows; no GPU needed."""
-    rows = read_jsonl(jsonl_path)
-    if plot_path:
-        plot_fn(rows, plot_path)
-    print(table_fn(rows))
-    return 0
+def add_output_args(parser, plot_help: str) -> None:
+    """The benches' shared options: --out (JSONL), --plot (PNG), --from-jsonl (replay without a GPU)."""
+    parser.add_argument("--out", default=None, help="append JSONL rows here")
+    parser.add_argument("--plot", default=None, help=plot_help)
+    parser.add_argument("--from-jsonl", default=None, help="re-plot / re-tabulate saved rows instead of measuring")
+
+
+def replay_or_require_gpu(args, name: str, plot_fn, table_fn) -> int | None:
+    """Before a bench measures: with --from-jsonl, re-plot (if asked) and re-tabulate the saved rows and
+    return 0 (no GPU needed); without a GPU, say so and return 2; else None (go on and measure)."""
+    if args.from_jsonl:
+        rows = read_jsonl(args.from_jsonl)
+        if args.plot:
+            plot_fn(rows, args.plot)
+        print(table_fn(rows))
+        return 0
+    if not torch.cuda.is_available():
+        print(f"{name} needs a CUDA GPU", file=sys.stderr)
+        return 2
+    return None
 
 
 def _figure(n_panels: int, cols: int):

@@ -585,7 +585,7 @@ def attention_bwd(
     causal: bool,
     scale: float,
     seq_lens: torch.Tensor | None,
-    config: BwdConfig | AttnConfig | None = None,
+    config: BwdConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
     Returns (dq, dk, dv) allocated with empty_like(q/k/v)."""
@@ -603,8 +603,6 @@ def attention_bwd(
         dlse3 = dlse.unsqueeze(1) if q.dim() == 3 else dlse
     d_pad = head_dim_pad(d)
     cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, interpreter_active())
-    if isinstance(cfg, AttnConfig):
-        cfg = BwdConfig(cfg, cfg)
     # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
     delta = torch.empty((z, h, n_q), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)

@@ -115,20 +115,14 @@ def _smem_limit(device: torch.device) -> int | None:
     return getattr(props, "shared_memory_per_block_optin", None)
 
 
-def table_config(kind: str, head_dim_pad: int, causal: bool) -> AttnConfig:
-    """The tuned fp16/bf16 tiles of one kernel (attention_tuned.py), before shared-memory pruning.
-    A head_dim the sweep did not cover takes the nearest tuned one above it (or the largest)."""
-    table = TUNED[kind]["causal" if causal else "plain"]
-    dims = sorted(table)
-    d = next((x for x in dims if x >= head_dim_pad), dims[-1])
-    return AttnConfig(*table[d])
-
-
 def _config(kind: str, head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
             interpret: bool) -> AttnConfig:
     if interpret:
         return INTERPRETER_CONFIG
-    cfg = _FP32[kind] if dtype == torch.float32 else table_config(kind, head_dim_pad, causal)
+    if dtype == torch.float32:
+        cfg = _FP32[kind]
+    else:  # attention_tuned.py covers every padded head_dim (tests/test_bench.py checks it)
+        cfg = AttnConfig(*TUNED[kind]["causal" if causal else "plain"][head_dim_pad])
     return _fit(cfg, head_dim_pad, dtype.itemsize, _smem_limit(device), SMEM_BYTES[kind])
 
 
