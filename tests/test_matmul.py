@@ -264,3 +264,32 @@ def test_64bit_offsets(device, layout):
     c = triton_matmul(a, b)
     tail = slice(m - 100, m)
     torch.testing.assert_close(c[tail].double(), a[tail].double() @ b.double(), rtol=0, atol=0.25)
+
+
+def test_plan_is_made_once_per_call_key(device):
+    """The config, layout and grid are chosen once per (shapes, strides, dtype, device, alignment,
+    options); an operand with the same shape and strides but a 2-byte offset (not TMA-describable)
+    gets its own plan and the right answer."""
+    from diyflash.kernels import matmul as km
+
+    buf = torch.randn(40, 72, dtype=torch.float16).to(device)
+    b = torch.randn(64, 24, dtype=torch.float16).to(device)
+    aligned, shifted = buf[:, :64], buf[:, 1:65]
+    assert aligned.stride() == shifted.stride() and shifted.data_ptr() % 16
+    before = len(km._PLANS)
+    for _ in range(2):
+        triton_matmul(aligned, b)
+    assert len(km._PLANS) == before + 1
+    got = triton_matmul(shifted, b)
+    assert len(km._PLANS) == before + 2
+    assert km._PLANS[km._plan_key(aligned, b, None, True, False)].layout == (False, False)
+    assert km._PLANS[km._plan_key(shifted, b, None, True, False)].layout is None
+    torch.testing.assert_close(got.float(), shifted.float() @ b.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_bad_block_sizes_fail_every_call(device):
+    """A rejected tile choice is not remembered as a plan: the op raises on each call."""
+    a, b = make(20, 24, 28, torch.float16, device)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="block_m=64 exceeds the padded problem"):
+            torch.ops.diyflash.matmul(a, b, [64, 16, 16])

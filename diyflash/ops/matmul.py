@@ -7,17 +7,18 @@ torch.matmul otherwise; float64 always takes torch.matmul (it exists for gradche
 
 from __future__ import annotations
 
+import functools
 import torch
 from torch.library import custom_op
 
 from ..kernels import uses_triton
-from ..kernels.matmul_configs import manual_config
 from .eager import dispatcher_free
 from .registry import entry
 
 _MATMUL = entry("matmul")
 
 
+@functools.cache  # an import statement costs ~1 us per call even when the module is loaded
 def _kernels():
     from ..kernels import matmul as triton_matmul  # imports triton (or explains its absence)
 
@@ -29,14 +30,11 @@ def _matmul_impl(a, b, block_sizes, autotune, allow_tf32):
     if not uses_triton(a):
         # a fresh contiguous (M, N) tensor, as the kernel path and the fake
         return torch.matmul(a, b).contiguous()
-    km = _kernels()
     if block_sizes is not None:
         if len(block_sizes) != 3:
             raise ValueError(f"block_sizes must be (block_m, block_n, block_k), got {list(block_sizes)}")
-        cfg = manual_config(*block_sizes, a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
-    else:
-        cfg = km.select_config(a, b, allow_tf32, autotune)
-    return km.matmul(a, b, cfg, allow_tf32)
+        block_sizes = tuple(block_sizes)
+    return _kernels().matmul_auto(a, b, block_sizes, autotune, allow_tf32)
 
 
 # The defaults repeat the schema's: a Python kernel receives only the arguments the caller passed.

@@ -1,0 +1,105 @@
+"""Launching a compiled Triton kernel without the JIT's per-call binding.
+
+`kernel[grid](*args, **meta)` binds every argument, computes Triton's specialization of each (dtype
+and 16-byte alignment of pointers, divisibility of integers), hashes a cache key and checks the
+kernel's globals on every call: ~20 us of host time per launch on an H200 host against ~8 us for the
+launch itself (bench/overhead.py). That is more than the GPU needs for a 1024^3 matmul or a short
+attention, and the attention backward launches three kernels.
+
+`DirectLauncher(kernel)` does that work once per *call signature*. The first launch with a signature
+goes through `kernel[grid]` (compiling if needed) and keeps the CompiledKernel the JIT returns; a later
+launch with the same signature calls that kernel's `run` with exactly what the JIT would pass it.
+
+The signature covers everything Triton specializes on, so a hit runs the kernel the JIT would pick:
+- a tensor contributes its dtype and whether its address is 16-byte aligned (what Triton reads);
+- a tensor descriptor: its dtype, shape, strides, block shape, padding and base alignment;
+- any other argument (ints, floats, constexprs, None) its value: exact integers are finer than
+  Triton's "== 1" and "% 16" classes, so a new shape costs one JIT launch, never a wrong kernel;
+- the launch options (num_warps, ...), the current device and the JIT's debug/instrumentation knobs.
+Launch hooks (e.g. a profiler's) are passed on exactly as the JIT does; a kernel with pre-run hooks
+always goes through the JIT. Under TRITON_INTERPRET=1 there is no compiled kernel: every launch goes
+through the interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+MAX_SIGNATURES = 4096  # per kernel; a workload with ever-new shapes starts over instead of growing
+
+
+_SCALARS = frozenset({int, float, bool, str, type(None)})  # their value is their key
+
+
+def _arg_key(x):
+    if isinstance(x, torch.Tensor):
+        return x.dtype, x.data_ptr() % 16 == 0
+    if isinstance(x, TensorDescriptor):
+        return (x.base.dtype, tuple(x.shape), tuple(x.strides), tuple(x.block_shape), x.padding,
+                x.base.data_ptr() % 16 == 0)
+    return x
+
+
+def _active_driver():
+    """Triton's own (get_current_device, get_current_stream): the JIT launches on these."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_device, driver.active.get_current_stream
+
+
+class DirectLauncher:
+    """`launcher(grid, *args, **meta)` == `kernel[grid](*args, **meta)`, minus the JIT's per-call work
+    after the first launch with each signature. `args` are the kernel's leading parameters; `meta`
+    names every remaining one (constexprs) plus launch options such as num_warps."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        # Triton decides interpreter-or-compiler when @triton.jit runs, so this is fixed per kernel
+        self.interpreted = not isinstance(kernel, JITFunction)
+        self.direct_launches = 0  # tests read this to see that the direct path ran
+        self._compiled: dict[tuple, tuple] = {}
+        self._driver = None  # Triton's (get_current_device, get_current_stream), once a kernel compiled
+
+    def _signature(self, device, args, meta) -> tuple:
+        # the names of meta keep the call site's order: (BLOCK_M=64, BLOCK_N=128) != (BLOCK_N=64, BLOCK_M=128)
+        args_key = [x if type(x) in _SCALARS else _arg_key(x) for x in args]
+        return (device, tuple(meta), *meta.values(), *args_key, knobs.runtime.debug,
+                getattr(knobs.compilation, "instrumentation_mode", None))
+
+    def __call__(self, grid, *args, **meta) -> None:
+        if self._driver is not None and not self.kernel.pre_run_hooks:
+            get_device, get_stream = self._driver
+            device = get_device()
+            hit = self._compiled.get(self._signature(device, args, meta))
+            if hit is not None:
+                compiled, constexpr_names = hit
+                values = (*args, *(meta[name] for name in constexpr_names))
+                g0, g1, g2 = (*grid, 1, 1)[:3]
+                stream = get_stream(device)
+                compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
+                             compiled.launch_metadata(grid, stream, *values),
+                             knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+                self.direct_launches += 1
+                return
+        self._jit_launch(grid, args, meta)
+
+    def _jit_launch(self, grid, args, meta) -> None:
+        compiled = self.kernel[grid](*args, **meta)
+        if hasattr(compiled, "result"):  # an asynchronous compile's future
+            compiled = compiled.result()
+        if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
+            return  # the interpreter, or a Triton whose compiled kernels look different: JIT every time
+        names = self.kernel.arg_names[len(args):]
+        if any(name not in meta for name in names):
+            return  # a defaulted parameter: the JIT fills it in, so keep going through the JIT
+        if self._driver is None:
+            self._driver = _active_driver()
+        if len(self._compiled) >= MAX_SIGNATURES:
+            self._compiled.clear()
+        self._compiled[self._signature(self._driver[0](), args, meta)] = (compiled, tuple(names))
+
+
+__all__ = ["DirectLauncher", "MAX_SIGNATURES"]

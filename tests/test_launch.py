@@ -1,0 +1,193 @@
+"""DirectLauncher (diyflash/kernels/_launch.py): after the first JIT launch with a call signature, later
+launches with that signature run the compiled kernel directly, with exactly what the JIT would pass it,
+and any change Triton specializes on goes back through the JIT.
+
+The logic is tested on a stand-in kernel (runs everywhere); the GPU tests show the real kernels take
+the direct path and that it computes what the JIT path computes, including for a misaligned operand
+of the same shape and strides (a different specialization)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+import diyflash  # noqa: E402
+from diyflash.kernels import _launch  # noqa: E402
+from diyflash.kernels._launch import DirectLauncher  # noqa: E402
+from helpers import ON_GPU  # noqa: E402
+
+
+class FakeCompiled:
+    function = "fn-handle"
+    packed_metadata = ("meta",)
+
+    def __init__(self, log):
+        self.log = log
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, *args):
+        self.log.append(("direct", args))
+
+
+class FakeKernel:
+    """Stand-in for a JITFunction: kernel[grid](*args, **meta) logs the JIT launch."""
+
+    arg_names = ["x", "y", "n", "BLOCK", "FLAG"]
+
+    def __init__(self, compiles=True):
+        self.log = []
+        self.pre_run_hooks = []
+        self.compiles = compiles
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.log.append(("jit", grid, args, meta))
+            return FakeCompiled(self.log) if self.compiles else None
+        return launch
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    monkeypatch.setattr(_launch, "_active_driver", lambda: (lambda: 0, lambda device: 1234))
+
+
+def kinds(log):
+    return [entry[0] for entry in log]
+
+
+def test_second_launch_is_direct_with_the_jits_arguments(fake_driver):
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    x, y = torch.zeros(8, dtype=torch.float16), torch.zeros(8, dtype=torch.float16)
+    for _ in range(3):
+        launch((4, 2), x, y, 8, FLAG=True, BLOCK=16, num_warps=4)
+    assert kinds(kernel.log) == ["jit", "direct", "direct"]
+    assert launch.direct_launches == 2
+    # grid padded to 3-D, Triton's stream, compiled handles, then every parameter in signature order
+    # (the call site named BLOCK and FLAG in the other order; num_warps is an option, not a parameter)
+    assert kernel.log[1][1] == (4, 2, 1, 1234, "fn-handle", ("meta",), None, *_hooks(), x, y, 8, 16, True)
+
+
+def _hooks():
+    from triton import knobs
+
+    return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+
+
+@pytest.mark.parametrize("change", ["alignment", "dtype", "int value", "constexpr", "option"])
+def test_what_triton_specializes_on_goes_back_through_the_jit(fake_driver, change):
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    buf = torch.zeros(64, dtype=torch.float16)
+    x, y = buf[:8], buf[8:16]  # both 16-byte aligned
+    base = dict(args=(x, y, 8), meta=dict(BLOCK=16, FLAG=False, num_warps=4))
+    launch((1,), *base["args"], **base["meta"])
+    other = {
+        "alignment": dict(base, args=(buf[1:9], y, 8)),  # same shape and strides, 2-byte offset
+        "dtype": dict(base, args=(x.float(), y, 8)),
+        "int value": dict(base, args=(x, y, 16)),
+        "constexpr": dict(base, meta=dict(base["meta"], BLOCK=32)),
+        "option": dict(base, meta=dict(base["meta"], num_warps=8)),
+    }[change]
+    launch((1,), *other["args"], **other["meta"])
+    launch((1,), *base["args"], **base["meta"])
+    assert kinds(kernel.log) == ["jit", "jit", "direct"]
+
+
+def test_descriptor_signature(fake_driver):
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    t = torch.zeros(64, 64, dtype=torch.float16)
+    desc = lambda block: TensorDescriptor.from_tensor(t, block)  # noqa: E731
+    for block in ([16, 16], [16, 16], [32, 16], [32, 16]):
+        launch((1,), desc(block), desc(block), 64, BLOCK=16, FLAG=False)
+    assert kinds(kernel.log) == ["jit", "direct", "jit", "direct"]
+
+
+def test_pre_run_hooks_disable_the_direct_path(fake_driver):
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    x = torch.zeros(8)
+    launch((1,), x, x, 8, BLOCK=16, FLAG=False)
+    kernel.pre_run_hooks.append(lambda *a, **k: None)
+    launch((1,), x, x, 8, BLOCK=16, FLAG=False)
+    assert kinds(kernel.log) == ["jit", "jit"]
+
+
+def test_defaulted_parameter_or_no_compiled_kernel_keeps_the_jit(fake_driver):
+    x = torch.zeros(8)
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    for _ in range(2):
+        launch((1,), x, x, 8, BLOCK=16)  # FLAG left to a default: only the JIT knows its value
+    interpreted = FakeKernel(compiles=False)  # what the interpreter returns: no compiled kernel
+    launch_i = DirectLauncher(interpreted)
+    for _ in range(2):
+        launch_i((1,), x, x, 8, BLOCK=16, FLAG=False)
+    assert kinds(kernel.log) == ["jit", "jit"] and kinds(interpreted.log) == ["jit", "jit"]
+    assert launch.direct_launches == launch_i.direct_launches == 0
+
+
+def test_signature_cache_is_bounded(fake_driver, monkeypatch):
+    monkeypatch.setattr(_launch, "MAX_SIGNATURES", 2)
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    x = torch.zeros(8)
+    for n in (1, 2, 3, 1, 3):
+        launch((1,), x, x, n, BLOCK=16, FLAG=False)
+    # 1 and 2 are kept; 3 finds the cache full, clears it and is kept alone; 1 goes through the JIT again
+    # and is kept beside 3, which then launches directly
+    assert kinds(kernel.log) == ["jit", "jit", "jit", "jit", "direct"]
+    assert len(launch._compiled) == 2
+
+
+# ---- the real kernels, compiled (GPU) -----------------------------------------------------------------
+gpu = pytest.mark.skipif(not ON_GPU, reason="the interpreter has no compiled kernels: nothing launches directly")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matmul_direct_launch_matches_and_respects_alignment(dtype):
+    from diyflash.kernels import matmul as km
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    # 136 = 128 + 8 columns: a row slice starting at column 1 is misaligned with the same strides
+    buf_a = torch.randn(200, 136, device="cuda", dtype=dtype, generator=gen)
+    buf_b = torch.randn(136, 104, device="cuda", dtype=dtype, generator=gen)
+    a, b = buf_a[:, :128], buf_b[:128]
+    first = diyflash.triton_matmul(a, b)
+    before = km._KERNEL.direct_launches
+    second = diyflash.triton_matmul(a, b)
+    assert km._KERNEL.direct_launches == before + 1
+    assert torch.equal(first, second)
+    # same shape and strides, 2-byte offset: not TMA-describable, a different kernel; must still be right
+    a_off = buf_a[:, 1:129]
+    assert a_off.stride() == a.stride() and a_off.data_ptr() % 16 != 0
+    for _ in range(2):
+        got = diyflash.triton_matmul(a_off, b)
+        want = (a_off.double() @ b.double()).to(dtype)
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@gpu
+def test_attention_direct_launches_match():
+    from diyflash.kernels import attention as ka
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 113, 80, device="cuda", dtype=torch.float16, generator=gen).requires_grad_()
+               for _ in range(3))
+    grad = torch.randn(2, 3, 113, 80, device="cuda", dtype=torch.float16, generator=gen)
+    launchers = (ka._FWD, ka._BWD_PRE, ka._BWD_DKDV, ka._BWD_DQ)
+    results = []
+    for _ in range(2):
+        before = [x.direct_launches for x in launchers]
+        out = diyflash.flash_attention(q, k, v, causal=True)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    assert [x.direct_launches for x in launchers] == [n + 1 for n in before]
+    for first, second in zip(*results):
+        assert torch.equal(first, second)
