@@ -73,6 +73,9 @@ def test_gradcheck_float64(causal, n_q, n_k):
         return out, torch.where(torch.isneginf(lse), 0.0, lse)  # rows that see no key: lse = -inf
 
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
+    # one output alone: the other's gradient arrives as None (not materialized as zeros)
+    for i in (0, 1):
+        assert torch.autograd.gradcheck(lambda q, k, v: fn(q, k, v)[i], (q, k, v), eps=1e-6, atol=1e-8, rtol=1e-6)
     assert torch.autograd.gradcheck(lambda q, k, v: torch.ops.diyflash.attention(q, k, v, causal), (q, k, v))
 
 
@@ -80,3 +83,21 @@ def test_gradcheck_float64(causal, n_q, n_k):
 def test_gradcheck_float64_cuda(device):
     q, k, v = make_qkv(1, 2, 5, 7, 8, torch.float64, device, requires_grad=True)
     assert torch.autograd.gradcheck(lambda q, k, v: torch.ops.diyflash.attention(q, k, v, True), (q, k, v))
+
+
+def test_unused_lse_gradient_is_not_materialized(device):
+    """out.sum().backward() passes dlse=None to attention_bwd, not a zero tensor to fill and read."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.diyflash.attention_bwd.default:
+                seen.append(args[1])
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = make_qkv(1, 2, 9, 9, 16, torch.float32, device, requires_grad=True)
+    with Record():
+        torch.ops.diyflash.attention(q, k, v).sum().backward()
+    assert seen == [None]

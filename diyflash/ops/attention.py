@@ -16,6 +16,7 @@ PyTorch path (it exists for gradcheck).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -39,6 +40,7 @@ def _prepare_seq_lens(seq_lens: torch.Tensor | None, device: torch.device) -> to
     return seq_lens.to(device=device, dtype=torch.int32).contiguous()
 
 
+@functools.cache  # an import statement costs ~1 us per call even when the module is loaded
 def _kernels():
     from ..kernels import attention as triton_attention  # imports triton (or explains its absence)
 
@@ -92,10 +94,17 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, seq_lens)
     ctx.causal = causal
     ctx.scale = scale
+    # An output the loss does not use arrives as None instead of a zero tensor. The usual case is an
+    # unused lse: its zeros cost an allocation, a fill and a read per backward call.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
+    if dout is None and dlse is None:
+        return None, None, None, None, None, None
     q, k, v, out, lse, seq_lens = ctx.saved_tensors
+    if dout is None:  # only lse feeds the loss: a stride-0 zero dout, read in place by the kernels
+        dout = out.new_zeros(()).expand_as(out)
     dq, dk, dv = torch.ops.diyflash.attention_bwd(
         dout, dlse, q, k, v, out, lse, ctx.causal, ctx.scale, seq_lens
     )
