@@ -6,6 +6,7 @@ time (CUDA graph replay) against the eager time.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 
 def per_call_us(fn, iters=2000) -> float:
-    """Median-free wall clock per call with the GPU kept busy-free: tiny inputs, one sync at the end."""
+    """Wall clock per call in a tight loop, one sync at the end: max(host cost, GPU time) per call."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
@@ -23,6 +24,22 @@ def per_call_us(fn, iters=2000) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / iters * 1e6
+
+
+def host_us(fn, calls=20, reps=200) -> float:
+    """Host cost per call alone: the median over reps of `calls` calls enqueued back to back, timed
+    before the GPU could fill its queue (synchronized between reps)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
 
 
 def graph_ms(fn) -> float:
@@ -57,9 +74,13 @@ def main() -> int:
         "kernels.attention.attention_fwd (launcher)": lambda: ka.attention_fwd(q, q, q, False, scale, None),
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, q, q),
     }
-    print("eager per-call cost, (1, 1, 128, 64) fp16:")
+    # a training step's attention: forward and backward, autograd included
+    qg = q.detach().requires_grad_()
+    rows["diyflash.flash_attention fwd+bwd"] = lambda: diyflash.flash_attention(qg, qg, qg).sum().backward()
+    rows["F.scaled_dot_product_attention fwd+bwd"] = lambda: F.scaled_dot_product_attention(qg, qg, qg).sum().backward()
+    print("eager per-call cost, (1, 1, 128, 64) fp16: host alone | tight loop")
     for name, fn in rows.items():
-        print(f"  {name:<45} {per_call_us(fn):7.1f} us")
+        print(f"  {name:<45} {host_us(fn):7.1f} us | {per_call_us(fn):7.1f} us")
 
     print("short sequences: eager (do_bench) vs GPU-only (graph replay), fp16")
     for b, h, n, d in ((4, 32, 1024, 64), (4, 16, 1024, 128), (4, 16, 2048, 128)):
@@ -84,23 +105,23 @@ def matmul_rows() -> None:
     import diyflash
     from diyflash.kernels import matmul as km
 
-    print("matmul, fp16: eager per call (host-bound when GPU time is short) vs GPU-only (graph replay)")
+    print("matmul, fp16: eager per call, host alone/tight loop, vs GPU-only (graph replay)")
     for s in (1024, 2048):
         a = torch.randn(s, s, device="cuda", dtype=torch.float16)
         b = torch.randn(s, s, device="cuda", dtype=torch.float16)
         diyflash.triton_matmul(a, b)  # tune
         cfg = km.select_config(a, b, False, True)
-        ptr = dataclasses.replace(cfg, use_tma=False)
+        tma, ptr = (km.plan(a, b, dataclasses.replace(cfg, use_tma=t)) for t in (True, False))
         rows = {
             "diyflash.triton_matmul": lambda: diyflash.triton_matmul(a, b),
             "torch.ops.diyflash.matmul": lambda: torch.ops.diyflash.matmul(a, b),
-            "select_config": lambda: km.select_config(a, b, False, True),
-            "launcher (tma)": lambda: km.matmul(a, b, cfg),
-            "launcher (pointers)": lambda: km.matmul(a, b, ptr),
+            "kernels.matmul.run (tma)": lambda: km.run(a, b, tma),
+            "kernels.matmul.run (pointers)": lambda: km.run(a, b, ptr),
             "torch.matmul": lambda: torch.matmul(a, b),
         }
-        cells = [f"{name} {per_call_us(fn, 300):.0f}us" for name, fn in rows.items()]
-        cells += [f"graph(tma) {graph_ms(rows['launcher (tma)']) * 1e3:.0f}us",
+        cells = [f"{name} {host_us(fn):.0f}/{per_call_us(fn, 300):.0f}us" for name, fn in rows.items()]
+        cells += [f"graph(tma) {graph_ms(rows['kernels.matmul.run (tma)']) * 1e3:.0f}us",
+                  f"graph(pointers) {graph_ms(rows['kernels.matmul.run (pointers)']) * 1e3:.0f}us",
                   f"graph(cublas) {graph_ms(rows['torch.matmul']) * 1e3:.0f}us", f"config {cfg}"]
         print(f"  {s}^3: " + " | ".join(cells))
 

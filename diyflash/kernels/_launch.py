@@ -2,9 +2,9 @@
 
 `kernel[grid](*args, **meta)` binds every argument, computes Triton's specialization of each (dtype
 and 16-byte alignment of pointers, divisibility of integers), hashes a cache key and checks the
-kernel's globals on every call: ~20 us of host time per launch on an H200 host against ~8 us for the
-launch itself (bench/overhead.py). That is more than the GPU needs for a 1024^3 matmul or a short
-attention, and the attention backward launches three kernels.
+kernel's globals on every call. On an H200 host (Triton 3.6), launching the matmul kernel that way
+took 27 us of host time against 8 us for calling the compiled kernel directly: more than the GPU
+needs for a 1024^3 matmul or a short attention, and the attention backward launches three kernels.
 
 `DirectLauncher(kernel)` does that work once per *call signature*. The first launch with a signature
 goes through `kernel[grid]` (compiling if needed) and keeps the CompiledKernel the JIT returns; a later
