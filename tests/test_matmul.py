@@ -2,6 +2,7 @@
 in place, manual tiles, autograd (and what it saves), opcheck, gradcheck, compile, export, errors."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -293,3 +294,20 @@ def test_bad_block_sizes_fail_every_call(device):
     for _ in range(2):
         with pytest.raises(ValueError, match="block_m=64 exceeds the padded problem"):
             torch.ops.diyflash.matmul(a, b, [64, 16, 16])
+
+
+@pytest.mark.parametrize("shapes, dtypes, exc, phrase", [
+    (((4, 5), (5, 3)), (torch.float16, torch.bfloat16), TypeError, "dtypes must match, got a torch.float16 and b torch.bfloat16"),
+    (((4, 5), (6, 3)), (torch.float16, torch.float16), ValueError, "a.shape[1]=5 != b.shape[0]=6"),
+    (((4, 5, 1), (5, 3)), (torch.float16, torch.float16), ValueError, "expects 2-D a and b"),
+])
+def test_op_checks_its_operands(device, shapes, dtypes, exc, phrase):
+    """torch.ops.diyflash.matmul called by name (no API checks) still says what is wrong, eagerly and
+    at trace time (its fake)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a, b = (torch.zeros(s, dtype=d, device=device) for s, d in zip(shapes, dtypes))
+    with pytest.raises(exc, match=re.escape(phrase)):
+        torch.ops.diyflash.matmul(a, b)
+    with FakeTensorMode() as mode, pytest.raises(exc, match=re.escape(phrase)):
+        torch.ops.diyflash.matmul(mode.from_tensor(a), mode.from_tensor(b))

@@ -37,9 +37,22 @@ def _matmul_impl(a, b, block_sizes, autotune, allow_tf32):
     return _kernels().matmul_auto(a, b, block_sizes, autotune, allow_tf32)
 
 
+def _check_operands(a, b):
+    """What the op itself requires, for callers of torch.ops.diyflash.matmul that skip the API's checks
+    (its fake runs it too, so a compiled graph fails at trace time, not inside a kernel)."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"diyflash::matmul expects 2-D a and b, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"diyflash::matmul: incompatible shapes {tuple(a.shape)} @ {tuple(b.shape)} "
+                         f"(a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]})")
+    if a.dtype != b.dtype:
+        raise TypeError(f"diyflash::matmul: dtypes must match, got a {a.dtype} and b {b.dtype}")
+
+
 # The defaults repeat the schema's: a Python kernel receives only the arguments the caller passed.
 @custom_op(_MATMUL.qualname, mutates_args=(), schema=_MATMUL.signature)
 def matmul(a, b, block_sizes=None, autotune=True, allow_tf32=False):
+    _check_operands(a, b)
     return _matmul_impl(a, b, block_sizes, autotune, allow_tf32)
 
 
@@ -53,6 +66,7 @@ def call_matmul(a, b, block_sizes=None, autotune=True, allow_tf32=False):
 
 @matmul.register_fake
 def _matmul_fake(a, b, block_sizes=None, autotune=True, allow_tf32=False):
+    _check_operands(a, b)
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
