@@ -101,3 +101,43 @@ def test_unused_lse_gradient_is_not_materialized(device):
     with Record():
         torch.ops.diyflash.attention(q, k, v).sum().backward()
     assert seen == [None]
+
+
+@pytest.mark.parametrize("case, exc, phrase", [
+    ("k head_dim", ValueError, "must share batch, heads and head_dim"),
+    ("v length", ValueError, "v must be shaped like k"),
+    ("dtype", TypeError, "dtypes must match, got q torch.float32, k torch.float16"),
+    ("rank", ValueError, "of one rank, 3 or 4"),
+    ("seq_lens", ValueError, "seq_lens must have shape (2,), got (3,)"),
+])
+def test_ops_check_their_inputs(device, case, exc, phrase):
+    """Called by name (no API checks), the ops still say what is wrong instead of computing a silently
+    wrong answer, eagerly and at trace time (their fakes)."""
+    import re
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v = make_qkv(2, 2, 8, 8, 16, torch.float32, device)
+    seq_lens = None
+    if case == "k head_dim":
+        k, v = (torch.cat([t, t], -1) for t in (k, v))
+    elif case == "v length":
+        v = v[:, :, :5]
+    elif case == "dtype":
+        k = k.half()
+    elif case == "rank":
+        k = k[0]
+    else:
+        seq_lens = torch.tensor([8, 8, 8], dtype=torch.int32, device=device)
+    with pytest.raises(exc, match=re.escape(phrase)):
+        torch.ops.diyflash.attention_fwd(q, k, v, False, None, seq_lens)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, pytest.raises(exc, match=re.escape(phrase)):
+        fake = [mode.from_tensor(t) if t is not None else None for t in (q, k, v, seq_lens)]
+        torch.ops.diyflash.attention_fwd(fake[0], fake[1], fake[2], False, None, fake[3])
+
+
+def test_backward_op_checks_its_inputs(device):
+    q, k, v = make_qkv(1, 2, 8, 8, 16, torch.float32, device)
+    out, lse = torch.ops.diyflash.attention_fwd(q, k, v, False, None, None)
+    with pytest.raises(ValueError, match=r"dout must have shape \(1, 2, 8, 16\), got \(1, 2, 7, 16\)"):
+        torch.ops.diyflash.attention_bwd(out[:, :, :7], None, q, k, v, out, lse, False, None, None)

@@ -61,20 +61,47 @@ def _attention_fwd_impl(q, k, v, causal, scale, seq_lens):
     return attention_fwd_blocked(q, k, v, causal, scale, seq_lens)
 
 
+def _check_qkv(op: str, q, k, v, seq_lens) -> None:
+    """What the ops themselves require, for callers of torch.ops.diyflash.* that skip the API's checks.
+    Without it a k with a wider head_dim, or a v of another length, gave a silent wrong answer. The fakes
+    run it too, so a compiled graph fails at trace time."""
+    if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(f"diyflash::{op} expects q, k, v of one rank, 3 or 4, got shapes "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or v.shape != k.shape:
+        raise ValueError(f"diyflash::{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must share "
+                         "batch, heads and head_dim, and v must be shaped like k")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"diyflash::{op}: dtypes must match, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if seq_lens is not None and tuple(seq_lens.shape) != (q.shape[0],):
+        raise ValueError(f"diyflash::{op}: seq_lens must have shape ({q.shape[0]},), got {tuple(seq_lens.shape)}")
+
+
 @custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
 def attention_fwd(q, k, v, causal, scale, seq_lens):
+    _check_qkv("attention_fwd", q, k, v, seq_lens)
     return _attention_fwd_impl(q, k, v, causal, scale, seq_lens)
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, seq_lens):
+    _check_qkv("attention_fwd", q, k, v, seq_lens)
     # the launchers' allocation list, nothing else (lse is fp32; fp64 only for fp64 inputs)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=lse_dtype)
 
 
+def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens) -> None:
+    _check_qkv("attention_bwd", q, k, v, seq_lens)
+    for name, t, shape in (("dout", dout, q.shape), ("out", out, q.shape), ("lse", lse, q.shape[:-1]),
+                           ("dlse", dlse, q.shape[:-1])):
+        if t is not None and t.shape != shape:
+            raise ValueError(f"diyflash::attention_bwd: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
 @custom_op(_BWD.qualname, mutates_args=(), schema=_BWD.signature)
 def attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
+    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens)
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     if uses_triton(q):
@@ -84,6 +111,7 @@ def attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
+    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
