@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.common import provenance
-from bench.plots import add_output_args, plot_attention, read_jsonl, replay_or_require_gpu, write_jsonl
+from bench.plots import add_output_args, plot_attention, replay_or_require_gpu, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SHORT_N = [128, 256, 384, 512]
@@ -201,7 +201,4 @@ def readme_table(rows) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--readme-table"]:
-        print(readme_table(read_jsonl(sys.argv[2])))
-        sys.exit(0)
     sys.exit(main())

@@ -20,7 +20,7 @@ import sys
 import torch
 
 from bench.common import provenance
-from bench.plots import add_output_args, plot_matmul, read_jsonl, replay_or_require_gpu, write_jsonl
+from bench.plots import add_output_args, plot_matmul, replay_or_require_gpu, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
@@ -140,7 +140,4 @@ def readme_table(rows) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--readme-table"]:
-        print(readme_table(read_jsonl(sys.argv[2])))
-        sys.exit(0)
     sys.exit(main())
