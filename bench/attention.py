@@ -6,8 +6,9 @@ in the same run.
     python -m bench.attention --short ...     (B = 16, N = 128, 256, 384, 512: host cost matters here)
     python -m bench.attention --from-jsonl results.jsonl --plot a.png     (no GPU needed)
 
-Providers: diyflash, SDPA's flash (FlashAttention-2) and cuDNN backends, and FlexAttention
-(torch.compile'd, a causal block mask when causal) where it runs.
+Providers: diyflash, SDPA's flash (FlashAttention-2) and cuDNN backends, FlexAttention (torch.compile'd,
+a causal block mask when causal) where it runs, and the seed's Triton tutorial where its seed file is
+present (bench/tutorial.py; fp16, and its backward causal only).
 
 FLOPs (STYLE.md #11): fwd = 4 * B * H * N^2 * D, halved when causal; bwd = 2.5 * fwd (2.0 for the
 backward's four matmuls + 0.5 for recomputing q k^T). The backward is timed alone: the forward runs
@@ -52,6 +53,11 @@ def _providers():
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     }
+    from bench.tutorial import tutorial_provider
+
+    tutorial = tutorial_provider()  # the seed's Triton tutorial, where its seed file is present
+    if tutorial is not None:
+        providers["tutorial"] = tutorial
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
@@ -161,8 +167,9 @@ def print_table(rows) -> None:
     for r in rows:
         key = (r["b"], r["h"], r["d"], r["dtype"], r["causal"], r["mode"], r["n"])
         cells.setdefault(key, {})[r["provider"]] = r["tflops"]
-    print("| B H D | dtype | causal | pass | N | diyflash | sdpa-flash | sdpa-cudnn | flex | vs flash | vs cudnn |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| B H D | dtype | causal | pass | N | diyflash | sdpa-flash | sdpa-cudnn | flex | tutorial | vs flash "
+          "| vs cudnn | vs tutorial |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(cells, key=lambda k: (k[2], k[0], k[1], k[3], k[4], k[5], k[6])):
         b, h, d, dt, causal, mode, n = key
         c = cells[key]
@@ -175,7 +182,8 @@ def print_table(rows) -> None:
             return f"{mine / c[base]:.2f}x" if mine and c.get(base) else "-"
 
         print(f"| {b} {h} {d} | {dt} | {causal} | {mode} | {n} | {fmt(mine)} | {fmt(c.get('sdpa-flash'))} | "
-              f"{fmt(c.get('sdpa-cudnn'))} | {fmt(c.get('flex'))} | {ratio('sdpa-flash')} | {ratio('sdpa-cudnn')} |")
+              f"{fmt(c.get('sdpa-cudnn'))} | {fmt(c.get('flex'))} | {fmt(c.get('tutorial'))} | {ratio('sdpa-flash')} | "
+              f"{ratio('sdpa-cudnn')} | {ratio('tutorial')} |")
 
 
 def readme_table(rows) -> str:
