@@ -8,7 +8,7 @@ diyflash/kernels/attention_configs.py that fits shared memory is run, checked ag
 tiles' result, and timed (median of triton.testing.do_bench). A backward candidate for one kernel is
 timed as the whole backward with the other kernel's current tiles, so only its own kernel differs.
 --write rewrites diyflash/kernels/attention_tuned.py with the winners (entries not swept are kept)
-and a header naming the device, versions and this command; --out keeps every timing.
+and adds this sweep (device, versions, N, command) to the head of its history; --out keeps every timing.
 """
 
 from __future__ import annotations
@@ -25,8 +25,15 @@ from bench.common import provenance
 SHAPES = {64: (4, 32), 128: (4, 16), 256: (2, 8)}  # (batch, heads) per head_dim: the benchmark's shapes
 
 
-def render_tuned(table: dict, header: str) -> str:
-    """The source of attention_tuned.py for `table` (kind -> "plain"/"causal" -> head_dim -> tiles)."""
+def _tiles(row: dict) -> tuple:
+    """A result row's tiles as attention_tuned.py records them; `split` (dk/dv only) only when set."""
+    tiles = (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"])
+    return tiles + (True,) if row.get("split") else tiles
+
+
+def render_tuned(table: dict, sweeps: list[str]) -> str:
+    """The source of attention_tuned.py for `table` (kind -> "plain"/"causal" -> head_dim -> tiles) and
+    the sweeps behind it, newest first."""
     lines = ["TUNED = {"]
     for kind, modes in table.items():
         lines.append(f"    {kind!r}: {{")
@@ -35,9 +42,13 @@ def render_tuned(table: dict, header: str) -> str:
             lines.append(f"        {mode!r}: {{{entries}}},")
         lines.append("    },")
     lines.append("}")
-    return (f'"""Tuned attention tiles (block_m, block_n, num_warps, num_stages) per kernel, causal or not, and padded\n'
-            f'head_dim. Written by `python -m bench.attention_configs --write`; edit by re-running it, not by hand.\n\n'
-            f'{header}\n"""\n\n' + "\n".join(lines) + "\n")
+    history = "\n".join(f"- {line}" for line in sweeps)
+    return ('"""Tuned attention tiles (block_m, block_n, num_warps, num_stages[, split]) per kernel, causal or not,\n'
+            'and padded head_dim. Written by `python -m bench.attention_configs --write`: re-run it rather than edit by hand;\n'
+            'a hand edit adds a line below saying what and why.\n\n'
+            'Sweeps behind these entries, newest first (an entry comes from the newest sweep that covered it):\n'
+            f'{history}\n"""\n\n'
+            "SWEEPS = [\n" + "".join(f"    {line!r},\n" for line in sweeps) + "]\n\n" + "\n".join(lines) + "\n")
 
 
 def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit):
@@ -101,6 +112,7 @@ def main(argv=None) -> int:
     modes = {"plain": [False], "causal": [True], "both": [False, True]}[args.causal]
     prov = provenance()
     table = {kind: {m: dict(dims) for m, dims in ms.items()} for kind, ms in attention_tuned.TUNED.items()}
+    sweeps = ([_sweep_line(prov, args)] + list(attention_tuned.SWEEPS))[:MAX_SWEEPS]
     all_rows = []
     # dq is swept after dk/dv has its winner, so each backward kernel is timed next to the other's best
     for kind in [k for k in ("fwd", "dkdv", "dq") if k in args.kinds]:
@@ -109,7 +121,7 @@ def main(argv=None) -> int:
                 rows = sweep_one(kind, d, causal, dtype, args.n, CANDIDATES[kind], SMEM_BYTES[kind], limit)
                 all_rows += rows
                 good = sorted((r for r in rows if r["ok"]), key=lambda r: r["ms"])
-                bad = [(r["block_m"], r["block_n"], r["num_warps"], r["num_stages"]) for r in rows if not r["ok"]]
+                bad = [_tiles(r) for r in rows if not r["ok"]]
                 if bad:
                     print(f"  WRONG RESULTS {kind} d={d} causal={causal}: {bad}")
                 dflt = next((r for r in rows if r["is_default"]), None)
@@ -117,12 +129,12 @@ def main(argv=None) -> int:
                     continue
                 best = good[0]
                 print(f"{kind} d={d} causal={causal}: best {best['block_m']}x{best['block_n']} w{best['num_warps']} "
-                      f"s{best['num_stages']} {best['tflops']:.0f} TFLOPS; was "
+                      f"s{best['num_stages']}{' split' if best.get('split') else ''} {best['tflops']:.0f} TFLOPS; was "
                       + (f"{dflt['tflops']:.0f}" if dflt else "not a candidate"), flush=True)
                 mode = "causal" if causal else "plain"
-                table[kind][mode][d] = (best["block_m"], best["block_n"], best["num_warps"], best["num_stages"])
+                table[kind][mode][d] = _tiles(best)
                 if args.write:  # after each winner: later kernels' sweeps run with it
-                    _write(table, prov, args)
+                    _write(table, sweeps)
     if args.out:
         with open(args.out, "a") as f:
             for r in all_rows:
@@ -130,16 +142,23 @@ def main(argv=None) -> int:
     return 0
 
 
-def _write(table, prov, args) -> None:
+MAX_SWEEPS = 8  # history lines kept in attention_tuned.py
+
+
+def _sweep_line(prov, args) -> str:
+    """One history line of attention_tuned.py: where, with what, and the exact command."""
+    return (f"{prov['gpu']}, torch {prov['torch']}, Triton {prov['triton']}, {args.dtype}, N={args.n}, "
+            f"{prov['timestamp']}: python -m bench.attention_configs --n {args.n} --dtype {args.dtype} "
+            f"--head-dims {' '.join(map(str, args.head_dims))} --causal {args.causal} "
+            f"--kinds {' '.join(args.kinds)} --write")
+
+
+def _write(table, sweeps) -> None:
     import importlib
 
     from diyflash.kernels import attention_configs, attention_tuned
 
-    header = (f"Source: {prov['gpu']}, torch {prov['torch']}, Triton {prov['triton']}, {args.dtype}, N={args.n}, "
-              f"{prov['timestamp']}.\nCommand: python -m bench.attention_configs --n {args.n} --dtype {args.dtype} "
-              f"--head-dims {' '.join(map(str, args.head_dims))} --causal {args.causal} --kinds {' '.join(args.kinds)} --write\n"
-              "Entries that command did not sweep were kept from the file it replaced.")
-    Path(attention_tuned.__file__).write_text(render_tuned(table, header))
+    Path(attention_tuned.__file__).write_text(render_tuned(table, sweeps))
     importlib.reload(attention_tuned)
     attention_configs.TUNED = attention_tuned.TUNED
     attention_configs.fwd_config.cache_clear()

@@ -275,10 +275,11 @@ def _attn_bwd_dkdv_inner(
     lo, hi, q_len, kv_len, causal_offset, qk_scale,
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
 ):
     """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
-    (keys x queries) so that p^T and ds^T come straight out of the dots."""
+    (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
+    two this pass accumulates (a split pass skips the other's dots and loads)."""
     q_ptrs += tl.cast(lo, tl.int64) * step_q
     do_ptrs += tl.cast(lo, tl.int64) * step_do
     lse2_ptrs += lo
@@ -290,12 +291,14 @@ def _attn_bwd_dkdv_inner(
             q = _load(q_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
             do = _load(do_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
             lse2 = tl.load(lse2_ptrs, mask=row_mask, other=float("inf"))
-            delta = tl.load(delta_ptrs, mask=row_mask, other=0.0)
+            if DO_DK:
+                delta = tl.load(delta_ptrs, mask=row_mask, other=0.0)
         else:
             q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
             do = _load(do_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
             lse2 = tl.load(lse2_ptrs)
-            delta = tl.load(delta_ptrs)
+            if DO_DK:
+                delta = tl.load(delta_ptrs)
         # -- p^T (keys x queries) from the saved statistics --
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
         p_t = tl.math.exp2(s_t - lse2[None, :])
@@ -304,11 +307,13 @@ def _attn_bwd_dkdv_inner(
             if CAUSAL:
                 visible = visible & (offs_n[:, None] <= rows[None, :] + causal_offset)
             p_t = tl.where(visible, p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-        # -- ds^T = p^T * (dp^T - delta) --
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        if DO_DV:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        if DO_DK:
+            # -- ds^T = p^T * (dp^T - delta) --
+            dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
         q_ptrs += BLOCK_M * step_q
         do_ptrs += BLOCK_M * step_do
         lse2_ptrs += BLOCK_M
@@ -330,8 +335,10 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
 ):
+    """dk and dv of one key block (DO_DK and DO_DV), or one of them: a split backward launches this
+    kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
@@ -349,7 +356,10 @@ def _attn_bwd_dkdv_kernel(
     k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
     v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
     k = _load(k_base + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kv_mask, UPCAST)
-    v = _load(v_base + offs_n.to(tl.int64)[:, None] * stride_vn + offs_d[None, :] * stride_vd, kv_mask, UPCAST)
+    if DO_DK:  # dv alone never reads v
+        v = _load(v_base + offs_n.to(tl.int64)[:, None] * stride_vn + offs_d[None, :] * stride_vd, kv_mask, UPCAST)
+    else:
+        v = k
 
     q_ptrs = (q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
               + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
@@ -378,27 +388,29 @@ def _attn_bwd_dkdv_kernel(
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV,
     )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV,
     )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV,
     )
-    dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
 
     key_in = (offs_n < seq_len_k)[:, None] & d_mask[None, :]
-    dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_h.to(tl.int64) * stride_dkh
-               + offs_n.to(tl.int64)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
-    dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_h.to(tl.int64) * stride_dvh
-               + offs_n.to(tl.int64)[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
-    tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=key_in)
-    tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=key_in)
+    if DO_DK:
+        dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
+        dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_h.to(tl.int64) * stride_dkh
+                   + offs_n.to(tl.int64)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+        tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=key_in)
+    if DO_DV:
+        dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_h.to(tl.int64) * stride_dvh
+                   + offs_n.to(tl.int64)[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
+        tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=key_in)
 
 
 @triton.jit
@@ -641,14 +653,16 @@ def attention_bwd(
             DOT_PRECISION=dot_precision, UPCAST=upcast,
         )
         kv_cfg, q_cfg = cfg
-        _BWD_DKDV(
-            (_cdiv(n_k, kv_cfg.block_n), h, zc),
-            q_, k_, v_, g_, lse2_, delta_, dk_, dv_, sl,
-            *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
-            h, n_q, n_k, scale * LOG2E, scale,
-            BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
-            num_stages=kv_cfg.num_stages, **common,
-        )
+        # one pass for dk and dv, or (split) a dv pass then a dk pass
+        for do_dk, do_dv in ((False, True), (True, False)) if kv_cfg.split else ((True, True),):
+            _BWD_DKDV(
+                (_cdiv(n_k, kv_cfg.block_n), h, zc),
+                q_, k_, v_, g_, lse2_, delta_, dk_, dv_, sl,
+                *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
+                h, n_q, n_k, scale * LOG2E, scale,
+                BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
+                num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, **common,
+            )
         _BWD_DQ(
             (_cdiv(n_q, q_cfg.block_m), h, zc),
             q_, k_, v_, g_, lse2_, delta_, dq_, sl,

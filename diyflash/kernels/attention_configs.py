@@ -25,14 +25,20 @@ class AttnConfig:
     block_n: int  # key rows per tile
     num_warps: int
     num_stages: int
+    # dk/dv kernel only: two passes, dv then dk, each holding one (block_n, head_dim) fp32 accumulator
+    # instead of two. One more q.k^T dot per tile, but large head_dims stop spilling registers.
+    split: bool = False
 
     def as_dict(self) -> dict:
-        return {
+        d = {
             "block_m": self.block_m,
             "block_n": self.block_n,
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
         }
+        if self.split:
+            d["split"] = True
+        return d
 
 
 INTERPRETER_CONFIG = AttnConfig(block_m=32, block_n=32, num_warps=4, num_stages=1)
@@ -45,19 +51,23 @@ FWD_CANDIDATES = [
     for bm in (64, 128)
     for bn in (32, 64, 128)
     for w in (4, 8)
-    for s in (3, 4)
-]
+    for s in (3, 4, 5)
+] + [AttnConfig(bm, bn, 4, 7) for bm, bn in ((64, 64), (128, 32), (128, 64))]  # deep pipelines, small tiles
 DKDV_CANDIDATES = [
     AttnConfig(bm, bn, w, s)
     for bm, bn in ((32, 32), (64, 32), (128, 32), (32, 64), (32, 128), (64, 64), (64, 128), (128, 64), (128, 128))
     for w in (4, 8)
+    for s in (2, 3, 4)
+] + [  # split passes: one accumulator each, so wider key blocks fit at head_dim 256
+    AttnConfig(bm, bn, w, s, split=True)
+    for bm, bn, w in ((32, 64, 4), (64, 64, 4), (32, 128, 8), (64, 128, 8), (128, 128, 8))
     for s in (2, 3)
 ]
 DQ_CANDIDATES = [
     AttnConfig(bm, bn, w, s)
     for bm, bn in ((64, 32), (64, 64), (128, 32), (64, 128), (128, 64), (128, 128))
     for w in (4, 8)
-    for s in (2, 3)
+    for s in (2, 3, 4)
 ]
 CANDIDATES = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
 
@@ -82,7 +92,8 @@ def smem_bytes_fwd(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
 
 
 def smem_bytes_dkdv(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
-    """Shared memory of a dk/dv program: k, v resident, q and dout pipelined, a p/ds tile staged."""
+    """Shared memory of a dk/dv program: k, v resident, q and dout pipelined, a p/ds tile staged.
+    (A split pass holds k, and v only for dk: the larger of the two passes is counted.)"""
     resident = 2 * cfg.block_n * head_dim_pad
     streamed = 2 * cfg.block_m * head_dim_pad * cfg.num_stages
     return elem * (resident + streamed) + 4 * cfg.block_m * cfg.block_n
