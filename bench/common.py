@@ -27,3 +27,21 @@ def provenance() -> dict:
         "python": platform.python_version(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def graph_ms(fn, warm_calls: int = 1, **do_bench_kw) -> float:
+    """GPU-only time of fn (ms, median): CUDA graph replay, no Python dispatch or launch cost. fn runs
+    `warm_calls` times on a side stream first (compiles, allocator), then is captured once;
+    do_bench_kw (warmup, rep) go to triton.testing.do_bench."""
+    import triton
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warm_calls):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return triton.testing.do_bench(g.replay, return_mode="median", **do_bench_kw)

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from bench.common import provenance
+from bench.common import graph_ms, provenance
 from bench.plots import add_output_args, plot_matmul, replay_or_require_gpu, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -35,21 +35,6 @@ def timed(fn):
         fn()
     torch.cuda.synchronize()
     return triton.testing.do_bench(fn, warmup=50, rep=200, quantiles=[0.5, 0.2, 0.8])
-
-
-def graph_ms(fn) -> float:
-    """GPU-only time: CUDA graph replay, no Python dispatch or launch cost."""
-    import triton
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, warmup=50, rep=200, return_mode="median")
 
 
 def main(argv=None) -> int:
@@ -84,7 +69,7 @@ def main(argv=None) -> int:
             row = dict(prov, provider=name, kind=kind, m=m, k=k, n=n, dtype=dname, ms=med,
                        p20_ms=p20, p80_ms=p80, tflops=flops / med / 1e9)
             if flops <= 2 * 2048**3:  # host-bound sizes: also the GPU-only time (graph replay)
-                row["graph_tflops"] = flops / graph_ms(fn) / 1e9
+                row["graph_tflops"] = flops / graph_ms(fn, warmup=50, rep=200) / 1e9
             if name == "diyflash":
                 row["config"] = km.select_config(a, b, False, True).as_dict()
             rows.append(row)

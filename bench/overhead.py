@@ -13,6 +13,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench.common import graph_ms
+
 
 def per_call_us(fn, iters=2000) -> float:
     """Wall clock per call in a tight loop, one sync at the end: max(host cost, GPU time) per call."""
@@ -40,22 +42,6 @@ def host_us(fn, calls=20, reps=200) -> float:
         times.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
     return statistics.median(times)
-
-
-def graph_ms(fn) -> float:
-    """GPU time of fn from CUDA graph replay (no Python, no launch overhead)."""
-    import triton
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, return_mode="median")
 
 
 def main() -> int:
@@ -92,7 +78,7 @@ def main() -> int:
             flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
             cells = []
             for name, fn in (("api", api), ("launcher", launcher), ("graph", launcher), ("sdpa", sdpa), ("sdpa-graph", sdpa)):
-                ms = graph_ms(fn) if "graph" in name else triton.testing.do_bench(fn, return_mode="median")
+                ms = graph_ms(fn, warm_calls=3) if "graph" in name else triton.testing.do_bench(fn, return_mode="median")
                 cells.append(f"{name} {ms * 1e3:6.0f}us {flops / ms / 1e9:4.0f}TF")
             print(f"  B{b} H{h} N{n} D{d} causal={causal}: " + " | ".join(cells))
     matmul_rows()
@@ -120,9 +106,9 @@ def matmul_rows() -> None:
             "torch.matmul": lambda: torch.matmul(a, b),
         }
         cells = [f"{name} {host_us(fn):.0f}/{per_call_us(fn, 300):.0f}us" for name, fn in rows.items()]
-        cells += [f"graph(tma) {graph_ms(rows['kernels.matmul.run (tma)']) * 1e3:.0f}us",
-                  f"graph(pointers) {graph_ms(rows['kernels.matmul.run (pointers)']) * 1e3:.0f}us",
-                  f"graph(cublas) {graph_ms(rows['torch.matmul']) * 1e3:.0f}us", f"config {cfg}"]
+        cells += [f"graph(tma) {graph_ms(rows['kernels.matmul.run (tma)'], warm_calls=3) * 1e3:.0f}us",
+                  f"graph(pointers) {graph_ms(rows['kernels.matmul.run (pointers)'], warm_calls=3) * 1e3:.0f}us",
+                  f"graph(cublas) {graph_ms(rows['torch.matmul'], warm_calls=3) * 1e3:.0f}us", f"config {cfg}"]
         print(f"  {s}^3: " + " | ".join(cells))
 
 
