@@ -28,6 +28,12 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for launch grids. (triton.cdiv is a constexpr function: ~1 us per call from Python.)"""
+    return -(-a // b)
+
+
 MAX_SIGNATURES = 4096  # per kernel; a workload with ever-new shapes starts over instead of growing
 
 

@@ -25,7 +25,7 @@ from .attention_configs import AttnConfig, BwdConfig, bwd_config, fwd_config
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from ._launch import DirectLauncher  # noqa: E402
+from ._launch import DirectLauncher, cdiv  # noqa: E402
 
 LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -525,10 +525,6 @@ _BWD_DQ = DirectLauncher(_attn_bwd_dq_kernel)
 INTERPRETED = _FWD.interpreted  # fixed when the kernels were decorated, as Triton decides it
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # triton.cdiv is a constexpr function: ~1 us per call from Python
-
-
 def head_dim_pad(head_dim: int) -> int:
     """Tile width along head_dim: the next power of two, at least 16 (tl.dot's minimum)."""
     return max(16, 1 << (head_dim - 1).bit_length())
@@ -588,7 +584,7 @@ def attention_fwd(
     cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED)
     for zc, q_, k_, v_, o_, lse_, sl in _z_chunks(z, q4, k4, v4, o4, lse3, seq_lens):
         _FWD(
-            (_cdiv(n_q, cfg.block_m), h, zc),
+            (cdiv(n_q, cfg.block_m), h, zc),
             q_, k_, v_, o_, lse_, sl,
             *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
             lse3.stride(0), lse3.stride(1),
@@ -640,7 +636,7 @@ def attention_bwd(
     chunks = _z_chunks(z, q4, k4, v4, o4, g4, lse3, dlse3, delta, lse2, dq4, dk4, dv4, seq_lens)
     for zc, q_, k_, v_, o_, g_, lse_, dlse_, delta_, lse2_, dq_, dk_, dv_, sl in chunks:
         _BWD_PRE(
-            (_cdiv(n_q, pre_block), h, zc),
+            (cdiv(n_q, pre_block), h, zc),
             o_, g_, lse_, dlse_, delta_, lse2_,
             *_strides(o4), *_strides(g4),
             lse3.stride(0), lse3.stride(1),
@@ -656,7 +652,7 @@ def attention_bwd(
         # one pass for dk and dv, or (split) a dv pass then a dk pass
         for do_dk, do_dv in ((False, True), (True, False)) if kv_cfg.split else ((True, True),):
             _BWD_DKDV(
-                (_cdiv(n_k, kv_cfg.block_n), h, zc),
+                (cdiv(n_k, kv_cfg.block_n), h, zc),
                 q_, k_, v_, g_, lse2_, delta_, dk_, dv_, sl,
                 *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
                 h, n_q, n_k, scale * LOG2E, scale,
@@ -664,7 +660,7 @@ def attention_bwd(
                 num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, **common,
             )
         _BWD_DQ(
-            (_cdiv(n_q, q_cfg.block_m), h, zc),
+            (cdiv(n_q, q_cfg.block_m), h, zc),
             q_, k_, v_, g_, lse2_, delta_, dq_, sl,
             *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
             h, n_q, n_k, scale * LOG2E, scale,

@@ -30,7 +30,7 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from ._launch import DirectLauncher  # noqa: E402
+from ._launch import DirectLauncher, cdiv  # noqa: E402
 
 
 @triton.jit
@@ -128,7 +128,7 @@ class Plan(NamedTuple):
 def plan(a: torch.Tensor, b: torch.Tensor, cfg: MatmulConfig) -> Plan:
     m, n = a.shape[0], b.shape[1]
     layout = tma_layout(a, b) if cfg.use_tma and device_limits(a.device)[1] else None
-    num_tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    num_tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     programs = min(num_tiles, _num_sms(a.device) * cfg.programs_per_sm) if cfg.persistent else num_tiles
     return Plan(cfg, layout, programs)
 
