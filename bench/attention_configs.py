@@ -23,12 +23,17 @@ import torch
 from bench.common import provenance
 
 SHAPES = {64: (4, 32), 128: (4, 16), 256: (2, 8)}  # (batch, heads) per head_dim: the benchmark's shapes
+# do_bench per candidate. 10 ms / 50 ms picked winners that the full benchmark did not confirm (2026-11-22);
+# with 25 ms / 100 ms the TMA probe's winners held up there.
+WARMUP_MS, REP_MS = 25, 100
 
 
 def _tiles(row: dict) -> tuple:
-    """A result row's tiles as attention_tuned.py records them; `split` (dk/dv only) only when set."""
-    tiles = (row["block_m"], row["block_n"], row["num_warps"], row["num_stages"])
-    return tiles + (True,) if row.get("split") else tiles
+    """A result row's tiles as attention_tuned.py records them."""
+    from diyflash.kernels.attention_configs import AttnConfig
+
+    fields = ("block_m", "block_n", "num_warps", "num_stages", *AttnConfig.FLAGS)
+    return AttnConfig(**{f: row[f] for f in fields if f in row}).as_tiles()
 
 
 def render_tuned(table: dict, sweeps: list[str]) -> str:
@@ -43,7 +48,7 @@ def render_tuned(table: dict, sweeps: list[str]) -> str:
         lines.append("    },")
     lines.append("}")
     history = "\n".join(f"- {line}" for line in sweeps)
-    return ('"""Tuned attention tiles (block_m, block_n, num_warps, num_stages[, split]) per kernel, causal or not,\n'
+    return ('"""Tuned attention tiles (block_m, block_n, num_warps, num_stages, *flags) per kernel, causal or not,\n'
             'and padded head_dim. Written by `python -m bench.attention_configs --write`: re-run it rather than edit by hand;\n'
             'a hand edit adds a line below saying what and why.\n\n'
             'Sweeps behind these entries, newest first (an entry comes from the newest sweep that covered it):\n'
@@ -81,7 +86,7 @@ def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit):
             got = fn()
             ok = all((g.float() - r.float()).abs().max().item() < (1e-2 if kind == "fwd" else 5e-2)
                      for g, r in zip(got, ref))
-            ms = triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+            ms = triton.testing.do_bench(fn, warmup=WARMUP_MS, rep=REP_MS, return_mode="median")
         except Exception as e:  # out of resources on this GPU: not a candidate here
             print(f"  skip {kind} d={d} causal={causal} {cfg}: {type(e).__name__}: {str(e)[:80]}")
             continue
@@ -129,7 +134,7 @@ def main(argv=None) -> int:
                     continue
                 best = good[0]
                 print(f"{kind} d={d} causal={causal}: best {best['block_m']}x{best['block_n']} w{best['num_warps']} "
-                      f"s{best['num_stages']}{' split' if best.get('split') else ''} {best['tflops']:.0f} TFLOPS; was "
+                      f"s{best['num_stages']}{''.join(' ' + f for f in _tiles(best)[4:])} {best['tflops']:.0f} TFLOPS; was "
                       + (f"{dflt['tflops']:.0f}" if dflt else "not a candidate"), flush=True)
                 mode = "causal" if causal else "plain"
                 table[kind][mode][d] = _tiles(best)

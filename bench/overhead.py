@@ -60,6 +60,17 @@ def main() -> int:
         "kernels.attention.attention_fwd (launcher)": lambda: ka.attention_fwd(q, q, q, False, scale, None),
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, q, q),
     }
+    # TMA's host cost: the layout check and Triton's scratch allocation for the device-built descriptors
+    from dataclasses import replace
+
+    from diyflash.kernels.attention_configs import fwd_config
+
+    q128 = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.float16)
+    cfg128 = fwd_config(128, q128.dtype, q128.device, False, False)
+    for tma in (True, False):
+        cfg = replace(cfg128, tma=tma)
+        rows[f"launcher, D128, {'TMA' if tma else 'pointer'} tiles"] = (
+            lambda cfg=cfg: ka.attention_fwd(q128, q128, q128, False, 128 ** -0.5, None, config=cfg))
     # a training step's attention: forward and backward, autograd included
     qg = q.detach().requires_grad_()
     rows["diyflash.flash_attention fwd+bwd"] = lambda: diyflash.flash_attention(qg, qg, qg).sum().backward()

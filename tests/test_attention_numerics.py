@@ -179,6 +179,84 @@ def test_split_dkdv_passes_match_one_pass(device, causal):
     assert grads[1][1].abs().sum() > 0 and grads[1][2].abs().sum() > 0  # both passes wrote
 
 
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd", "sliced"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tma_path_matches_pointer_path(device, dtype, causal, layout):
+    """Tiles read through TMA descriptors (compiled on Hopper; emulated by the interpreter) give what
+    the pointer path gives, forward and backward, with partial tail blocks, n_q != n_k, a padded
+    head_dim (80) and a sequence cut short by seq_lens whose padding holds NaN: the descriptors' shape
+    is the valid length, so the padding is never read."""
+    from dataclasses import replace
+
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import BwdConfig, bwd_config, fwd_config
+
+    q, k, v = make_qkv(2, 2, 113, 70, 80, dtype, device, layout=layout)
+    dout = random_like(q)
+    seq_lens = torch.tensor([70, 31], dtype=torch.int32, device=device)
+    for t in (q, k, v, dout):
+        t[1, :, 31:] = float("nan")  # batch 1's padding
+    assert ka.tma_ok(q, k, v) and ka.tma_ok(dout)  # else this test would not reach the TMA path
+    scale = 80 ** -0.5
+    fwd = fwd_config(128, dtype, q.device, causal, ka.INTERPRETED)
+    bwd = bwd_config(128, dtype, q.device, causal, ka.INTERPRETED)
+    results = []
+    for tma in (False, True):
+        out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=replace(fwd, tma=tma))
+        grads = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
+                                 config=BwdConfig(replace(bwd.dkdv, tma=tma), replace(bwd.dq, tma=tma)))
+        results.append((out, lse, *grads))
+    for name, pointer, tma in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert not tma.isnan().any(), name
+        torch.testing.assert_close(tma, pointer, atol=2e-3, rtol=1e-2, msg=name)
+
+
+def test_tma_ok_only_for_what_descriptors_can_read(device):
+    """TMA needs fp16/bf16, a contiguous head_dim and 16-byte aligned strides and base; other inputs
+    run the pointer path (and still give the right answer: test_layouts)."""
+    from diyflash.kernels import attention as ka
+
+    q, _, _ = make_qkv(2, 3, 40, 40, 64, torch.float16, device)
+    assert ka.tma_ok(q) == (device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9)
+    if not ka.tma_ok(q):
+        return
+    assert ka.tma_ok(q.transpose(1, 2))  # (b, n, h, d) storage: strides are multiples of 16 bytes
+    assert not ka.tma_ok(q.float())  # fp32: pointer path
+    assert not ka.tma_ok(q.transpose(-1, -2))  # head_dim not contiguous
+    off_by_one = torch.zeros(q.numel() + 1, dtype=q.dtype, device=device)[1:].view(q.shape)
+    assert not ka.tma_ok(off_by_one)  # base 2 bytes past an aligned address
+    odd_rows = torch.zeros(2, 3, 40, 68, dtype=torch.float16, device=device)[..., :64]  # rows 136 bytes apart
+    assert not ka.tma_ok(odd_rows)
+    assert ka.tma_ok(odd_rows[:, :, :1])  # one row: its stride never moves the address
+
+
+def test_scratch_allocator_is_installed_once_and_keeps_the_users():
+    """Device-built descriptors need Triton's global-scratch allocator. A thread without one (autograd's
+    backward thread starts without: it is a context variable) gets diyflash's; a user's stays."""
+    import contextvars
+
+    import triton
+
+    from diyflash.kernels import _launch
+    from triton.runtime import _allocation
+
+    def fresh():
+        _allocation._allocator.set(_allocation._NULL_ALLOCATOR)
+        _launch.ensure_scratch_allocator()
+        return _allocation._allocator.get()
+
+    assert contextvars.Context().run(fresh) is _launch._scratch
+
+    def users():
+        mine = lambda size, alignment, stream: None  # noqa: E731
+        triton.set_allocator(mine)
+        _launch.ensure_scratch_allocator()
+        return _allocation._allocator.get() is mine
+
+    assert contextvars.Context().run(users)
+
+
 def test_empty_inputs(device):
     for shapes in ((0, 2, 16, 16), (2, 2, 0, 16)):
         q, k, v = (torch.empty(shapes, device=device, dtype=torch.float16, requires_grad=True) for _ in range(3))

@@ -92,8 +92,10 @@ def test_tuned_table_covers_every_kernel_and_round_trips():
         for dims in modes.values():
             assert set(dims) >= {16, 32, 64, 128, 256}, (kind, sorted(dims))
             for tiles in dims.values():
-                cfg = AttnConfig(*tiles)
-                assert any((c.block_m, c.block_n, c.num_warps, c.split) == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split)
+                cfg = AttnConfig.from_tiles(tiles)
+                assert cfg.as_tiles() == tiles
+                assert any((c.block_m, c.block_n, c.num_warps, c.split, c.tma)
+                           == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split, cfg.tma)
                            for c in CANDIDATES[kind]), (kind, tiles)
     namespace: dict = {}
     exec(render_tuned(TUNED, ["sweep b", "sweep a"]), namespace)

@@ -24,6 +24,7 @@ through the interpreter.
 from __future__ import annotations
 
 import torch
+import triton
 from triton import knobs
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -32,6 +33,23 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for launch grids. (triton.cdiv is a constexpr function: ~1 us per call from Python.)"""
     return -(-a // b)
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    # torch.empty's allocations are 256-byte aligned; the caching allocator keeps them stream-ordered
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_scratch_allocator() -> None:
+    """Kernels that build TMA descriptors on the device need global scratch memory at launch, which
+    Triton asks of the allocator set with `triton.set_allocator` (a context variable: per thread, so
+    autograd's backward thread starts without one). Install a torch-backed allocator where none is
+    set; an allocator the user set is kept."""
+    from triton.runtime import _allocation
+
+    current = getattr(_allocation, "_allocator", None)
+    if current is None or isinstance(current.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 MAX_SIGNATURES = 4096  # per kernel; a workload with ever-new shapes starts over instead of growing
@@ -108,4 +126,4 @@ class DirectLauncher:
         self._compiled[self._signature(self._driver[0](), args, meta)] = (compiled, tuple(names))
 
 
-__all__ = ["DirectLauncher", "MAX_SIGNATURES"]
+__all__ = ["DirectLauncher", "MAX_SIGNATURES", "cdiv", "ensure_scratch_allocator"]

@@ -25,7 +25,7 @@ from .attention_configs import AttnConfig, BwdConfig, bwd_config, fwd_config
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from ._launch import DirectLauncher, cdiv  # noqa: E402
+from ._launch import DirectLauncher, cdiv, ensure_scratch_allocator  # noqa: E402
 
 LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -55,6 +55,39 @@ def _load(ptrs, mask, UPCAST: tl.constexpr):
         x = tl.load(ptrs)
     else:
         x = tl.load(ptrs, mask=mask, other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _rows_desc(base, rows, row_stride, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """A TMA descriptor over one (z, h) slice: `rows` rows of HEAD_DIM contiguous elements, read in
+    (BLOCK, HEAD_DIM_PAD) tiles. The hardware fills rows >= `rows` and columns >= HEAD_DIM with zeros,
+    so a slice's valid length (seq_lens) is its shape and tail tiles need no load masks. At least one
+    row: a descriptor of an empty slice is never read, but must still be valid."""
+    return tl.make_tensor_descriptor(base, shape=[tl.maximum(rows, 1), HEAD_DIM], strides=[row_stride, 1],
+                                     block_shape=[BLOCK, HEAD_DIM_PAD])
+
+
+@triton.jit
+def _streamed(base, rows, row_stride, d_stride, offs_r, offs_d,
+              HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+              TRANSPOSED: tl.constexpr, TMA: tl.constexpr):
+    """Where a loop's streamed (BLOCK, HEAD_DIM) tiles come from: a TMA descriptor, or the pointer tile
+    of the first block ((D, BLOCK) when TRANSPOSED), which the loop advances."""
+    if TMA:
+        src = _rows_desc(base, rows, row_stride, HEAD_DIM, BLOCK, HEAD_DIM_PAD)
+    elif TRANSPOSED:
+        src = base + offs_r[None, :] * row_stride + offs_d[:, None] * d_stride
+    else:
+        src = base + offs_r[:, None] * row_stride + offs_d[None, :] * d_stride
+    return src
+
+
+@triton.jit
+def _desc_load(desc, row, UPCAST: tl.constexpr):
+    x = desc.load([row, 0])
     if UPCAST:
         x = x.to(tl.float32)
     return x
@@ -101,16 +134,21 @@ def _attn_fwd_inner(
     lo, hi, kv_len, causal_offset, qk_scale,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, FOLD_SCALE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MASKED blocks apply the key-length and causal masks;
-    unmasked blocks are fully in range and fully visible to every row of this query block."""
-    k_ptrs += tl.cast(lo, tl.int64) * step_k
-    v_ptrs += tl.cast(lo, tl.int64) * step_v
+    unmasked blocks are fully in range and fully visible to every row of this query block.
+    TMA: k_ptrs and v_ptrs are tensor descriptors (_rows_desc) instead of pointer tiles."""
+    if not TMA:
+        k_ptrs += tl.cast(lo, tl.int64) * step_k
+        v_ptrs += tl.cast(lo, tl.int64) * step_v
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if MASKED:
             kv_mask = cols < kv_len
+        if TMA:
+            k = _desc_load(k_ptrs, start_n, UPCAST).T  # (D, BLOCK_N)
+        elif MASKED:
             k = _load(k_ptrs, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
         elif EVEN_D:
             k = _load(k_ptrs, None, UPCAST)
@@ -143,7 +181,9 @@ def _attn_fwd_inner(
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- accumulate p @ v --
-        if MASKED:
+        if TMA:
+            v = _desc_load(v_ptrs, start_n, UPCAST)
+        elif MASKED:
             v = _load(v_ptrs, kv_mask[:, None] & d_mask[None, :], UPCAST)
         elif EVEN_D:
             v = _load(v_ptrs, None, UPCAST)
@@ -152,8 +192,9 @@ def _attn_fwd_inner(
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
-        k_ptrs += BLOCK_N * step_k
-        v_ptrs += BLOCK_N * step_v
+        if not TMA:
+            k_ptrs += BLOCK_N * step_k
+            v_ptrs += BLOCK_N * step_v
     return acc, l_i, m_i
 
 
@@ -170,8 +211,10 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
 ):
+    """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
+    tiles; the launcher sets it only for inputs a descriptor can address (tma_ok)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
@@ -189,11 +232,14 @@ def _attn_fwd_kernel(
     q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
     k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
     v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-    q_ptrs = q_base + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    k_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd  # k^T tile (D, BLOCK_N)
-    v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-
-    q = _load(q_ptrs, (offs_m < q_len)[:, None] & d_mask[None, :], UPCAST)
+    if TMA:
+        q = _desc_load(_rows_desc(q_base, q_len, stride_qm, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD), start_m, UPCAST)
+    else:
+        q_ptrs = q_base + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd
+        q = _load(q_ptrs, (offs_m < q_len)[:, None] & d_mask[None, :], UPCAST)
+    # k is read as k^T tiles (D, BLOCK_N) by pointers; a descriptor's (BLOCK_N, D) tile is transposed in the loop
+    k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
+    v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, False, TMA)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
@@ -203,12 +249,12 @@ def _attn_fwd_kernel(
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST,
+        BLOCK_N, False, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA,
     )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, True, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST,
+        BLOCK_N, True, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA,
     )
 
     # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf --
@@ -276,26 +322,34 @@ def _attn_bwd_dkdv_inner(
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
     (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
-    two this pass accumulates (a split pass skips the other's dots and loads)."""
-    q_ptrs += tl.cast(lo, tl.int64) * step_q
-    do_ptrs += tl.cast(lo, tl.int64) * step_do
+    two this pass accumulates (a split pass skips the other's dots and loads). TMA: q_ptrs and
+    do_ptrs are tensor descriptors."""
+    if not TMA:
+        q_ptrs += tl.cast(lo, tl.int64) * step_q
+        do_ptrs += tl.cast(lo, tl.int64) * step_do
     lse2_ptrs += lo
     delta_ptrs += lo
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
+        if TMA:
+            q = _desc_load(q_ptrs, start_m, UPCAST)
+            do = _desc_load(do_ptrs, start_m, UPCAST)
         if MASKED:
             row_mask = rows < q_len
-            q = _load(q_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
-            do = _load(do_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
+            if not TMA:
+                q = _load(q_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
+                do = _load(do_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
             lse2 = tl.load(lse2_ptrs, mask=row_mask, other=float("inf"))
             if DO_DK:
                 delta = tl.load(delta_ptrs, mask=row_mask, other=0.0)
         else:
-            q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
-            do = _load(do_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
+            if not TMA:
+                q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
+                do = _load(do_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
             lse2 = tl.load(lse2_ptrs)
             if DO_DK:
                 delta = tl.load(delta_ptrs)
@@ -314,8 +368,9 @@ def _attn_bwd_dkdv_inner(
             dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
-        q_ptrs += BLOCK_M * step_q
-        do_ptrs += BLOCK_M * step_do
+        if not TMA:
+            q_ptrs += BLOCK_M * step_q
+            do_ptrs += BLOCK_M * step_do
         lse2_ptrs += BLOCK_M
         delta_ptrs += BLOCK_M
     return dk, dv
@@ -336,9 +391,11 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """dk and dv of one key block (DO_DK and DO_DV), or one of them: a split backward launches this
-    kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two."""
+    kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
+    TMA: the streamed q and dout tiles come through tensor descriptors."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
@@ -361,10 +418,10 @@ def _attn_bwd_dkdv_kernel(
     else:
         v = k
 
-    q_ptrs = (q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-              + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
-    do_ptrs = (dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
-               + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd)
+    q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    do_base = dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+    q_ptrs = _streamed(q_base, q_len, stride_qm, stride_qd, offs_m, offs_d, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, False, TMA)
+    do_ptrs = _streamed(do_base, q_len, stride_gm, stride_gd, offs_m, offs_d, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, False, TMA)
     row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
     lse2_ptrs = lse2_ptr + row_base + offs_m
     delta_ptrs = delta_ptr + row_base + offs_m
@@ -388,17 +445,17 @@ def _attn_bwd_dkdv_kernel(
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV,
+        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA,
     )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV,
+        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA,
     )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV,
+        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA,
     )
 
     key_in = (offs_n < seq_len_k)[:, None] & d_mask[None, :]
@@ -421,15 +478,21 @@ def _attn_bwd_dq_inner(
     lo, hi, kv_len, causal_offset, qk_scale,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
 ):
-    """Accumulate dq of one query block over the key blocks [lo, hi)."""
-    k_ptrs += tl.cast(lo, tl.int64) * step_k
-    v_ptrs += tl.cast(lo, tl.int64) * step_v
+    """Accumulate dq of one query block over the key blocks [lo, hi). TMA: k_ptrs and v_ptrs are
+    tensor descriptors."""
+    if not TMA:
+        k_ptrs += tl.cast(lo, tl.int64) * step_k
+        v_ptrs += tl.cast(lo, tl.int64) * step_v
     for start_n in tl.range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if MASKED:
             kv_mask = cols < kv_len
+        if TMA:
+            k_t = _desc_load(k_ptrs, start_n, UPCAST).T  # (D, BLOCK_N)
+            v_t = _desc_load(v_ptrs, start_n, UPCAST).T
+        elif MASKED:
             k_t = _load(k_ptrs, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
             v_t = _load(v_ptrs, kv_mask[None, :] & d_mask[:, None], UPCAST)
         else:
@@ -445,8 +508,9 @@ def _attn_bwd_dq_inner(
         dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)
-        k_ptrs += BLOCK_N * step_k
-        v_ptrs += BLOCK_N * step_v
+        if not TMA:
+            k_ptrs += BLOCK_N * step_k
+            v_ptrs += BLOCK_N * step_v
     return dq
 
 
@@ -463,8 +527,9 @@ def _attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
 ):
+    """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
@@ -488,10 +553,10 @@ def _attn_bwd_dq_kernel(
     lse2 = tl.load(lse2_ptr + row_base + offs_m, mask=row_mask, other=float("inf"))
     delta = tl.load(delta_ptr + row_base + offs_m, mask=row_mask, other=0.0)
 
-    k_ptrs = (k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-              + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd)
-    v_ptrs = (v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-              + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd)
+    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
+    v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
 
     full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
 
@@ -499,12 +564,12 @@ def _attn_bwd_dq_kernel(
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA,
     )
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST,
+        BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA,
     )
     dq *= scale
 
@@ -551,6 +616,22 @@ def _z_chunks(z: int, *tensors):
         yield (z1 - z0, *(t[z0:z1] if t is not None else None for t in tensors))
 
 
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether TMA descriptors can read these (Z, H, N, D) tensors in place: fp16/bf16, head_dim
+    contiguous, every other stride and the base address 16-byte aligned (strides of size-1 dims
+    never move the address), on a GPU of compute capability 9.0 or newer. Under Triton's interpreter
+    (CPU tensors) the descriptors are emulated, so tests run the TMA path there too."""
+    for t in tensors:
+        if t.dtype not in (torch.float16, torch.bfloat16) or t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any(size > 1 and stride * t.element_size() % 16 for size, stride in zip(t.shape[:-1], t.stride()[:-1])):
+            return False
+    device = tensors[0].device
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 9
+    return INTERPRETED
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 inputs must stay fp32-accurate: no TF32. fp16/bf16 ignore the setting.
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -582,6 +663,9 @@ def attention_fwd(
     n_k = k4.shape[2]
     d_pad = head_dim_pad(d)
     cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED)
+    tma = cfg.tma and tma_ok(q4, k4, v4)
+    if tma and q.is_cuda:  # the interpreter emulates descriptors without scratch memory
+        ensure_scratch_allocator()
     for zc, q_, k_, v_, o_, lse_, sl in _z_chunks(z, q4, k4, v4, o4, lse3, seq_lens):
         _FWD(
             (cdiv(n_q, cfg.block_m), h, zc),
@@ -593,7 +677,7 @@ def attention_fwd(
             HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
-            DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
+            DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), TMA=tma,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     return out, lse
@@ -632,6 +716,12 @@ def attention_bwd(
     delta = torch.empty((z, h, n_q), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
     dot_precision, upcast = _dot_precision(q.dtype), _upcast(q.dtype)
+    kv_cfg, q_cfg = cfg
+    # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles
+    kv_tma = kv_cfg.tma and tma_ok(q4, g4)
+    q_tma = q_cfg.tma and tma_ok(k4, v4)
+    if (kv_tma or q_tma) and q.is_cuda:
+        ensure_scratch_allocator()
     pre_block = 64
     chunks = _z_chunks(z, q4, k4, v4, o4, g4, lse3, dlse3, delta, lse2, dq4, dk4, dv4, seq_lens)
     for zc, q_, k_, v_, o_, g_, lse_, dlse_, delta_, lse2_, dq_, dk_, dv_, sl in chunks:
@@ -648,7 +738,6 @@ def attention_bwd(
             HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
             DOT_PRECISION=dot_precision, UPCAST=upcast,
         )
-        kv_cfg, q_cfg = cfg
         # one pass for dk and dv, or (split) a dv pass then a dk pass
         for do_dk, do_dv in ((False, True), (True, False)) if kv_cfg.split else ((True, True),):
             _BWD_DKDV(
@@ -657,7 +746,7 @@ def attention_bwd(
                 *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
                 h, n_q, n_k, scale * LOG2E, scale,
                 BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
-                num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, **common,
+                num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, TMA=kv_tma, **common,
             )
         _BWD_DQ(
             (cdiv(n_q, q_cfg.block_m), h, zc),
@@ -665,6 +754,6 @@ def attention_bwd(
             *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
             h, n_q, n_k, scale * LOG2E, scale,
             BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, num_warps=q_cfg.num_warps,
-            num_stages=q_cfg.num_stages, **common,
+            num_stages=q_cfg.num_stages, TMA=q_tma, **common,
         )
     return dq, dk, dv

@@ -28,6 +28,25 @@ class AttnConfig:
     # dk/dv kernel only: two passes, dv then dk, each holding one (block_n, head_dim) fp32 accumulator
     # instead of two. One more q.k^T dot per tile, but large head_dims stop spilling registers.
     split: bool = False
+    # read the streamed tiles through TMA tensor descriptors (Hopper and newer) when the inputs allow
+    # it (kernels.attention.tma_ok); other inputs run the pointer path with the same tiles
+    tma: bool = False
+
+    FLAGS = ("split", "tma")  # the boolean fields, recorded by name in attention_tuned.py
+
+    @classmethod
+    def from_tiles(cls, tiles: tuple) -> AttnConfig:
+        """(block_m, block_n, num_warps, num_stages, *flags) as attention_tuned.py records it, flags by
+        name: (32, 128, 8, 2, "split", "tma")."""
+        ints, flags = tiles[:4], tiles[4:]
+        unknown = set(flags) - set(cls.FLAGS)
+        if unknown:
+            raise ValueError(f"unknown tile flags {sorted(unknown)}; known: {cls.FLAGS}")
+        return cls(*ints, **{flag: True for flag in flags})
+
+    def as_tiles(self) -> tuple:
+        return (self.block_m, self.block_n, self.num_warps, self.num_stages,
+                *(flag for flag in self.FLAGS if getattr(self, flag)))
 
     def as_dict(self) -> dict:
         d = {
@@ -36,8 +55,7 @@ class AttnConfig:
             "num_warps": self.num_warps,
             "num_stages": self.num_stages,
         }
-        if self.split:
-            d["split"] = True
+        d.update({flag: True for flag in self.FLAGS if getattr(self, flag)})
         return d
 
 
@@ -53,6 +71,14 @@ FWD_CANDIDATES = [
     for w in (4, 8)
     for s in (3, 4, 5)
 ] + [AttnConfig(bm, bn, 4, 7) for bm, bn in ((64, 64), (128, 32), (128, 64))]  # deep pipelines, small tiles
+# TMA loads take no registers for addresses: a shallower pipeline (2 stages) can pay there
+FWD_CANDIDATES += [
+    AttnConfig(bm, bn, w, s, tma=True)
+    for bm in (64, 128)
+    for bn in (32, 64, 128)
+    for w in (4, 8)
+    for s in (2, 3, 4)
+]
 DKDV_CANDIDATES = [
     AttnConfig(bm, bn, w, s)
     for bm, bn in ((32, 32), (64, 32), (128, 32), (32, 64), (32, 128), (64, 64), (64, 128), (128, 64), (128, 128))
@@ -69,6 +95,8 @@ DQ_CANDIDATES = [
     for w in (4, 8)
     for s in (2, 3, 4)
 ]
+DKDV_CANDIDATES += [replace(c, tma=True) for c in DKDV_CANDIDATES]
+DQ_CANDIDATES += [replace(c, tma=True) for c in DQ_CANDIDATES]
 CANDIDATES = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
 
 # fp32 is computed with IEEE fp32 dots (no TF32): twice the bytes per tile, no tensor cores.
@@ -133,7 +161,7 @@ def _config(kind: str, head_dim_pad: int, dtype: torch.dtype, device: torch.devi
     if dtype == torch.float32:
         cfg = _FP32[kind]
     else:  # attention_tuned.py covers every padded head_dim (tests/test_bench.py checks it)
-        cfg = AttnConfig(*TUNED[kind]["causal" if causal else "plain"][head_dim_pad])
+        cfg = AttnConfig.from_tiles(TUNED[kind]["causal" if causal else "plain"][head_dim_pad])
     return _fit(cfg, head_dim_pad, dtype.itemsize, _smem_limit(device), SMEM_BYTES[kind])
 
 

@@ -1,4 +1,4 @@
-"""Tuned attention tiles (block_m, block_n, num_warps, num_stages[, split]) per kernel, causal or not,
+"""Tuned attention tiles (block_m, block_n, num_warps, num_stages, *flags) per kernel, causal or not,
 and padded head_dim. Written by `python -m bench.attention_configs --write`: re-run it rather than edit by hand;
 a hand edit adds a line below saying what and why.
 
@@ -26,8 +26,8 @@ TUNED = {
         'causal': {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 8, 3), 128: (128, 64, 8, 3), 256: (128, 32, 8, 4)},
     },
     'dkdv': {
-        'plain': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (32, 64, 4, 3), 128: (64, 128, 8, 3), 256: (32, 128, 8, 2, True)},
-        'causal': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (64, 64, 4, 4), 128: (64, 128, 8, 3), 256: (32, 128, 8, 2, True)},
+        'plain': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (32, 64, 4, 3), 128: (64, 128, 8, 3), 256: (32, 128, 8, 2, 'split')},
+        'causal': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (64, 64, 4, 4), 128: (64, 128, 8, 3), 256: (32, 128, 8, 2, 'split')},
     },
     'dq': {
         'plain': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (128, 32, 8, 3), 128: (128, 64, 8, 4), 256: (128, 32, 8, 2)},
