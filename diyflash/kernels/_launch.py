@@ -45,10 +45,13 @@ def ensure_scratch_allocator() -> None:
     Triton asks of the allocator set with `triton.set_allocator` (a context variable: per thread, so
     autograd's backward thread starts without one). Install a torch-backed allocator where none is
     set; an allocator the user set is kept."""
-    from triton.runtime import _allocation
+    try:  # Triton keeps "none set" private; if that ever moves, install ours (it works the same)
+        from triton.runtime import _allocation
 
-    current = getattr(_allocation, "_allocator", None)
-    if current is None or isinstance(current.get(), _allocation.NullAllocator):
+        unset = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+    except (ImportError, AttributeError):
+        unset = True
+    if unset:
         triton.set_allocator(_scratch)
 
 
