@@ -66,10 +66,12 @@ class AdaptiveKernelSelector:
         if not self.on_gpu and not interpret:
             return {**self._where(), "head_dim": head_dim, "dtype": str(dtype), "block_n": TORCH_PATH_BLOCK_N,
                     "note": f"PyTorch blocked implementation ({TORCH_PATH_BLOCK_N} keys per block)"}
-        return {**self._where(), "head_dim": head_dim, "head_dim_pad": pad, "dtype": str(dtype), "tma": False,
-                "causal": causal,
-                "forward": fwd_config(pad, dtype, self.device, causal, interpret).as_dict(),
-                "backward": bwd_config(pad, dtype, self.device, causal, interpret).as_dict()}
+        fwd = fwd_config(pad, dtype, self.device, causal, interpret)
+        bwd = bwd_config(pad, dtype, self.device, causal, interpret)
+        # TMA: some kernel reads through tensor descriptors (for inputs they can address: kernels.attention.tma_ok)
+        uses_tma = self.features["tma_available"] and any(c.tma for c in (fwd, *bwd))
+        return {**self._where(), "head_dim": head_dim, "head_dim_pad": pad, "dtype": str(dtype), "tma": uses_tma,
+                "causal": causal, "forward": fwd.as_dict(), "backward": bwd.as_dict()}
 
     def select_matmul_kernel(self) -> Callable:
         """diyflash.triton_matmul where it runs (GPU, or CPU under the interpreter), else the op's PyTorch path."""
