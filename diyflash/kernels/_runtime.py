@@ -6,6 +6,7 @@ the PyTorch implementation. Triton is imported the first time a Triton kernel is
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 
@@ -42,3 +43,13 @@ def require_triton():
             "triton is required to run diyflash's kernels (on CUDA tensors, or on CPU tensors under "
             "TRITON_INTERPRET=1), but it is not installed: pip install 'triton>=3.6'"
         ) from e
+
+
+@functools.cache
+def device_limits(device: torch.device) -> tuple[int | None, bool]:
+    """(shared memory per block, whether tensor descriptors/TMA exist) for a device. Cached: launchers
+    ask on every call, and the device-properties query costs microseconds."""
+    if device.type != "cuda":
+        return None, True  # the interpreter runs tensor descriptors on CPU tensors
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", None), props.major >= 9

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ._runtime import require_triton
+from ._runtime import device_limits, require_triton
 from .attention_configs import AttnConfig, BwdConfig, bwd_config, fwd_config
 
 triton = require_triton()
@@ -335,21 +335,22 @@ def _attn_bwd_dkdv_inner(
     delta_ptrs += lo
     for start_m in tl.range(lo, hi, BLOCK_M):
         rows = start_m + offs_m
+        if MASKED:
+            row_mask = rows < q_len
         if TMA:
             q = _desc_load(q_ptrs, start_m, UPCAST)
             do = _desc_load(do_ptrs, start_m, UPCAST)
+        elif MASKED:
+            q = _load(q_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
+            do = _load(do_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
+        else:
+            q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
+            do = _load(do_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
         if MASKED:
-            row_mask = rows < q_len
-            if not TMA:
-                q = _load(q_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
-                do = _load(do_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
             lse2 = tl.load(lse2_ptrs, mask=row_mask, other=float("inf"))
             if DO_DK:
                 delta = tl.load(delta_ptrs, mask=row_mask, other=0.0)
         else:
-            if not TMA:
-                q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
-                do = _load(do_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
             lse2 = tl.load(lse2_ptrs)
             if DO_DK:
                 delta = tl.load(delta_ptrs)
@@ -627,9 +628,7 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
         if any(size > 1 and stride * t.element_size() % 16 for size, stride in zip(t.shape[:-1], t.stride()[:-1])):
             return False
     device = tensors[0].device
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device)[0] >= 9
-    return INTERPRETED
+    return device_limits(device)[1] if device.type == "cuda" else INTERPRETED
 
 
 def _dot_precision(dtype: torch.dtype) -> str:

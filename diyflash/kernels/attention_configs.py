@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from ._runtime import device_limits
 from .attention_tuned import TUNED
 
 
@@ -146,14 +147,6 @@ def _fit(cfg: AttnConfig, head_dim_pad: int, elem: int, smem_limit: int | None, 
     return cfg
 
 
-@functools.cache
-def _smem_limit(device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", None)
-
-
 def _config(kind: str, head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
             interpret: bool) -> AttnConfig:
     if interpret:
@@ -162,7 +155,7 @@ def _config(kind: str, head_dim_pad: int, dtype: torch.dtype, device: torch.devi
         cfg = _FP32[kind]
     else:  # attention_tuned.py covers every padded head_dim (tests/test_bench.py checks it)
         cfg = AttnConfig.from_tiles(TUNED[kind]["causal" if causal else "plain"][head_dim_pad])
-    return _fit(cfg, head_dim_pad, dtype.itemsize, _smem_limit(device), SMEM_BYTES[kind])
+    return _fit(cfg, head_dim_pad, dtype.itemsize, device_limits(device)[0], SMEM_BYTES[kind])
 
 
 # Cached: a config lookup runs on every call, and the device-properties query costs microseconds.

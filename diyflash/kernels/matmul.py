@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 import torch
 
-from ._runtime import require_triton
+from ._runtime import device_limits, require_triton
 from .matmul_configs import (
-    INTERPRETER_CONFIG, MatmulConfig, bucket, candidates, default_config, device_limits, manual_config, tma_layout,
+    INTERPRETER_CONFIG, MatmulConfig, bucket, candidates, default_config, manual_config, tma_layout,
 )
 
 triton = require_triton()

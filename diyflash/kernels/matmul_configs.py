@@ -9,10 +9,11 @@ tunes once per bucket, not once per shape.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
+
+from ._runtime import device_limits
 
 SUPPORTED_BLOCK_MN = (16, 32, 64, 128, 256)
 SUPPORTED_BLOCK_K = (16, 32, 64, 128)
@@ -75,15 +76,6 @@ def smem_bytes(cfg: MatmulConfig, elem: int) -> int:
     operands = cfg.num_stages * (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * elem
     epilogue = cfg.block_m * cfg.block_n * elem if cfg.use_tma else 0
     return operands + epilogue
-
-
-@functools.cache
-def device_limits(device: torch.device) -> tuple[int | None, bool]:
-    """(shared memory per block, whether tensor descriptors/TMA exist) for a device."""
-    if device.type != "cuda":
-        return None, True  # the interpreter runs tensor descriptors on CPU tensors
-    props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", None), props.major >= 9
 
 
 def fits(cfg: MatmulConfig, elem: int, limit: int | None) -> MatmulConfig | None:
