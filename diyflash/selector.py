@@ -13,7 +13,7 @@ import torch
 
 from .api import flash_attention, triton_matmul
 from .kernels import interpreter_active
-from .kernels.attention_configs import bwd_config, fwd_config
+from .kernels.attention_configs import bwd_config, fwd_config, head_dim_pad
 from .kernels.attention_torch import BLOCK_N as TORCH_PATH_BLOCK_N
 from .kernels.matmul_configs import INTERPRETER_CONFIG as MATMUL_INTERPRETER_CONFIG
 from .kernels.matmul_configs import tma_layout
@@ -61,7 +61,7 @@ class AdaptiveKernelSelector:
         head_dim, dtype and causal setting."""
         if head_dim % 8 or not 8 <= head_dim <= 256:
             raise ValueError(f"Unsupported head_dim {head_dim}: supported are multiples of 8 from 8 to 256")
-        pad = max(16, 1 << (head_dim - 1).bit_length())
+        pad = head_dim_pad(head_dim)
         interpret = not self.on_gpu and interpreter_active()
         if not self.on_gpu and not interpret:
             return {**self._where(), "head_dim": head_dim, "dtype": str(dtype), "block_n": TORCH_PATH_BLOCK_N,

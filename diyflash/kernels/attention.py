@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ._runtime import device_limits, require_triton
-from .attention_configs import AttnConfig, BwdConfig, bwd_config, fwd_config
+from .attention_configs import AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
@@ -589,11 +589,6 @@ _BWD_PRE = DirectLauncher(_attn_bwd_preprocess_kernel)
 _BWD_DKDV = DirectLauncher(_attn_bwd_dkdv_kernel)
 _BWD_DQ = DirectLauncher(_attn_bwd_dq_kernel)
 INTERPRETED = _FWD.interpreted  # fixed when the kernels were decorated, as Triton decides it
-
-
-def head_dim_pad(head_dim: int) -> int:
-    """Tile width along head_dim: the next power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, 1 << (head_dim - 1).bit_length())
 
 
 def _as_4d(t: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,11 @@ from ._runtime import device_limits
 from .attention_tuned import TUNED
 
 
+def head_dim_pad(head_dim: int) -> int:
+    """Tile width along head_dim, and the tables' key: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
 @dataclass(frozen=True)
 class AttnConfig:
     block_m: int  # query rows per tile
