@@ -51,9 +51,9 @@ def test_dispatcher_free_only_when_unobservable(device):
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """Counts calls that went through torch.ops.diyflash.{matmul,attention} (the dispatcher)."""
+    """Counts calls that went through torch.ops.diyflash.* (the dispatcher)."""
     calls = []
-    for name in ("matmul", "attention"):
+    for name in ("matmul", "attention", "attention_fwd", "attention_bwd"):
         op = getattr(torch.ops.diyflash, name)
 
         def spy(*args, _op=op, _name=name, **kwargs):
@@ -83,12 +83,30 @@ def test_attention_shortcut_is_bit_identical(device, op_calls):
     assert torch.equal(fast, via_op) and fast.stride() == via_op.stride()
 
 
-def test_grad_and_profiler_go_through_the_op(device, op_calls):
-    q, k, v = make_qkv(1, 1, 8, 8, 16, device=device, requires_grad=True)
-    diyflash.flash_attention(q, k, v).sum().backward()
-    assert op_calls == ["attention"] and q.grad is not None
+def test_grad_records_attention_fwd_and_the_eager_backward_skips_the_op(device, op_calls):
+    """With autograd the API calls attention_fwd (what diyflash::attention lowers to; its autograd formula
+    runs either way), and the eager backward calls the backward implementation: bit-identical to the
+    op path, which a profiler (or any mode) forces. A double backward still meets the op's refusal."""
+    q, k, v = make_qkv(2, 2, 17, 24, 32, layout="bnhd", device=device, requires_grad=True)
+    g = torch.randn(2, 17, 2, 32, device=device).transpose(1, 2)
+    out = diyflash.flash_attention(q, k, v, causal=True)
+    fast = torch.autograd.grad(out, (q, k, v), g)
+    assert op_calls == ["attention_fwd"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        out_op = diyflash.flash_attention(q, k, v, causal=True)
+        via_op = torch.autograd.grad(out_op, (q, k, v), g)
+    assert op_calls == ["attention_fwd", "attention", "attention_fwd", "attention_bwd"]
+    assert torch.equal(out, out_op)
+    for a, b in zip(fast, via_op):
+        assert torch.equal(a, b) and a.stride() == b.stride()
+    dq = torch.autograd.grad(diyflash.flash_attention(q, k, v).sum(), q, create_graph=True)[0]
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        dq.sum().backward()
+
+
+def test_profiler_goes_through_the_op(device, op_calls):
     a = torch.randn(8, 8, device=device)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         diyflash.triton_matmul(a, a)
-    assert op_calls == ["attention", "matmul"]
+    assert op_calls == ["matmul"]
     assert "diyflash::matmul" in {e.name for e in prof.events()}

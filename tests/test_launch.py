@@ -147,6 +147,22 @@ def test_signature_cache_is_bounded(fake_driver, monkeypatch):
 
 
 # ---- the real kernels, compiled (GPU) -----------------------------------------------------------------
+def test_bound_launch_runs_the_compiled_kernel_with_new_pointers(fake_driver):
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    x, y, x2, y2 = (torch.zeros(8, dtype=torch.float16) for _ in range(4))
+    assert launch.bind((4,), (x, y), (8,), dict(BLOCK=16, FLAG=True)) is None  # nothing compiled yet
+    launch((4,), x, y, 8, BLOCK=16, FLAG=True)
+    bound = launch.bind((4,), (x, y), (8,), dict(BLOCK=16, FLAG=True))
+    assert launch.bind((4,), (x, y), (16,), dict(BLOCK=16, FLAG=True)) is None  # another signature
+    bound(x2, y2)
+    assert kinds(kernel.log) == ["jit", "direct"] and launch.direct_launches == 1
+    assert kernel.log[1][1] == (4, 1, 1, 1234, "fn-handle", ("meta",), None, *_hooks(), x2, y2, 8, 16, True)
+    kernel.pre_run_hooks.append(lambda *a, **k: None)  # hooks added since binding: the JIT runs them
+    bound(x2, y2)
+    assert kinds(kernel.log) == ["jit", "direct", "jit"]
+
+
 gpu = pytest.mark.skipif(not ON_GPU, reason="the interpreter has no compiled kernels: nothing launches directly")
 
 
@@ -191,3 +207,48 @@ def test_attention_direct_launches_match():
     assert [x.direct_launches for x in launchers] == [n + 1 for n in before]
     for first, second in zip(*results):
         assert torch.equal(first, second)
+
+
+@gpu
+def test_attention_plans_replay_and_match():
+    """A repeated attention call replays its plan (the launches of its first call, bound to their
+    compiled kernels): bit-identical results; a misaligned input of the same shape and strides, a 3-D
+    layout and an lse gradient get plans of their own and stay right."""
+    from diyflash.kernels import attention as ka
+    from diyflash.reference import attention_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    buf = torch.randn(3, 2, 3, 113, 88, device="cuda", dtype=torch.float16, generator=gen)
+    q, k, v = (buf[i, ..., :80] for i in range(3))  # 176-byte rows: 16-byte aligned, TMA-readable
+    dout = torch.randn(2, 3, 113, 80, device="cuda", dtype=torch.float16, generator=gen)
+    ka._PLANS.clear()
+    runs = []
+    for _ in range(3):
+        out, lse = ka.attention_fwd(q, k, v, True, 0.1, None)
+        runs.append((out, lse, *ka.attention_bwd(dout, None, q, k, v, out, lse, True, 0.1, None)))
+    assert len(ka._PLANS) == 2
+    for first, later in zip(runs[0], runs[2]):
+        assert torch.equal(first, later)
+    flat = torch.randn(buf.numel() + 8, device="cuda", dtype=torch.float16, generator=gen)
+    off = flat[1:1 + buf.numel()].view(buf.shape)  # buf's strides, base 2 bytes past alignment
+    cases = {
+        "misaligned": (off[0, ..., :80], off[1, ..., :80], off[2, ..., :80], dout, None),
+        "3-d": (*(t.reshape(6, 113, 80) for t in (q.contiguous(), k.contiguous(), v.contiguous())),
+                dout.reshape(6, 113, 80), None),
+        "dlse": (q, k, v, dout, torch.randn(2, 3, 113, device="cuda", generator=gen)),
+    }
+    for name, (q_, k_, v_, g_, dlse) in cases.items():
+        leaves = [t.detach().double().requires_grad_() for t in (q_, k_, v_)]
+        ref, ref_lse = attention_ref(*leaves, causal=True, scale=0.1)
+        if dlse is None:
+            want = torch.autograd.grad(ref, leaves, g_.double())
+        else:
+            want = torch.autograd.grad((ref, ref_lse), leaves, (g_.double(), dlse.double()))
+        for _ in range(2):  # first call plans, second replays
+            out, lse = ka.attention_fwd(q_, k_, v_, True, 0.1, None)
+            grads = ka.attention_bwd(g_, dlse, q_, k_, v_, out, lse, True, 0.1, None)
+            torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-3, msg=name)
+            for got, w in zip(grads, want):
+                torch.testing.assert_close(got.double(), w, rtol=0, atol=2e-2, msg=name)
+    assert len(ka._PLANS) == 2 + 2 + 2 + 1  # the lse-gradient case shares the first forward's plan
+

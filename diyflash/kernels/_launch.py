@@ -19,6 +19,12 @@ The signature covers everything Triton specializes on, so a hit runs the kernel 
 Launch hooks (e.g. a profiler's) are passed on exactly as the JIT does; a kernel with pre-run hooks
 always goes through the JIT. Under TRITON_INTERPRET=1 there is no compiled kernel: every launch goes
 through the interpreter.
+
+`launcher.bind(grid, pointers, args, meta)` goes one step further for callers that repeat a whole call:
+it returns the compiled kernel with everything but the leading pointer arguments fixed (a
+BoundLaunch), which the caller keeps in its own cache keyed on what the signature depends on (the
+attention launchers key on the inputs' dtypes, shapes, strides and alignment). Calling it costs the
+launch alone.
 """
 
 from __future__ import annotations
@@ -93,8 +99,7 @@ class DirectLauncher:
     def _signature(self, device, args, meta) -> tuple:
         # the names of meta keep the call site's order: (BLOCK_M=64, BLOCK_N=128) != (BLOCK_N=64, BLOCK_M=128)
         args_key = [x if type(x) in _SCALARS else _arg_key(x) for x in args]
-        return (device, tuple(meta), *meta.values(), *args_key, knobs.runtime.debug,
-                getattr(knobs.compilation, "instrumentation_mode", None))
+        return (device, tuple(meta), *meta.values(), *args_key, *runtime_key())
 
     def __call__(self, grid, *args, **meta) -> None:
         if self._driver is not None and not self.kernel.pre_run_hooks:
@@ -103,15 +108,26 @@ class DirectLauncher:
             hit = self._compiled.get(self._signature(device, args, meta))
             if hit is not None:
                 compiled, constexpr_names = hit
-                values = (*args, *(meta[name] for name in constexpr_names))
-                g0, g1, g2 = (*grid, 1, 1)[:3]
-                stream = get_stream(device)
-                compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
-                             compiled.launch_metadata(grid, stream, *values),
-                             knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+                _run(compiled, grid, get_stream(device), (*args, *(meta[name] for name in constexpr_names)))
                 self.direct_launches += 1
                 return
         self._jit_launch(grid, args, meta)
+
+    def bind(self, grid, pointers: tuple, args: tuple, meta: dict) -> BoundLaunch | None:
+        """This launch with its leading pointer arguments left open: `bound(*pointers)` later runs the
+        kernel compiled for this signature with other tensors in those places. The caller guarantees
+        that they share what Triton specializes tensors on (dtype, 16-byte alignment). None where no
+        compiled kernel exists for the signature yet (no launch with it so far, or the interpreter)."""
+        if self._driver is None or self.kernel.pre_run_hooks:
+            return None
+        get_device, get_stream = self._driver
+        device = get_device()
+        hit = self._compiled.get(self._signature(device, (*pointers, *args), meta))
+        if hit is None:
+            return None
+        compiled, constexpr_names = hit
+        tail = (*args, *(meta[name] for name in constexpr_names))
+        return BoundLaunch(self, compiled, tuple(grid), device, args, meta, tail)
 
     def _jit_launch(self, grid, args, meta) -> None:
         compiled = self.kernel[grid](*args, **meta)
@@ -129,4 +145,39 @@ class DirectLauncher:
         self._compiled[self._signature(self._driver[0](), args, meta)] = (compiled, tuple(names))
 
 
-__all__ = ["DirectLauncher", "MAX_SIGNATURES", "cdiv", "ensure_scratch_allocator"]
+class BoundLaunch:
+    """A compiled kernel, its grid and every argument after the leading pointers, fixed by
+    `DirectLauncher.bind`. Calling it costs the launch itself: no signature is computed. A caller that
+    repeats a whole sequence of launches (an attention backward is four) keeps these in a plan keyed
+    on what the signatures depend on."""
+
+    __slots__ = ("launcher", "compiled", "grid", "device", "args", "meta", "tail")
+
+    def __init__(self, launcher, compiled, grid, device, args, meta, tail):
+        self.launcher, self.compiled, self.grid, self.device = launcher, compiled, grid, device
+        self.args, self.meta, self.tail = args, meta, tail
+
+    def __call__(self, *pointers) -> None:
+        launcher = self.launcher
+        if launcher.kernel.pre_run_hooks:  # added since binding: only the JIT runs them
+            launcher(self.grid, *pointers, *self.args, **self.meta)
+            return
+        _run(self.compiled, self.grid, launcher._driver[1](self.device), (*pointers, *self.tail))
+        launcher.direct_launches += 1
+
+
+def _run(compiled, grid, stream, values) -> None:
+    """What the JIT does with a compiled kernel once it has its arguments in signature order."""
+    g0, g1, g2 = (*grid, 1, 1)[:3]
+    compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *values),
+                 knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+
+
+def runtime_key() -> tuple:
+    """The JIT knobs a compiled kernel depends on beyond its arguments: part of every signature, and of
+    any cache of bound launches."""
+    return knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None)
+
+
+__all__ = ["BoundLaunch", "DirectLauncher", "MAX_SIGNATURES", "cdiv", "ensure_scratch_allocator", "runtime_key"]

@@ -17,6 +17,8 @@ Semantics shared by all kernels (and by the PyTorch path in attention_torch.py):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ._runtime import device_limits, require_triton
@@ -25,7 +27,7 @@ from .attention_configs import AttnConfig, BwdConfig, bwd_config, fwd_config, he
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from ._launch import DirectLauncher, cdiv, ensure_scratch_allocator  # noqa: E402
+from ._launch import BoundLaunch, DirectLauncher, cdiv, ensure_scratch_allocator, runtime_key  # noqa: E402
 
 LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -583,12 +585,83 @@ def _attn_bwd_dq_kernel(
 # Launchers
 # ----------------------------------------------------------------------------------------------------
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
-# the compiled kernel directly (~20 us less host time per launch; _launch.py).
+# the compiled kernel directly (~20 us less host time per launch; _launch.py). On top of that, a call
+# whose inputs were seen before (same dtypes, shapes, strides, 16-byte alignment, options) replays a
+# plan: the launches it made the first time, bound to their compiled kernels, fed this call's tensors.
+# That skips choosing tiles, checking TMA, computing strides and every launch's signature: the host
+# cost that dominates a short sequence (a backward is four launches).
 _FWD = DirectLauncher(_attn_fwd_kernel)
 _BWD_PRE = DirectLauncher(_attn_bwd_preprocess_kernel)
 _BWD_DKDV = DirectLauncher(_attn_bwd_dkdv_kernel)
 _BWD_DQ = DirectLauncher(_attn_bwd_dq_kernel)
 INTERPRETED = _FWD.interpreted  # fixed when the kernels were decorated, as Triton decides it
+
+
+class _Launch(NamedTuple):
+    """One kernel launch of a call: its leading pointer arguments by name (looked up in the call's
+    tensors), then every other argument."""
+
+    launcher: DirectLauncher
+    grid: tuple
+    pointers: tuple[str, ...]
+    args: tuple
+    meta: dict
+
+
+class _Plan(NamedTuple):
+    launches: tuple[tuple[BoundLaunch, tuple[str, ...]], ...]
+    tma: bool  # some launch builds TMA descriptors on the device: Triton needs a scratch allocator
+
+
+_PLANS: dict[tuple, _Plan] = {}
+MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
+
+
+def _layout(t: torch.Tensor | None):
+    # everything a launch specializes on per tensor (Triton: dtype, alignment; ours: shape, strides)
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+
+
+def _plan_key(kind: str, inputs: tuple, causal: bool, scale: float) -> tuple | None:
+    """The key of a call's plan, or None where there is no plan: under the interpreter (no compiled
+    kernels) and for batches that need more than one grid (MAX_GRID_Z)."""
+    if INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
+        return None
+    return (kind, causal, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs))
+
+
+def _aligned(*outputs: torch.Tensor) -> bool:
+    # fresh allocations: the caching allocator's blocks are 512-byte aligned, but a plan assumes nothing
+    return all(t.data_ptr() % 16 == 0 for t in outputs)
+
+
+def _launch(chunks, key: tuple | None, tma: bool) -> None:
+    """Run each chunk's launches ([(tensors by name, [_Launch, ...]), ...]) through the launchers, and
+    remember them as the plan of `key` when there was one chunk and every launch has a compiled kernel."""
+    if tma:
+        ensure_scratch_allocator()
+    for env, launches in chunks:
+        for lc in launches:
+            lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
+    if key is None or len(chunks) != 1:
+        return
+    env, launches = chunks[0]
+    bound = []
+    for lc in launches:
+        b = lc.launcher.bind(lc.grid, tuple(env[name] for name in lc.pointers), lc.args, lc.meta)
+        if b is None:
+            return
+        bound.append((b, lc.pointers))
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = _Plan(tuple(bound), tma)
+
+
+def _replay(plan: _Plan, env: dict) -> None:
+    if plan.tma:
+        ensure_scratch_allocator()  # per thread: autograd's backward thread starts without one
+    for bound, names in plan.launches:
+        bound(*(env[name] for name in names))
 
 
 def _as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -600,16 +673,14 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())  # type: ignore[return-value]
 
 
-def _z_chunks(z: int, *tensors):
+def _z_chunks(z: int, env: dict) -> list[tuple[int, dict]]:
     """CUDA caps a grid's z dimension at 65535: launch larger batches in slices along dim 0 (views,
-    no copy). Yields (z_count, *tensors sliced); a single chunk passes the tensors through unsliced
-    (slicing costs microseconds per tensor on every call)."""
+    no copy). Returns [(z_count, tensors by name, sliced), ...]; a single chunk keeps the tensors."""
     if z <= MAX_GRID_Z:
-        yield (z, *tensors)
-        return
-    for z0 in range(0, z, MAX_GRID_Z):
-        z1 = min(z, z0 + MAX_GRID_Z)
-        yield (z1 - z0, *(t[z0:z1] if t is not None else None for t in tensors))
+        return [(z, env)]
+    return [(min(z, z0 + MAX_GRID_Z) - z0,
+             {name: t[z0:z0 + MAX_GRID_Z] if t is not None else None for name, t in env.items()})
+            for z0 in range(0, z, MAX_GRID_Z)]
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:
@@ -651,6 +722,13 @@ def attention_fwd(
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
+    env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens}
+    key = _plan_key("fwd", (q, k, v, seq_lens), causal, scale) if config is None else None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None and _aligned(out, lse):
+        _replay(plan, env)
+        return out, lse
+
     q4, k4, v4, o4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out)
     lse3 = lse.unsqueeze(1) if q.dim() == 3 else lse
     z, h, n_q, d = q4.shape
@@ -658,22 +736,21 @@ def attention_fwd(
     d_pad = head_dim_pad(d)
     cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED)
     tma = cfg.tma and tma_ok(q4, k4, v4)
-    if tma and q.is_cuda:  # the interpreter emulates descriptors without scratch memory
-        ensure_scratch_allocator()
-    for zc, q_, k_, v_, o_, lse_, sl in _z_chunks(z, q4, k4, v4, o4, lse3, seq_lens):
-        _FWD(
-            (cdiv(n_q, cfg.block_m), h, zc),
-            q_, k_, v_, o_, lse_, sl,
-            *_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4),
-            lse3.stride(0), lse3.stride(1),
-            h, n_q, n_k,
-            scale * LOG2E,
-            HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
-            DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), TMA=tma,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+    env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens}
+    args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), lse3.stride(0), lse3.stride(1),
+            h, n_q, n_k, scale * LOG2E)
+    meta = dict(
+        HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
+        DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), TMA=tma,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    pointers = ("q", "k", "v", "out", "lse", "seq_lens")
+    chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, meta)])
+              for zc, env_ in _z_chunks(z, env)]
+    # the interpreter emulates descriptors without scratch memory
+    _launch(chunks, key if _aligned(out, lse) else None, tma and q.is_cuda)
     return out, lse
 
 
@@ -693,61 +770,64 @@ def attention_bwd(
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
     Returns (dq, dk, dv) allocated with empty_like(q/k/v)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if n_q == 0 or n_k == 0 or q.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
+    delta = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
+           "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens}
+    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens), causal, scale) if config is None else None
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None and _aligned(dq, dk, dv, delta, lse2):
+        _replay(plan, env)
+        return dq, dk, dv
+
     q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
     o4, g4 = _as_4d(out), _as_4d(dout)
     dq4, dk4, dv4 = _as_4d(dq), _as_4d(dk), _as_4d(dv)
     lse3 = lse.unsqueeze(1) if q.dim() == 3 else lse
-    z, h, n_q, d = q4.shape
-    n_k = k4.shape[2]
-    if n_q == 0 or n_k == 0 or z == 0 or h == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    dlse3 = None
-    if dlse is not None:
-        dlse3 = dlse.unsqueeze(1) if q.dim() == 3 else dlse
+    dlse3 = None if dlse is None else dlse.unsqueeze(1) if q.dim() == 3 else dlse
+    delta3 = delta.unsqueeze(1) if q.dim() == 3 else delta
+    lse23 = lse2.unsqueeze(1) if q.dim() == 3 else lse2
+    z, h, _, d = q4.shape
     d_pad = head_dim_pad(d)
-    cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED)
-    # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
-    delta = torch.empty((z, h, n_q), dtype=torch.float32, device=q.device)
-    lse2 = torch.empty_like(delta)
-    dot_precision, upcast = _dot_precision(q.dtype), _upcast(q.dtype)
-    kv_cfg, q_cfg = cfg
+    kv_cfg, q_cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED)
     # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles
     kv_tma = kv_cfg.tma and tma_ok(q4, g4)
     q_tma = q_cfg.tma and tma_ok(k4, v4)
-    if (kv_tma or q_tma) and q.is_cuda:
-        ensure_scratch_allocator()
+    env = {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3, "delta": delta3,
+           "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens}
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
+                  DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype))
     pre_block = 64
-    chunks = _z_chunks(z, q4, k4, v4, o4, g4, lse3, dlse3, delta, lse2, dq4, dk4, dv4, seq_lens)
-    for zc, q_, k_, v_, o_, g_, lse_, dlse_, delta_, lse2_, dq_, dk_, dv_, sl in chunks:
-        _BWD_PRE(
-            (cdiv(n_q, pre_block), h, zc),
-            o_, g_, lse_, dlse_, delta_, lse2_,
-            *_strides(o4), *_strides(g4),
-            lse3.stride(0), lse3.stride(1),
-            *((dlse3.stride(0), dlse3.stride(1), dlse3.stride(2)) if dlse3 is not None else (0, 0, 0)),
-            h, n_q,
-            HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None,
-        )
-        common = dict(
-            HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
-            DOT_PRECISION=dot_precision, UPCAST=upcast,
-        )
-        # one pass for dk and dv, or (split) a dv pass then a dk pass
-        for do_dk, do_dv in ((False, True), (True, False)) if kv_cfg.split else ((True, True),):
-            _BWD_DKDV(
-                (cdiv(n_k, kv_cfg.block_n), h, zc),
-                q_, k_, v_, g_, lse2_, delta_, dk_, dv_, sl,
-                *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
-                h, n_q, n_k, scale * LOG2E, scale,
-                BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
-                num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, TMA=kv_tma, **common,
-            )
-        _BWD_DQ(
-            (cdiv(n_q, q_cfg.block_m), h, zc),
-            q_, k_, v_, g_, lse2_, delta_, dq_, sl,
-            *_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
-            h, n_q, n_k, scale * LOG2E, scale,
-            BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, num_warps=q_cfg.num_warps,
-            num_stages=q_cfg.num_stages, TMA=q_tma, **common,
-        )
+    pre_args = (*_strides(o4), *_strides(g4), lse3.stride(0), lse3.stride(1),
+                *((dlse3.stride(0), dlse3.stride(1), dlse3.stride(2)) if dlse3 is not None else (0, 0, 0)),
+                h, n_q)
+    pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
+    kv_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
+               h, n_q, n_k, scale * LOG2E, scale)
+    # one pass for dk and dv, or (split) a dv pass then a dk pass
+    kv_metas = [dict(BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
+                     num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, TMA=kv_tma, **common)
+                for do_dk, do_dv in (((False, True), (True, False)) if kv_cfg.split else ((True, True),))]
+    q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
+              h, n_q, n_k, scale * LOG2E, scale)
+    q_meta = dict(BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, num_warps=q_cfg.num_warps,
+                  num_stages=q_cfg.num_stages, TMA=q_tma, **common)
+
+    def launches(zc: int) -> list[_Launch]:
+        return [
+            _Launch(_BWD_PRE, (cdiv(n_q, pre_block), h, zc), ("out", "dout", "lse", "dlse", "delta", "lse2"),
+                    pre_args, pre_meta),
+            *(_Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h, zc),
+                      ("q", "k", "v", "dout", "lse2", "delta", "dk", "dv", "seq_lens"), kv_args, kv_meta)
+              for kv_meta in kv_metas),
+            _Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
+                    ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens"), q_args, q_meta),
+        ]
+
+    chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
+    _launch(chunks, key if _aligned(dq, dk, dv, delta, lse2) else None, (kv_tma or q_tma) and q.is_cuda)
     return dq, dk, dv

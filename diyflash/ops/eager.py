@@ -13,7 +13,9 @@ Nothing observes it when all of these hold (each check costs well under a micros
 - every tensor is a plain torch.Tensor or nn.Parameter (subclasses dispatch through the op);
 - the autograd profiler is off (a profile should show `diyflash::*`, not just the Triton kernel).
 
-`torch.ops.diyflash.*` called by name always dispatches; only the Python API takes the shortcut.
+`torch.ops.diyflash.*` called by name always dispatches; only the Python API takes the shortcut, and
+the attention's autograd formula, whose eager backward calls the backward implementation the same way
+(autograd's grad mode is off there unless a double backward is being built, which must see the op).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import torch
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def dispatcher_free(*tensors: torch.Tensor | None) -> bool:
-    """True when calling the implementation directly is indistinguishable from calling the op."""
+def dispatcher_free(*tensors: torch.Tensor | None, autograd: bool = False) -> bool:
+    """True when calling the implementation directly is indistinguishable from calling the op.
+    autograd=True drops the "no autograd" condition: for callers that skip only a composite op's
+    own dispatch and call the op it lowers to, whose autograd formula still runs."""
     if (
         torch.compiler.is_compiling()
         or torch.compiler.is_exporting()
@@ -35,7 +39,7 @@ def dispatcher_free(*tensors: torch.Tensor | None) -> bool:
         or torch.autograd._profiler_enabled()
     ):
         return False
-    grad = torch.is_grad_enabled()
+    grad = not autograd and torch.is_grad_enabled()
     for t in tensors:
         if t is None:
             continue
