@@ -2,6 +2,7 @@
 
     python -m bench.attention_configs [--n 4096] [--dtype fp16] [--head-dims 64 128 256]
                                       [--causal both] [--kinds fwd dkdv dq] [--out rows.jsonl] [--write]
+                                      [--bucket]
 
 For each kernel (forward, backward dk/dv, backward dq), head_dim and causal setting, every candidate of
 diyflash/kernels/attention_configs.py that fits shared memory is run, checked against the current
@@ -9,6 +10,8 @@ tiles' result, and timed (median of triton.testing.do_bench). A backward candida
 timed as the whole backward with the other kernel's current tiles, so only its own kernel differs.
 --write rewrites diyflash/kernels/attention_tuned.py with the winners (entries not swept are kept)
 and adds this sweep (device, versions, N, command) to the head of its history; --out keeps every timing.
+A winner serves every length, or with --bucket sequences up to N only: the entry becomes
+{N: winner, ..., None: the tiles it had}, and a later sweep without --bucket replaces the None tiles.
 """
 
 from __future__ import annotations
@@ -39,11 +42,17 @@ def _tiles(row: dict) -> tuple:
 def render_tuned(table: dict, sweeps: list[str]) -> str:
     """The source of attention_tuned.py for `table` (kind -> "plain"/"causal" -> head_dim -> tiles) and
     the sweeps behind it, newest first."""
+    def entry(tiles) -> str:
+        if isinstance(tiles, dict):  # length buckets, None (longer sequences) last
+            order = sorted(n for n in tiles if n is not None) + [None]
+            return "{" + ", ".join(f"{n!r}: {tuple(tiles[n])}" for n in order) + "}"
+        return str(tuple(tiles))
+
     lines = ["TUNED = {"]
     for kind, modes in table.items():
         lines.append(f"    {kind!r}: {{")
         for mode, dims in modes.items():
-            entries = ", ".join(f"{d}: {tuple(dims[d])}" for d in sorted(dims))
+            entries = ", ".join(f"{d}: {entry(dims[d])}" for d in sorted(dims))
             lines.append(f"        {mode!r}: {{{entries}}},")
         lines.append("    },")
     lines.append("}")
@@ -69,10 +78,10 @@ def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit):
     scale = d ** -0.5
     out, lse = ka.attention_fwd(q, k, v, causal, scale, None)
     dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=gen)
-    current = bwd_config(d, dtype, q.device, causal, False)
+    current = bwd_config(d, dtype, q.device, causal, False, n)
     ref = (out,) if kind == "fwd" else ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None)
     flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0) * (1.0 if kind == "fwd" else 2.5)
-    default = fwd_config(d, dtype, q.device, causal, False) if kind == "fwd" else getattr(current, kind)
+    default = fwd_config(d, dtype, q.device, causal, False, n) if kind == "fwd" else getattr(current, kind)
     rows = []
     for cfg in candidates:
         if cost(cfg, d, dtype.itemsize) > limit:
@@ -104,6 +113,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kinds", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq"])
     parser.add_argument("--out", default=None, help="append every timing here (JSONL)")
     parser.add_argument("--write", action="store_true", help="record the winners in diyflash/kernels/attention_tuned.py")
+    parser.add_argument("--bucket", action="store_true",
+                        help="the winners serve sequences up to --n only (a length bucket of the entry)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("attention_configs: needs a CUDA GPU", file=sys.stderr)
@@ -137,7 +148,7 @@ def main(argv=None) -> int:
                       f"s{best['num_stages']}{''.join(' ' + f for f in _tiles(best)[4:])} {best['tflops']:.0f} TFLOPS; was "
                       + (f"{dflt['tflops']:.0f}" if dflt else "not a candidate"), flush=True)
                 mode = "causal" if causal else "plain"
-                table[kind][mode][d] = _tiles(best)
+                table[kind][mode][d] = with_winner(table[kind][mode].get(d), _tiles(best), args.n if args.bucket else None)
                 if args.write:  # after each winner: later kernels' sweeps run with it
                     _write(table, sweeps)
     if args.out:
@@ -150,12 +161,22 @@ def main(argv=None) -> int:
 MAX_SWEEPS = 8  # history lines kept in attention_tuned.py
 
 
+def with_winner(entry, tiles: tuple, bucket: int | None):
+    """A table entry after a sweep: the winner for every length (bucket None; other buckets kept), or
+    for sequences up to `bucket`, beside what served them before."""
+    if isinstance(entry, dict):
+        return {**entry, bucket: tiles}
+    if bucket is None or entry is None:
+        return tiles
+    return {bucket: tiles, None: entry}
+
+
 def _sweep_line(prov, args) -> str:
     """One history line of attention_tuned.py: where, with what, and the exact command."""
     return (f"{prov['gpu']}, torch {prov['torch']}, Triton {prov['triton']}, {args.dtype}, N={args.n}, "
             f"{prov['timestamp']}: python -m bench.attention_configs --n {args.n} --dtype {args.dtype} "
             f"--head-dims {' '.join(map(str, args.head_dims))} --causal {args.causal} "
-            f"--kinds {' '.join(args.kinds)} --write")
+            f"--kinds {' '.join(args.kinds)} --write" + (" --bucket" if args.bucket else ""))
 
 
 def _write(table, sweeps) -> None:
@@ -163,11 +184,14 @@ def _write(table, sweeps) -> None:
 
     from diyflash.kernels import attention_configs, attention_tuned
 
+    from diyflash.kernels import attention as ka
+
     Path(attention_tuned.__file__).write_text(render_tuned(table, sweeps))
     importlib.reload(attention_tuned)
     attention_configs.TUNED = attention_tuned.TUNED
     attention_configs.fwd_config.cache_clear()
     attention_configs.bwd_config.cache_clear()
+    ka._PLANS.clear()  # plans hold the launches of the old tiles
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def main() -> int:
     from diyflash.kernels.attention_configs import fwd_config
 
     q128 = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.float16)
-    cfg128 = fwd_config(128, q128.dtype, q128.device, False, False)
+    cfg128 = fwd_config(128, q128.dtype, q128.device, False, False, 128)
     for tma in (True, False):
         cfg = replace(cfg128, tma=tma)
         rows[f"launcher, D128, {'TMA' if tma else 'pointer'} tiles"] = (

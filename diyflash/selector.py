@@ -56,9 +56,10 @@ class AdaptiveKernelSelector:
                 "shape": (m, n, k), "dtype": str(dtype)}
 
     def get_attention_config(self, head_dim: int = 64, dtype: torch.dtype = torch.float16,
-                             causal: bool = False) -> dict:
+                             causal: bool = False, seq_len: int | None = None) -> dict:
         """The forward and backward (dk/dv and dq kernels) tiles diyflash.flash_attention uses for this
-        head_dim, dtype and causal setting."""
+        head_dim, dtype and causal setting, and sequences of seq_len (the longer of queries and keys;
+        None: the tiles of long sequences)."""
         if head_dim % 8 or not 8 <= head_dim <= 256:
             raise ValueError(f"Unsupported head_dim {head_dim}: supported are multiples of 8 from 8 to 256")
         pad = head_dim_pad(head_dim)
@@ -66,12 +67,12 @@ class AdaptiveKernelSelector:
         if not self.on_gpu and not interpret:
             return {**self._where(), "head_dim": head_dim, "dtype": str(dtype), "block_n": TORCH_PATH_BLOCK_N,
                     "note": f"PyTorch blocked implementation ({TORCH_PATH_BLOCK_N} keys per block)"}
-        fwd = fwd_config(pad, dtype, self.device, causal, interpret)
-        bwd = bwd_config(pad, dtype, self.device, causal, interpret)
+        fwd = fwd_config(pad, dtype, self.device, causal, interpret, seq_len)
+        bwd = bwd_config(pad, dtype, self.device, causal, interpret, seq_len)
         # TMA: some kernel reads through tensor descriptors (for inputs they can address: kernels.attention.tma_ok)
         uses_tma = self.features["tma_available"] and any(c.tma for c in (fwd, *bwd))
         return {**self._where(), "head_dim": head_dim, "head_dim_pad": pad, "dtype": str(dtype), "tma": uses_tma,
-                "causal": causal, "forward": fwd.as_dict(), "backward": bwd.as_dict()}
+                "causal": causal, "seq_len": seq_len, "forward": fwd.as_dict(), "backward": bwd.as_dict()}
 
     def select_matmul_kernel(self) -> Callable:
         """diyflash.triton_matmul where it runs (GPU, or CPU under the interpreter), else the op's PyTorch path."""

@@ -83,7 +83,6 @@ def test_tuned_table_covers_every_kernel_and_round_trips():
     kernel, causal setting and padded head_dim, each one the sweep could have chosen; rendering the
     table back gives the same table."""
     from bench.attention_configs import render_tuned
-    from diyflash.kernels.attention_configs import CANDIDATES, AttnConfig
     from diyflash.kernels.attention_tuned import TUNED
 
     assert set(TUNED) == {"fwd", "dkdv", "dq"}
@@ -91,15 +90,43 @@ def test_tuned_table_covers_every_kernel_and_round_trips():
         assert set(modes) == {"plain", "causal"}
         for dims in modes.values():
             assert set(dims) >= {16, 32, 64, 128, 256}, (kind, sorted(dims))
-            for tiles in dims.values():
-                cfg = AttnConfig.from_tiles(tiles)
-                assert cfg.as_tiles() == tiles
-                assert any((c.block_m, c.block_n, c.num_warps, c.split, c.tma)
-                           == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split, cfg.tma)
-                           for c in CANDIDATES[kind]), (kind, tiles)
+            for entry in dims.values():
+                buckets = entry if isinstance(entry, dict) else {None: entry}
+                assert None in buckets and all(n is None or n > 0 for n in buckets), (kind, entry)
+                for tiles in buckets.values():
+                    check_tiles(kind, tiles)
     namespace: dict = {}
-    exec(render_tuned(TUNED, ["sweep b", "sweep a"]), namespace)
-    assert namespace["TUNED"] == TUNED and namespace["SWEEPS"] == ["sweep b", "sweep a"]
+    bucketed = {**TUNED, "fwd": {**TUNED["fwd"], "plain": {**TUNED["fwd"]["plain"], 64: {
+        4096: (64, 64, 4, 3), 1024: (64, 32, 4, 3), None: (128, 64, 8, 3, "tma")}}}}
+    for table in (TUNED, bucketed):
+        exec(render_tuned(table, ["sweep b", "sweep a"]), namespace)
+        assert namespace["TUNED"] == table and namespace["SWEEPS"] == ["sweep b", "sweep a"]
+
+
+def check_tiles(kind, tiles):
+    """tiles as the table records them, and a candidate the sweep could have chosen."""
+    from diyflash.kernels.attention_configs import CANDIDATES, AttnConfig
+
+    cfg = AttnConfig.from_tiles(tiles)
+    assert cfg.as_tiles() == tiles
+    assert any((c.block_m, c.block_n, c.num_warps, c.split, c.tma)
+               == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split, cfg.tma)
+               for c in CANDIDATES[kind]), (kind, tiles)
+
+
+def test_length_buckets():
+    """An entry's tiles for a sequence length, and how a sweep's winner enters an entry."""
+    from bench.attention_configs import with_winner
+    from diyflash.kernels.attention_configs import tiles_for
+
+    a, b, c = (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 2, "tma")
+    assert tiles_for(a, 100) == tiles_for(a, None) == a
+    entry = {1024: a, 4096: b, None: c}
+    assert [tiles_for(entry, n) for n in (1, 1024, 1025, 4096, 4097, None)] == [a, a, b, b, c, c]
+    assert with_winner(None, a, None) == with_winner(b, a, None) == a  # an unbucketed sweep: every length
+    assert with_winner(b, a, 2048) == {2048: a, None: b}  # a bucket beside what served before
+    assert with_winner({2048: a, None: b}, c, None) == {2048: a, None: c}
+    assert with_winner({2048: a, None: b}, c, 2048) == {2048: c, None: b}
 
 
 def test_tutorial_baseline_source_is_found_and_complete():

@@ -734,7 +734,7 @@ def attention_fwd(
     z, h, n_q, d = q4.shape
     n_k = k4.shape[2]
     d_pad = head_dim_pad(d)
-    cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED)
+    cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     tma = cfg.tma and tma_ok(q4, k4, v4)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens}
     args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), lse3.stride(0), lse3.stride(1),
@@ -793,7 +793,7 @@ def attention_bwd(
     lse23 = lse2.unsqueeze(1) if q.dim() == 3 else lse2
     z, h, _, d = q4.shape
     d_pad = head_dim_pad(d)
-    kv_cfg, q_cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED)
+    kv_cfg, q_cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles
     kv_tma = kv_cfg.tma and tma_ok(q4, g4)
     q_tma = q_cfg.tma and tma_ok(k4, v4)

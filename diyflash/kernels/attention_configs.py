@@ -2,8 +2,10 @@
 
 Each kernel (forward, backward dk/dv, backward dq) takes its tiles per (padded head_dim, causal) from
 attention_tuned.py, which one command writes (`python -m bench.attention_configs --write`: it times
-the candidates below on the GPU and records the winners with the device and versions). fp16 and bf16
-share the table; fp32 has fixed small tiles. The chosen tiles are pruned to what fits the device's
+the candidates below on the GPU and records the winners with the device and versions). An entry may
+hold tiles per length bucket (`--bucket`): {2048: tiles, None: tiles} serves sequences up to 2048 keys
+or queries with the first and longer ones with the second. fp16 and bf16 share the table; fp32 has
+fixed small tiles. The chosen tiles are pruned to what fits the device's
 shared memory. Under Triton's interpreter one small config is pinned: autotuning
 needs a GPU, and 32-wide tiles keep the multi-block paths exercised by tiny test shapes.
 """
@@ -152,26 +154,40 @@ def _fit(cfg: AttnConfig, head_dim_pad: int, elem: int, smem_limit: int | None, 
     return cfg
 
 
+def tiles_for(entry, seq_len: int | None) -> tuple:
+    """The tiles of an attention_tuned.py entry for sequences of `seq_len` (the longer of queries and
+    keys): the entry itself, or from {max_len: tiles, ..., None: tiles} the smallest bucket holding
+    seq_len, else the None bucket (longer sequences, or length not given)."""
+    if isinstance(entry, tuple):
+        return entry
+    if seq_len is not None:
+        fits = [n for n in entry if n is not None and seq_len <= n]
+        if fits:
+            return entry[min(fits)]
+    return entry[None]
+
+
 def _config(kind: str, head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
-            interpret: bool) -> AttnConfig:
+            interpret: bool, seq_len: int | None) -> AttnConfig:
     if interpret:
         return INTERPRETER_CONFIG
     if dtype == torch.float32:
         cfg = _FP32[kind]
     else:  # attention_tuned.py covers every padded head_dim (tests/test_bench.py checks it)
-        cfg = AttnConfig.from_tiles(TUNED[kind]["causal" if causal else "plain"][head_dim_pad])
+        cfg = AttnConfig.from_tiles(tiles_for(TUNED[kind]["causal" if causal else "plain"][head_dim_pad], seq_len))
     return _fit(cfg, head_dim_pad, dtype.itemsize, device_limits(device)[0], SMEM_BYTES[kind])
 
 
-# Cached: a config lookup runs on every call, and the device-properties query costs microseconds.
-@functools.cache
+# Cached: the launchers ask on every call they have no plan for, and the device query costs microseconds.
+# Bounded: one entry per sequence length seen.
+@functools.lru_cache(maxsize=4096)
 def fwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
-               interpret: bool) -> AttnConfig:
-    return _config("fwd", head_dim_pad, dtype, device, causal, interpret)
+               interpret: bool, seq_len: int | None = None) -> AttnConfig:
+    return _config("fwd", head_dim_pad, dtype, device, causal, interpret, seq_len)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)
 def bwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
-               interpret: bool) -> BwdConfig:
-    return BwdConfig(_config("dkdv", head_dim_pad, dtype, device, causal, interpret),
-                     _config("dq", head_dim_pad, dtype, device, causal, interpret))
+               interpret: bool, seq_len: int | None = None) -> BwdConfig:
+    return BwdConfig(_config("dkdv", head_dim_pad, dtype, device, causal, interpret, seq_len),
+                     _config("dq", head_dim_pad, dtype, device, causal, interpret, seq_len))
