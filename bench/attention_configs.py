@@ -158,17 +158,18 @@ def main(argv=None) -> int:
     return 0
 
 
-MAX_SWEEPS = 8  # history lines kept in attention_tuned.py
+MAX_SWEEPS = 12  # history lines kept in attention_tuned.py
 
 
 def with_winner(entry, tiles: tuple, bucket: int | None):
     """A table entry after a sweep: the winner for every length (bucket None; other buckets kept), or
-    for sequences up to `bucket`, beside what served them before."""
-    if isinstance(entry, dict):
-        return {**entry, bucket: tiles}
-    if bucket is None or entry is None:
+    for sequences up to `bucket`, beside what served them before. A bucket holding the same tiles as
+    longer sequences is dropped, and an entry left with one bucket is plain tiles."""
+    if entry is None or (bucket is None and not isinstance(entry, dict)):
         return tiles
-    return {bucket: tiles, None: entry}
+    buckets = {**(entry if isinstance(entry, dict) else {None: entry}), bucket: tiles}
+    buckets = {n: t for n, t in buckets.items() if n is None or t != buckets[None]}
+    return buckets[None] if len(buckets) == 1 else buckets
 
 
 def _sweep_line(prov, args) -> str:

@@ -127,6 +127,9 @@ def test_length_buckets():
     assert with_winner(b, a, 2048) == {2048: a, None: b}  # a bucket beside what served before
     assert with_winner({2048: a, None: b}, c, None) == {2048: a, None: c}
     assert with_winner({2048: a, None: b}, c, 2048) == {2048: c, None: b}
+    assert with_winner(b, b, 2048) == b  # no bucket for the tiles longer sequences have anyway
+    assert with_winner({1024: a, 2048: c, None: b}, b, 2048) == {1024: a, None: b}
+    assert with_winner({2048: a, None: b}, a, None) == a
 
 
 def test_tutorial_baseline_source_is_found_and_complete():

@@ -3,6 +3,9 @@ and padded head_dim. Written by `python -m bench.attention_configs --write`: re-
 a hand edit adds a line below saying what and why.
 
 Sweeps behind these entries, newest first (an entry comes from the newest sweep that covered it):
+- NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:09:09+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 256 --causal causal --kinds dkdv dq --write --bucket
+- NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:06:18+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 256 --causal plain --kinds dkdv dq --write --bucket
+- NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:03:29+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 64 128 256 --causal causal --kinds fwd --write --bucket
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T03:44:23+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 256 --causal causal --kinds dkdv dq --write
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T03:38:44+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 256 --causal plain --kinds dkdv dq --write
 - 2026-11-22, by hand from a TMA probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192; the same candidates the sweep now has; bench/results/attention_tma_probe_h200.jsonl): fwd D128/D256, dkdv D128/D256 and dq D256 read their streamed tiles through TMA; fwd D128 128x64 w4 s2 (plain 467->510, causal 437->508 TFLOPS), fwd D256 128x64 w8 s2 (444->515, 401->479), dkdv D256 split s2->s3 (whole backward 240->307, 247->278), dq D256 128x32 w8 s3 (243->277 plain)
@@ -14,6 +17,9 @@ Sweeps behind these entries, newest first (an entry comes from the newest sweep 
 """
 
 SWEEPS = [
+    'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:09:09+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 256 --causal causal --kinds dkdv dq --write --bucket',
+    'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:06:18+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 256 --causal plain --kinds dkdv dq --write --bucket',
+    'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:03:29+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 64 128 256 --causal causal --kinds fwd --write --bucket',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T03:44:23+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 256 --causal causal --kinds dkdv dq --write',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T03:38:44+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 256 --causal plain --kinds dkdv dq --write',
     '2026-11-22, by hand from a TMA probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192; the same candidates the sweep now has; bench/results/attention_tma_probe_h200.jsonl): fwd D128/D256, dkdv D128/D256 and dq D256 read their streamed tiles through TMA; fwd D128 128x64 w4 s2 (plain 467->510, causal 437->508 TFLOPS), fwd D256 128x64 w8 s2 (444->515, 401->479), dkdv D256 split s2->s3 (whole backward 240->307, 247->278), dq D256 128x32 w8 s3 (243->277 plain)',
@@ -27,14 +33,14 @@ SWEEPS = [
 TUNED = {
     'fwd': {
         'plain': {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 8, 3), 128: (128, 64, 4, 2, 'tma'), 256: (128, 64, 8, 2, 'tma')},
-        'causal': {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 8, 3), 128: (128, 64, 4, 2, 'tma'), 256: (128, 64, 8, 2, 'tma')},
+        'causal': {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 8, 3), 128: {2048: (64, 64, 4, 3), None: (128, 64, 4, 2, 'tma')}, 256: {2048: (64, 64, 4, 3, 'tma'), None: (128, 64, 8, 2, 'tma')}},
     },
     'dkdv': {
         'plain': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (32, 64, 4, 3), 128: (64, 128, 8, 3, 'tma'), 256: (32, 64, 4, 3, 'split', 'tma')},
         'causal': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (64, 64, 4, 4), 128: (64, 128, 8, 3, 'tma'), 256: (32, 64, 4, 3, 'split', 'tma')},
     },
     'dq': {
-        'plain': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (128, 32, 8, 3), 128: (128, 64, 8, 4), 256: (64, 64, 4, 2, 'tma')},
-        'causal': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (128, 32, 8, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 4, 'tma')},
+        'plain': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (128, 32, 8, 3), 128: (128, 64, 8, 4), 256: {2048: (64, 32, 4, 4, 'tma'), None: (64, 64, 4, 2, 'tma')}},
+        'causal': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (128, 32, 8, 3), 128: (128, 64, 8, 3), 256: {2048: (64, 32, 4, 3, 'tma'), None: (64, 32, 4, 4, 'tma')}},
     },
 }
