@@ -12,8 +12,9 @@ present (bench/tutorial.py; fp16, and its backward causal only).
 
 FLOPs (STYLE.md #11): fwd = 4 * B * H * N^2 * D, halved when causal; bwd = 2.5 * fwd (2.0 for the
 backward's four matmuls + 0.5 for recomputing q k^T). The backward is timed alone: the forward runs
-once, then autograd.grad(out, (q, k, v), dout) is timed with the graph retained. Times are medians of
-triton.testing.do_bench (CUDA events) with p20/p80; every row carries provenance.
+once, then autograd.grad(out, (q, k, v), dout) is timed with the graph retained. The providers of a
+cell are timed in turns, five rounds of triton.testing.do_bench (CUDA events) each, so that clock
+drift meets them alike; rows give the median with p20/p80 of all samples, and provenance.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.common import provenance
+from bench.common import interleaved_times, provenance, quantiles
 from bench.plots import add_output_args, plot_attention, replay_or_require_gpu, write_jsonl
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SHORT_N = [128, 256, 384, 512]
+ROUNDS, ROUND_MS = 5, 50  # per provider and cell: 5 interleaved rounds of 50 ms
 
 
 def attention_flops(b, h, n_q, n_k, d, causal, mode) -> float:
@@ -84,10 +86,10 @@ def _providers():
     return providers
 
 
-def measure(fn, q, k, v, causal, mode):
-    """(median, p20, p80) ms of the forward, or of the backward alone."""
-    import triton
-
+def prepare(fn, q, k, v, causal, mode):
+    """The callable to time: the forward, or the backward alone (autograd.grad of one retained graph).
+    It runs three times untimed first: a new kernel specialisation compiles for seconds with the GPU
+    idle, and a short warm-up alone then measured the first length of each configuration ~2x slow."""
     if mode == "fwd":
         bench = lambda: fn(q, k, v, causal)  # noqa: E731
     else:
@@ -95,13 +97,23 @@ def measure(fn, q, k, v, causal, mode):
         out = fn(qg, kg, vg, causal)
         dout = torch.randn_like(out)
         bench = lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)  # noqa: E731
-    # untimed calls first: a new kernel specialisation compiles for seconds with the GPU idle, and
-    # do_bench's short warm-up alone then measured the first length of each configuration ~2x slow
     for _ in range(3):
         bench()
     torch.cuda.synchronize()
-    med, p20, p80 = triton.testing.do_bench(bench, warmup=100, rep=200, quantiles=[0.5, 0.2, 0.8])
-    return med, p20, p80
+    return bench
+
+
+def measure_cell(providers: dict, q, k, v, causal, mode, report=print) -> dict:
+    """{provider: (median, p20, p80) ms} for one cell, the providers timed in interleaved rounds
+    (bench.common.interleaved_times). A provider that does not run this cell is reported and left out."""
+    benches = {}
+    for name, fn in providers.items():
+        try:
+            benches[name] = prepare(fn, q, k, v, causal, mode)
+        except Exception as e:  # a backend that does not run this shape
+            report(f"  {name} {tuple(q.shape)} {mode}: {type(e).__name__}: {str(e)[:100]}")
+    times = interleaved_times(benches, rounds=ROUNDS, round_ms=ROUND_MS)
+    return {name: quantiles(t) for name, t in times.items()}
 
 
 def main(argv=None) -> int:
@@ -141,12 +153,7 @@ def main(argv=None) -> int:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=DTYPES[dname], generator=gen)
                    for _ in range(3))
         for mode in args.modes:
-            for name, fn in providers.items():
-                try:
-                    med, p20, p80 = measure(fn, q, k, v, causal, mode)
-                except Exception as e:  # a backend that does not run this shape
-                    tqdm.write(f"  {name} {shape} n={n} {mode}: {type(e).__name__}: {str(e)[:100]}")
-                    continue
+            for name, (med, p20, p80) in measure_cell(providers, q, k, v, causal, mode, tqdm.write).items():
                 tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
                 rows.append(dict(prov, provider=name, b=b, h=h, d=d, n=n, dtype=dname,
                                  causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,

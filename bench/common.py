@@ -45,3 +45,25 @@ def graph_ms(fn, warm_calls: int = 1, **do_bench_kw) -> float:
     with torch.cuda.graph(g):
         fn()
     return triton.testing.do_bench(g.replay, return_mode="median", **do_bench_kw)
+
+
+def interleaved_times(fns: dict, rounds: int = 5, round_ms: float = 50, warmup_ms: float = 25) -> dict:
+    """Times (ms, every sample) of each callable in `fns`, measured in `rounds` rounds that take the
+    callables in turn, each round a triton.testing.do_bench of `round_ms`. A GPU's clocks move with
+    power and heat over seconds, so callables timed one after the other can meet different clocks:
+    the same diyflash tiles measured 392 TFLOPS in a sweep and 359 in the full benchmark (H200,
+    2026-11-22). Taken in turns, every callable meets every state alike. A kernel longer than
+    `round_ms` still gives one sample a round."""
+    import triton
+
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name] += triton.testing.do_bench(fn, warmup=warmup_ms, rep=round_ms, return_mode="all")
+    return times
+
+
+def quantiles(samples, qs=(0.5, 0.2, 0.8)) -> tuple:
+    """The qs-quantiles of a list of times (linear interpolation, as triton.testing.do_bench)."""
+    t = torch.tensor(samples, dtype=torch.float64)
+    return tuple(torch.quantile(t, torch.tensor(qs, dtype=torch.float64)).tolist())

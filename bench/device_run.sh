@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: GPU test suite, config sweep and benchmark; full logs under $OUT.
-#   bash bench/device_run.sh [tests] [sweep] [bench] [short] [overhead] [matmul]   (default: tests sweep bench)
+#   bash bench/device_run.sh [tests] [sweep] [groups] [bench] [short] [overhead] [matmul]   (default: tests sweep bench)
+# The GPU's SM clock, power and temperature are logged every 500 ms to $OUT/clocks.csv throughout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/diyflash-out}; mkdir -p "$OUT"
@@ -10,6 +11,10 @@ parts=${*:-tests sweep bench}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 status=0
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+  --format=csv -lms 500 > "$OUT/clocks.csv" 2>&1 &
+smi=$!
+trap 'kill $smi 2>/dev/null' EXIT
 if [[ $parts == *tests* ]]; then
   DIYFLASH_TEST_DEVICE=cuda python3 -m pytest -q --maxfail=25 -p no:cacheprovider --durations=10 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   status=${PIPESTATUS[0]}
@@ -17,6 +22,9 @@ fi
 if [[ $parts == *sweep* ]]; then  # re-tunes diyflash/kernels/attention_tuned.py (copied to $OUT)
   python3 -m bench.attention_configs --write --out "$OUT/configs.jsonl" ${SWEEP_ARGS:-} 2>&1 | tee -a "$OUT/sweep.log" | grep -v "^  skip"
   cp diyflash/kernels/attention_tuned.py "$OUT/"
+fi
+if [[ $parts == *groups* ]]; then
+  python3 -m bench.attention_groups --out "$OUT/groups.jsonl" ${GROUPS_ARGS:-} 2>&1 | tee "$OUT/groups.log"
 fi
 if [[ $parts == *bench* ]]; then
   python3 -m bench.attention --out "$OUT/attention.jsonl" --plot "$OUT/attention.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60

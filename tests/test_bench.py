@@ -147,3 +147,35 @@ def test_tutorial_baseline_source_is_found_and_complete():
     names |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
               if isinstance(t, ast.Name)}
     assert {"_attn_fwd", "_attn_bwd", "_attention", "attention"} <= names
+
+
+def test_sweep_ranks_by_the_interleaved_retiming():
+    """A sweep's winner is the fastest of the leaders re-timed in turns, whatever their first pass said;
+    rows without a re-timing follow, and wrong results never rank."""
+    from bench.attention_configs import ranked
+    from bench.common import quantiles
+
+    rows = [dict(name="a", ok=True, ms=1.0, confirm_ms=1.3), dict(name="b", ok=True, ms=1.1, confirm_ms=1.2),
+            dict(name="c", ok=True, ms=1.05), dict(name="d", ok=False, ms=0.5, confirm_ms=0.5)]
+    assert [r["name"] for r in ranked(rows)] == ["b", "a", "c"]
+    assert quantiles([4.0, 1.0, 3.0, 2.0, 5.0]) == pytest.approx((3.0, 1.8, 4.2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA events need a GPU")
+def test_interleaved_times_gives_every_callable_its_rounds():
+    from bench.common import interleaved_times
+
+    x = torch.randn(256, 256, device="cuda")
+    calls = {"mm": 0, "add": 0}
+
+    def mm():
+        calls["mm"] += 1
+        return x @ x
+
+    def add():
+        calls["add"] += 1
+        return x + x
+
+    times = interleaved_times({"mm": mm, "add": add}, rounds=3, round_ms=5, warmup_ms=1)
+    assert set(times) == {"mm", "add"} and all(len(t) >= 3 and min(t) > 0 for t in times.values())
+    assert calls["mm"] > 3 and calls["add"] > 3

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -45,11 +46,18 @@ def require_triton():
         ) from e
 
 
+class DeviceLimits(NamedTuple):
+    smem: int | None  # shared memory per block (opt-in maximum); None: no limit (the interpreter)
+    tma: bool  # tensor descriptors / TMA exist
+    sms: int | None  # streaming multiprocessors; None: not a GPU
+
+
 @functools.cache
-def device_limits(device: torch.device) -> tuple[int | None, bool]:
-    """(shared memory per block, whether tensor descriptors/TMA exist) for a device. Cached: launchers
-    ask on every call, and the device-properties query costs microseconds."""
+def device_limits(device: torch.device) -> DeviceLimits:
+    """What the launchers size their work to on a device. Cached: launchers ask on every call, and the
+    device-properties query costs microseconds."""
     if device.type != "cuda":
-        return None, True  # the interpreter runs tensor descriptors on CPU tensors
+        return DeviceLimits(None, True, None)  # the interpreter runs tensor descriptors on CPU tensors
     props = torch.cuda.get_device_properties(device)
-    return getattr(props, "shared_memory_per_block_optin", None), props.major >= 9
+    return DeviceLimits(getattr(props, "shared_memory_per_block_optin", None), props.major >= 9,
+                        props.multi_processor_count)

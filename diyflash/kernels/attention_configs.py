@@ -103,6 +103,9 @@ DQ_CANDIDATES = [
     for w in (4, 8)
     for s in (2, 3, 4)
 ]
+# the seed tutorial's backward tiles (dk/dv 32x128, dq 128x32, 4 warps, 5 stages), which it runs at D64
+DKDV_CANDIDATES.append(AttnConfig(32, 128, 4, 5))
+DQ_CANDIDATES.append(AttnConfig(128, 32, 4, 5))
 DKDV_CANDIDATES += [replace(c, tma=True) for c in DKDV_CANDIDATES]
 DQ_CANDIDATES += [replace(c, tma=True) for c in DQ_CANDIDATES]
 CANDIDATES = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
@@ -175,7 +178,7 @@ def _config(kind: str, head_dim_pad: int, dtype: torch.dtype, device: torch.devi
         cfg = _FP32[kind]
     else:  # attention_tuned.py covers every padded head_dim (tests/test_bench.py checks it)
         cfg = AttnConfig.from_tiles(tiles_for(TUNED[kind]["causal" if causal else "plain"][head_dim_pad], seq_len))
-    return _fit(cfg, head_dim_pad, dtype.itemsize, device_limits(device)[0], SMEM_BYTES[kind])
+    return _fit(cfg, head_dim_pad, dtype.itemsize, device_limits(device).smem, SMEM_BYTES[kind])
 
 
 # Cached: the launchers ask on every call they have no plan for, and the device query costs microseconds.

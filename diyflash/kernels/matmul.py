@@ -127,7 +127,7 @@ class Plan(NamedTuple):
 
 def plan(a: torch.Tensor, b: torch.Tensor, cfg: MatmulConfig) -> Plan:
     m, n = a.shape[0], b.shape[1]
-    layout = tma_layout(a, b) if cfg.use_tma and device_limits(a.device)[1] else None
+    layout = tma_layout(a, b) if cfg.use_tma and device_limits(a.device).tma else None
     num_tiles = cdiv(m, cfg.block_m) * cdiv(n, cfg.block_n)
     programs = min(num_tiles, _num_sms(a.device) * cfg.programs_per_sm) if cfg.persistent else num_tiles
     return Plan(cfg, layout, programs)
