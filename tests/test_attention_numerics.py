@@ -179,6 +179,51 @@ def test_split_dkdv_passes_match_one_pass(device, causal):
     assert grads[1][1].abs().sum() > 0 and grads[1][2].abs().sum() > 0  # both passes wrote
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_groups_deal_out_every_tile_once(device, causal):
+    """The order programs take their tiles in (kernels.attention._tile, dealt over groups of heads)
+    changes nothing in the results: groups of 1, 3 (the last one short), 7 and every head give the same
+    out, lse, dq, dk and dv bit for bit, and those match float64. 10 heads, tail blocks, n_q != n_k."""
+    from diyflash.kernels import attention as ka
+
+    q, k, v = make_qkv(2, 5, 77, 50, 32, torch.float16, device)
+    dout = random_like(q)
+    scale = 32 ** -0.5
+    results = []
+    for group in (1, 3, 7, 10):
+        out, lse = ka.attention_fwd(q, k, v, causal, scale, None, group=group)
+        results.append((out, lse, *ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None, group=group)))
+    for name, first, *others in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert all(torch.equal(first, other) for other in others), name
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*leaves, causal=causal)
+    torch.testing.assert_close(results[0][0].double(), ref, rtol=0, atol=2e-3)
+    for got, want in zip(results[0][2:], torch.autograd.grad(ref, leaves, dout.double())):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-2)
+
+
+def test_head_group_rule():
+    """Causal kernels deal tiles over the most heads that divide the batch's heads and hold at most
+    about one wave of tiles (GROUP_TILES_PER_SM per SM); other kernels, and no GPU, go head after head."""
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels._runtime import DeviceLimits
+
+    cuda = torch.device("cuda", 0)
+    limits = {cuda: DeviceLimits(228 * 1024, True, 132)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ka, "device_limits", limits.get)
+        mp.setattr(ka, "GROUP_TILES_PER_SM", 2)
+        assert ka.head_group(True, 16, 128, cuda) == 16  # 264 // 16 = 16 heads of 16 tiles
+        assert ka.head_group(True, 32, 128, cuda) == 8
+        assert ka.head_group(True, 32, 12, cuda) == 6  # 8 fit, 6 divide 12
+        assert ka.head_group(True, 32, 7, cuda) == 7  # every head fits: one group
+        assert ka.head_group(True, 32, 11, cuda) == 1  # a prime count past the cap: head after head
+        assert ka.head_group(True, 1024, 128, cuda) == 1  # one head is more than a wave
+        assert ka.head_group(False, 16, 128, cuda) == 1
+        limits[cuda] = DeviceLimits(None, True, None)
+        assert ka.head_group(True, 16, 128, cuda) == 1
+
+
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd", "sliced"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

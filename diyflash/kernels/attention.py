@@ -96,14 +96,33 @@ def _desc_load(desc, row, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _query_block(CAUSAL: tl.constexpr):
-    """This program's query block. Causal: the last blocks see the most keys, so they launch first
-    and the tail of the grid is short."""
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+def _tile(head_group, DEAL: tl.constexpr, REVERSE: tl.constexpr):
+    """This program's (tile, head, batch) on a (tiles, heads, batch) grid. CUDA starts programs in
+    linear order, axis 0 fastest; they are dealt out in groups of `head_group` heads, and within a
+    group rank r of every head comes before rank r + 1. A causal kernel's tiles differ in work by rank
+    (the last query blocks see the most keys: REVERSE; the first key blocks are seen by the most
+    queries), so the heavy tiles of a whole group start first and the grid ends on light ones, while
+    the group's streamed rows stay in L2 together. head_group = 1: one head after the other.
+    Not DEAL: the program ids as they are, head after head (tiles of equal work need no dealing, and
+    computing dealt ids cost the non-causal D64 backward ~358 -> ~326 TFLOPS on the H200)."""
+    if not DEAL:
+        return tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    num_tiles = tl.num_programs(0)
+    num_heads = tl.num_programs(1)
+    num_bh = num_heads * tl.num_programs(2)
+    lin = tl.program_id(0) + num_tiles * (tl.program_id(1) + num_heads * tl.program_id(2).to(tl.int64))
+    per_group = num_tiles * head_group
+    group = lin // per_group
+    first = group * head_group
+    size = tl.minimum(num_bh - first, head_group)
+    r = lin - group * per_group
+    rank = (r // size).to(tl.int32)
+    bh = (first + r % size).to(tl.int32)
+    if REVERSE:
+        tile = num_tiles - 1 - rank
     else:
-        pid_m = tl.program_id(0)
-    return pid_m
+        tile = rank
+    return tile, bh % num_heads, bh // num_heads
 
 
 @triton.jit
@@ -200,7 +219,7 @@ def _attn_fwd_inner(
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_fwd_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seq_lens_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
@@ -209,7 +228,7 @@ def _attn_fwd_kernel(
     stride_oz, stride_oh, stride_om, stride_od,
     stride_lz, stride_lh,
     num_heads, seq_len_q, seq_len_k,
-    qk_scale,
+    qk_scale, head_group,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
@@ -218,9 +237,7 @@ def _attn_fwd_kernel(
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
-    off_h = tl.program_id(1)
-    off_z = tl.program_id(2)
-    pid_m = _query_block(CAUSAL)
+    pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
     causal_offset = seq_len_k - seq_len_q
 
@@ -379,7 +396,7 @@ def _attn_bwd_dkdv_inner(
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, seq_lens_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
@@ -389,7 +406,7 @@ def _attn_bwd_dkdv_kernel(
     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
     num_heads, seq_len_q, seq_len_k,
-    qk_scale, scale,
+    qk_scale, scale, head_group,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
@@ -400,9 +417,7 @@ def _attn_bwd_dkdv_kernel(
     kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
     TMA: the streamed q and dout tiles come through tensor descriptors."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
-    off_h = tl.program_id(1)
-    off_z = tl.program_id(2)
-    pid_n = tl.program_id(0)  # causal: the first key blocks are seen by the most queries, and go first
+    pid_n, off_h, off_z = _tile(head_group, CAUSAL, False)  # causal: the first key blocks see the most queries
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
     causal_offset = seq_len_k - seq_len_q
 
@@ -517,7 +532,7 @@ def _attn_bwd_dq_inner(
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_ptr, seq_lens_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
@@ -526,7 +541,7 @@ def _attn_bwd_dq_kernel(
     stride_gz, stride_gh, stride_gm, stride_gd,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
     num_heads, seq_len_q, seq_len_k,
-    qk_scale, scale,
+    qk_scale, scale, head_group,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
@@ -534,9 +549,7 @@ def _attn_bwd_dq_kernel(
 ):
     """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
-    off_h = tl.program_id(1)
-    off_z = tl.program_id(2)
-    pid_m = _query_block(CAUSAL)
+    pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
     causal_offset = seq_len_k - seq_len_q
 
@@ -694,7 +707,29 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
         if any(size > 1 and stride * t.element_size() % 16 for size, stride in zip(t.shape[:-1], t.stride()[:-1])):
             return False
     device = tensors[0].device
-    return device_limits(device)[1] if device.type == "cuda" else INTERPRETED
+    return device_limits(device).tma if device.type == "cuda" else INTERPRETED
+
+
+# Tiles a head group of a causal kernel holds, per SM: two, about one wave of resident programs.
+# Measured on the H200 (bench/attention_groups.py, bench/results/attention_groups_h200.jsonl): with
+# head groups of 1..128 at D 64/128/256 and N 2048..16384, the fastest group held 128-512 tiles in
+# every shape, and ~256 was within noise of the best everywhere. A group of one wave starts its heads'
+# heavy tiles together and drains on light ones while the next group starts; larger groups spread
+# over more heads than L2 holds, groups that do not divide the heads leave a short group for the end.
+GROUP_TILES_PER_SM = 2
+
+
+def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) -> int:
+    """How many heads a kernel's tiles are dealt over at once (_tile): for causal kernels, whose tiles
+    differ in work, the most heads that divide the batch's heads evenly and hold at most
+    GROUP_TILES_PER_SM tiles (`num_tiles` per head) per SM together; other kernels go head after head."""
+    sms = device_limits(device).sms
+    if not causal or not sms:
+        return 1
+    group = max(1, min(num_bh, GROUP_TILES_PER_SM * sms // num_tiles))
+    while num_bh % group:
+        group -= 1
+    return group
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -715,15 +750,17 @@ def attention_fwd(
     scale: float,
     seq_lens: torch.Tensor | None,
     config: AttnConfig | None = None,
+    group: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k, v: same with N_k. Returns
-    (out, lse): out = torch.empty_like(q) (so q's memory layout), lse fp32 (..., N_q) contiguous."""
+    (out, lse): out = torch.empty_like(q) (so q's memory layout), lse fp32 (..., N_q) contiguous.
+    config and group (the head group, see head_group) override the tuned choices, for benchmarks."""
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
     env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens}
-    key = _plan_key("fwd", (q, k, v, seq_lens), causal, scale) if config is None else None
+    key = _plan_key("fwd", (q, k, v, seq_lens), causal, scale) if config is None and group is None else None
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(out, lse):
         _replay(plan, env)
@@ -737,8 +774,9 @@ def attention_fwd(
     cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     tma = cfg.tma and tma_ok(q4, k4, v4)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens}
+    group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
     args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), lse3.stride(0), lse3.stride(1),
-            h, n_q, n_k, scale * LOG2E)
+            h, n_q, n_k, scale * LOG2E, group)
     meta = dict(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -766,9 +804,11 @@ def attention_bwd(
     scale: float,
     seq_lens: torch.Tensor | None,
     config: BwdConfig | None = None,
+    group: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
-    Returns (dq, dk, dv) allocated with empty_like(q/k/v)."""
+    Returns (dq, dk, dv) allocated with empty_like(q/k/v). config and group (the head group of both
+    kernels, see head_group) override the tuned choices, for benchmarks."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     n_q, n_k = q.shape[-2], k.shape[-2]
     if n_q == 0 or n_k == 0 or q.numel() == 0:
@@ -778,7 +818,8 @@ def attention_bwd(
     lse2 = torch.empty_like(delta)
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens}
-    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens), causal, scale) if config is None else None
+    key = (_plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens), causal, scale)
+           if config is None and group is None else None)
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(dq, dk, dv, delta, lse2):
         _replay(plan, env)
@@ -806,14 +847,16 @@ def attention_bwd(
                 *((dlse3.stride(0), dlse3.stride(1), dlse3.stride(2)) if dlse3 is not None else (0, 0, 0)),
                 h, n_q)
     pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
+    kv_group = group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h, q.device)
+    q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
     kv_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
-               h, n_q, n_k, scale * LOG2E, scale)
+               h, n_q, n_k, scale * LOG2E, scale, kv_group)
     # one pass for dk and dv, or (split) a dv pass then a dk pass
     kv_metas = [dict(BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
                      num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, TMA=kv_tma, **common)
                 for do_dk, do_dv in (((False, True), (True, False)) if kv_cfg.split else ((True, True),))]
     q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
-              h, n_q, n_k, scale * LOG2E, scale)
+              h, n_q, n_k, scale * LOG2E, scale, q_group)
     q_meta = dict(BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, num_warps=q_cfg.num_warps,
                   num_stages=q_cfg.num_stages, TMA=q_tma, **common)
 
