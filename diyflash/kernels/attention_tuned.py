@@ -3,6 +3,8 @@ and padded head_dim. Written by `python -m bench.attention_configs --write`: re-
 a hand edit adds a line below saying what and why.
 
 Sweeps behind these entries, newest first (an entry comes from the newest sweep that covered it):
+- NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=1024, 2026-11-22T06:26:13+00:00: python -m bench.attention_configs --n 1024 --dtype fp16 --head-dims 64 --causal causal --kinds fwd --write --bucket --tma none
+- NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=1024, 2026-11-22T06:24:53+00:00: python -m bench.attention_configs --n 1024 --dtype fp16 --head-dims 128 --causal plain --kinds fwd --write --bucket
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:09:09+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 256 --causal causal --kinds dkdv dq --write --bucket
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:06:18+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 256 --causal plain --kinds dkdv dq --write --bucket
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:03:29+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 64 128 256 --causal causal --kinds fwd --write --bucket
@@ -13,10 +15,11 @@ Sweeps behind these entries, newest first (an entry comes from the newest sweep 
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T02:30:09+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 64 128 --causal both --kinds fwd --write
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=4096, 2026-11-22T02:21:04+00:00: python -m bench.attention_configs --n 4096 --dtype fp16 --head-dims 128 --causal both --kinds dkdv dq --write
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T02:14:55+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 64 --causal causal --kinds dkdv dq --write
-- NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=4096, 2026-11-22T02:09:49+00:00: python -m bench.attention_configs --n 4096 --dtype fp16 --head-dims 256 --causal both --kinds dkdv dq --write
 """
 
 SWEEPS = [
+    'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=1024, 2026-11-22T06:26:13+00:00: python -m bench.attention_configs --n 1024 --dtype fp16 --head-dims 64 --causal causal --kinds fwd --write --bucket --tma none',
+    'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=1024, 2026-11-22T06:24:53+00:00: python -m bench.attention_configs --n 1024 --dtype fp16 --head-dims 128 --causal plain --kinds fwd --write --bucket',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:09:09+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 256 --causal causal --kinds dkdv dq --write --bucket',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:06:18+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 256 --causal plain --kinds dkdv dq --write --bucket',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=2048, 2026-11-22T05:03:29+00:00: python -m bench.attention_configs --n 2048 --dtype fp16 --head-dims 64 128 256 --causal causal --kinds fwd --write --bucket',
@@ -27,7 +30,6 @@ SWEEPS = [
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T02:30:09+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 64 128 --causal both --kinds fwd --write',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=4096, 2026-11-22T02:21:04+00:00: python -m bench.attention_configs --n 4096 --dtype fp16 --head-dims 128 --causal both --kinds dkdv dq --write',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T02:14:55+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 64 --causal causal --kinds dkdv dq --write',
-    'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=4096, 2026-11-22T02:09:49+00:00: python -m bench.attention_configs --n 4096 --dtype fp16 --head-dims 256 --causal both --kinds dkdv dq --write',
 ]
 
 TUNED = {
