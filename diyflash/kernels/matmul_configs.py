@@ -91,7 +91,8 @@ def fits(cfg: MatmulConfig, elem: int, limit: int | None) -> MatmulConfig | None
 
 def candidates(dtype: torch.dtype, m: int, n: int, k: int, device: torch.device) -> list[MatmulConfig]:
     """Candidates for this problem: fitting shared memory, tiles no larger than the padded problem."""
-    limit, has_tma = device_limits(device)[:2]
+    limits = device_limits(device)
+    limit, has_tma = limits.smem, limits.tma
     pool = FP32_CANDIDATES if dtype == torch.float32 else HALF_CANDIDATES
     if dtype != torch.float32 and 2 * m * n * k <= SMALL_PROBLEM_FLOPS:
         pool = pool + SMALL_POINTER_TWINS
@@ -131,7 +132,8 @@ def manual_config(block_m, block_n, block_k, m: int, n: int, k: int, dtype: torc
     for name, v, dim, size in (("block_m", block_m, "M", m), ("block_n", block_n, "N", n), ("block_k", block_k, "K", k)):
         if v > bucket(size):
             raise ValueError(f"{name}={v} exceeds the padded problem: {dim}={size} pads to {bucket(size)}")
-    limit, has_tma = device_limits(device)[:2]
+    limits = device_limits(device)
+    limit, has_tma = limits.smem, limits.tma
     warps = 8 if block_m * block_n >= 128 * 256 else 4
     cfg = fits(MatmulConfig(block_m, block_n, block_k, num_warps=warps, num_stages=4, use_tma=has_tma),
                dtype.itemsize, limit)
