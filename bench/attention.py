@@ -27,17 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.common import interleaved_times, provenance, quantiles
+from bench.common import DTYPES, attention_flops, interleaved_times, provenance, quantiles
 from bench.plots import add_output_args, plot_attention, replay_or_require_gpu, write_jsonl
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SHORT_N = [128, 256, 384, 512]
 ROUNDS, ROUND_MS = 5, 50  # per provider and cell: 5 interleaved rounds of 50 ms
-
-
-def attention_flops(b, h, n_q, n_k, d, causal, mode) -> float:
-    fwd = 4.0 * b * h * n_q * n_k * d * (0.5 if causal else 1.0)
-    return fwd * (2.5 if mode == "bwd" else 1.0)  # bwd = 2.0 (four matmuls) + 0.5 (recompute q k^T)
 
 
 def _providers():

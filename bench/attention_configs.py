@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import interleaved_times, provenance, quantiles
+from bench.common import DTYPES, attention_flops, interleaved_times, provenance, quantiles
 
 SHAPES = {64: (4, 32), 128: (4, 16), 256: (2, 8)}  # (batch, heads) per head_dim: the benchmark's shapes
 # do_bench per candidate. 10 ms / 50 ms picked winners that the full benchmark did not confirm (2026-11-22);
@@ -87,7 +87,7 @@ def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIR
     dout = torch.randn(q.shape, device="cuda", dtype=dtype, generator=gen)
     current = bwd_config(d, dtype, q.device, causal, False, n)
     ref = (out,) if kind == "fwd" else ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None)
-    flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0) * (1.0 if kind == "fwd" else 2.5)
+    flops = attention_flops(b, h, n, n, d, causal, "fwd" if kind == "fwd" else "bwd")
     default = fwd_config(d, dtype, q.device, causal, False, n) if kind == "fwd" else getattr(current, kind)
     rows, fns = [], {}
     for cfg in candidates:
@@ -129,7 +129,7 @@ def ranked(rows) -> list:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=4096, help="sequence length")
-    parser.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--causal", choices=["plain", "causal", "both"], default="both")
     parser.add_argument("--kinds", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq"])
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     from diyflash.kernels import attention_tuned
     from diyflash.kernels.attention_configs import CANDIDATES, SMEM_BYTES
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     limit = torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     modes = {"plain": [False], "causal": [True], "both": [False, True]}[args.causal]
     prov = provenance()
@@ -215,9 +215,8 @@ def _sweep_line(prov, args) -> str:
 def _write(table, sweeps) -> None:
     import importlib
 
-    from diyflash.kernels import attention_configs, attention_tuned
-
     from diyflash.kernels import attention as ka
+    from diyflash.kernels import attention_configs, attention_tuned
 
     Path(attention_tuned.__file__).write_text(render_tuned(table, sweeps))
     importlib.reload(attention_tuned)

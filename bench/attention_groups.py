@@ -22,14 +22,14 @@ import sys
 import torch
 
 from bench.attention_configs import SHAPES
-from bench.common import interleaved_times, provenance, quantiles
+from bench.common import DTYPES, attention_flops, interleaved_times, provenance, quantiles
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--n", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
-    parser.add_argument("--dtype", choices=["fp16", "bf16"], default="fp16")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
     parser.add_argument("--groups", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     parser.add_argument("--out", default=None, help="append the rows here (JSONL)")
     args = parser.parse_args(argv)
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
 
     from diyflash.kernels import attention as ka
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    dtype = DTYPES[args.dtype]
     prov = provenance()
     print(f"# {prov['gpu']} | torch {prov['torch']} | triton {prov['triton']} | causal, {args.dtype}; "
           "TFLOPS per head group (auto: the launchers' choice)")
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
             line = []
             for (mode, g), t in times.items():
                 ms, p20, p80 = quantiles(t)
-                flops = 2 * b * h * n * n * d * (2.5 if mode == "bwd" else 1.0)  # causal: half of 4 * B*H*N^2*D
+                flops = attention_flops(b, h, n, n, d, True, mode)
                 rows.append(dict(prov, mode=mode, head_dim=d, n=n, b=b, h=h, dtype=args.dtype, causal=True,
                                  group=g, ms=ms, p20_ms=p20, p80_ms=p80, tflops=flops / ms / 1e9))
                 line.append(f"{mode} {'g' + str(g) if g else 'auto'} {flops / ms / 1e9:.0f}")

@@ -7,6 +7,15 @@ import platform
 
 import torch
 
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # the benchmarks' --dtype(s) names
+
+
+def attention_flops(b, h, n_q, n_k, d, causal, mode) -> float:
+    """FLOPs of an attention pass (STYLE.md #11): fwd = 4 * B * H * N_q * N_k * D, halved when causal;
+    bwd = 2.5 x fwd (2.0 for the backward's four matmuls + 0.5 for recomputing q k^T)."""
+    fwd = 4.0 * b * h * n_q * n_k * d * (0.5 if causal else 1.0)
+    return fwd * (2.5 if mode == "bwd" else 1.0)
+
 
 def provenance() -> dict:
     import diyflash

@@ -19,10 +19,9 @@ import sys
 
 import torch
 
-from bench.common import graph_ms, provenance
+from bench.common import DTYPES, graph_ms, provenance
 from bench.plots import add_output_args, plot_matmul, replay_or_require_gpu, write_jsonl
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SQUARES = [(s, s, s) for s in (1024, 2048, 4096, 8192)]
 TRANSFORMER = [(m, k, n) for m in (2048, 4096, 8192, 16384)
                for k, n in ((4096, 4096), (4096, 11008), (11008, 4096), (8192, 28672))]

@@ -13,7 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.common import graph_ms
+from bench.common import attention_flops, graph_ms
 
 
 def per_call_us(fn, iters=2000) -> float:
@@ -86,7 +86,7 @@ def main() -> int:
             launcher = lambda: ka.attention_fwd(*x, causal, d ** -0.5, None)  # noqa: E731
             api = lambda: diyflash.flash_attention(*x, causal=causal)  # noqa: E731
             sdpa = lambda: F.scaled_dot_product_attention(*x, is_causal=causal)  # noqa: E731
-            flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
+            flops = attention_flops(b, h, n, n, d, causal, "fwd")
             cells = []
             for name, fn in (("api", api), ("launcher", launcher), ("graph", launcher), ("sdpa", sdpa), ("sdpa-graph", sdpa)):
                 ms = graph_ms(fn, warm_calls=3) if "graph" in name else triton.testing.do_bench(fn, return_mode="median")
