@@ -2,14 +2,15 @@
 
     python -m bench.attention_configs [--n 4096] [--dtype fp16] [--head-dims 64 128 256]
                                       [--causal both] [--kinds fwd dkdv dq] [--out rows.jsonl] [--write]
-                                      [--bucket] [--confirm 4] [--tma both]
+                                      [--bucket] [--confirm 4] [--tma both] [--ws both]
 
 For each kernel (forward, backward dk/dv, backward dq), head_dim and causal setting, every candidate of
 diyflash/kernels/attention_configs.py that fits shared memory is run, checked against the current
 tiles' result, and timed (median of triton.testing.do_bench). A backward candidate for one kernel is
 timed as the whole backward with the other kernel's current tiles, so only its own kernel differs.
 The four fastest and the current tiles are then timed again in turns (interleaved rounds, --confirm),
-and that second timing picks the winner. --tma only/none restricts the candidates.
+and that second timing picks the winner. --tma and --ws (only/none) restrict the candidates; the
+current tiles are always among them.
 --write rewrites diyflash/kernels/attention_tuned.py with the winners (entries not swept are kept)
 and adds this sweep (device, versions, N, command) to the head of its history; --out keeps every timing.
 A winner serves every length, or with --bucket sequences up to N only: the entry becomes
@@ -70,9 +71,9 @@ def render_tuned(table: dict, sweeps: list[str]) -> str:
             "SWEEPS = [\n" + "".join(f"    {line!r},\n" for line in sweeps) + "]\n\n" + "\n".join(lines) + "\n")
 
 
-def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIRM, tma_filter=lambda cfg: True):
-    """Time every fitting candidate of one kernel (those tma_filter keeps); returns result rows (ok =
-    matches the current tiles' result). The `confirm` fastest and the current tiles are then re-timed
+def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIRM, keep=lambda cfg: True):
+    """Time every fitting candidate of one kernel (those `keep` keeps, and the current tiles); returns
+    result rows (ok = matches the current tiles' result). The `confirm` fastest and the current tiles are then re-timed
     in interleaved rounds: their rows gain confirm_ms."""
     import triton
 
@@ -90,8 +91,8 @@ def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIR
     flops = attention_flops(b, h, n, n, d, causal, "fwd" if kind == "fwd" else "bwd")
     default = fwd_config(d, dtype, q.device, causal, False, n) if kind == "fwd" else getattr(current, kind)
     rows, fns = [], {}
-    for cfg in candidates:
-        if cost(cfg, d, dtype.itemsize) > limit or not tma_filter(cfg):
+    for cfg in candidates + ([] if default in candidates else [default]):
+        if cost(cfg, d, dtype.itemsize) > limit or (cfg != default and not keep(cfg)):
             continue
         if kind == "fwd":
             fn = lambda cfg=cfg: ka.attention_fwd(q, k, v, causal, scale, None, config=cfg)[:1]  # noqa: E731
@@ -139,8 +140,10 @@ def main(argv=None) -> int:
                         help="the winners serve sequences up to --n only (a length bucket of the entry)")
     parser.add_argument("--confirm", type=int, default=CONFIRM,
                         help="re-time this many leaders and the current tiles in turns; 0: first pass only")
-    parser.add_argument("--tma", choices=list(TMA_FILTERS), default="both",
+    parser.add_argument("--tma", choices=list(FLAG_FILTERS), default="both",
                         help="candidates with TMA loads, without, or both")
+    parser.add_argument("--ws", choices=list(FLAG_FILTERS), default="both",
+                        help="candidates with warp-specialized loops, without, or both")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("attention_configs: needs a CUDA GPU", file=sys.stderr)
@@ -160,8 +163,9 @@ def main(argv=None) -> int:
     for kind in [k for k in ("fwd", "dkdv", "dq") if k in args.kinds]:
         for d in args.head_dims:
             for causal in modes:
+                keep = lambda cfg: FLAG_FILTERS[args.tma](cfg.tma) and FLAG_FILTERS[args.ws](cfg.ws)  # noqa: E731
                 rows = sweep_one(kind, d, causal, dtype, args.n, CANDIDATES[kind], SMEM_BYTES[kind], limit,
-                                 args.confirm, TMA_FILTERS[args.tma])
+                                 args.confirm, keep)
                 all_rows += rows
                 good = ranked(rows)
                 bad = [_tiles(r) for r in rows if not r["ok"]]
@@ -188,7 +192,7 @@ def main(argv=None) -> int:
 
 
 MAX_SWEEPS = 12  # history lines kept in attention_tuned.py
-TMA_FILTERS = {"both": lambda cfg: True, "only": lambda cfg: cfg.tma, "none": lambda cfg: not cfg.tma}
+FLAG_FILTERS = {"both": lambda flag: True, "only": lambda flag: flag, "none": lambda flag: not flag}
 
 
 def with_winner(entry, tiles: tuple, bucket: int | None):
@@ -209,7 +213,8 @@ def _sweep_line(prov, args) -> str:
             f"--head-dims {' '.join(map(str, args.head_dims))} --causal {args.causal} "
             f"--kinds {' '.join(args.kinds)} --write" + (" --bucket" if args.bucket else "")
             + (f" --confirm {args.confirm}" if args.confirm != CONFIRM else "")
-            + (f" --tma {args.tma}" if args.tma != "both" else ""))
+            + (f" --tma {args.tma}" if args.tma != "both" else "")
+            + (f" --ws {args.ws}" if args.ws != "both" else ""))
 
 
 def _write(table, sweeps) -> None:

@@ -11,7 +11,7 @@ from diyflash.reference import attention_ref
 from diyflash.utils.validation import attention_error_reports
 from helpers import DTYPES, ON_GPU, copies_of, make_qkv, random_like
 
-LENGTHS = [(1, 1), (17, 17), (113, 113), (17, 113), (113, 17), (1, 113), (64, 1)]
+LENGTHS = [(1, 1), (17, 17), (113, 113), (17, 113), (113, 17), (1, 113), (64, 1), (64, 128), (128, 128)]
 
 
 def _op(q, k, v, causal, scale, seq_lens):
@@ -180,6 +180,25 @@ def test_split_dkdv_passes_match_one_pass(device, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_full_blocks_skip_masks_bit_for_bit(device, causal):
+    """Lengths that fill every tile take the kernels' EVEN_M / EVEN_N variants (no row or key masks, no
+    masked loops where none is needed). seq_lens equal to the full lengths forces the masked variants
+    over the same blocks: out, lse, dq, dk and dv agree bit for bit, and every tile size of the tuned
+    table is a multiple of 32, so 256 fills the tiles of every kernel."""
+    from diyflash.kernels import attention as ka
+
+    q, k, v = make_qkv(2, 2, 256, 256, 32, torch.float16, device)
+    dout = random_like(q)
+    scale = 32 ** -0.5
+    results = []
+    for seq_lens in (None, torch.tensor([256, 256], dtype=torch.int32, device=device)):
+        out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens)
+        results.append((out, lse, *ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens)))
+    for name, even, masked in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        assert torch.equal(even, masked), name
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_head_groups_deal_out_every_tile_once(device, causal):
     """The order programs take their tiles in (kernels.attention._tile, dealt over groups of heads)
     changes nothing in the results: groups of 1, 3 (the last one short), 7 and every head give the same
@@ -231,11 +250,12 @@ def test_tma_path_matches_pointer_path(device, dtype, causal, layout):
     """Tiles read through TMA descriptors (compiled on Hopper; emulated by the interpreter) give what
     the pointer path gives, forward and backward, with partial tail blocks, n_q != n_k, a padded
     head_dim (80) and a sequence cut short by seq_lens whose padding holds NaN: the descriptors' shape
-    is the valid length, so the padding is never read."""
+    is the valid length, so the padding is never read. The same with warp-specialized main loops
+    (ws; compiled on Hopper, a plain loop under the interpreter)."""
     from dataclasses import replace
 
     from diyflash.kernels import attention as ka
-    from diyflash.kernels.attention_configs import BwdConfig, bwd_config, fwd_config
+    from diyflash.kernels.attention_configs import WS_WARPS, BwdConfig, bwd_config, fwd_config
 
     q, k, v = make_qkv(2, 2, 113, 70, 80, dtype, device, layout=layout)
     dout = random_like(q)
@@ -247,14 +267,16 @@ def test_tma_path_matches_pointer_path(device, dtype, causal, layout):
     fwd = fwd_config(128, dtype, q.device, causal, ka.INTERPRETED)
     bwd = bwd_config(128, dtype, q.device, causal, ka.INTERPRETED)
     results = []
-    for tma in (False, True):
-        out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=replace(fwd, tma=tma))
+    for tma, ws in ((False, False), (True, False), (True, True)):
+        flags = dict(tma=tma, ws=ws, **({"num_warps": WS_WARPS} if ws else {}))
+        out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=replace(fwd, **flags))
         grads = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
-                                 config=BwdConfig(replace(bwd.dkdv, tma=tma), replace(bwd.dq, tma=tma)))
+                                 config=BwdConfig(replace(bwd.dkdv, **flags), replace(bwd.dq, **flags)))
         results.append((out, lse, *grads))
-    for name, pointer, tma in zip(("out", "lse", "dq", "dk", "dv"), *results):
-        assert not tma.isnan().any(), name
-        torch.testing.assert_close(tma, pointer, atol=2e-3, rtol=1e-2, msg=name)
+    for name, pointer, *tma in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        for got in tma:
+            assert not got.isnan().any(), name
+            torch.testing.assert_close(got, pointer, atol=2e-3, rtol=1e-2, msg=name)
 
 
 def test_tma_ok_only_for_what_descriptors_can_read(device):

@@ -109,8 +109,8 @@ def check_tiles(kind, tiles):
 
     cfg = AttnConfig.from_tiles(tiles)
     assert cfg.as_tiles() == tiles
-    assert any((c.block_m, c.block_n, c.num_warps, c.split, c.tma)
-               == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split, cfg.tma)
+    assert any((c.block_m, c.block_n, c.num_warps, c.split, c.tma, c.ws)
+               == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split, cfg.tma, cfg.ws)
                for c in CANDIDATES[kind]), (kind, tiles)
 
 

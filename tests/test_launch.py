@@ -252,3 +252,34 @@ def test_attention_plans_replay_and_match():
                 torch.testing.assert_close(got.double(), w, rtol=0, atol=2e-2, msg=name)
     assert len(ka._PLANS) == 2 + 2 + 2 + 1  # the lse-gradient case shares the first forward's plan
 
+
+@gpu
+def test_attention_plans_keep_explicit_tiles_apart():
+    """Calls with explicit tiles or head groups (benchmarks, the tile sweep) replay plans of their own:
+    each runs the tiles it names, not those of the plan of the tuned call, and gives the same result."""
+    from dataclasses import replace
+
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import BwdConfig, bwd_config, fwd_config
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 3, 256, 64, device="cuda", dtype=torch.float16, generator=gen) for _ in range(4))
+    fwd = fwd_config(64, q.dtype, q.device, True, False, 256)
+    bwd = bwd_config(64, q.dtype, q.device, True, False, 256)
+    other = replace(fwd, block_m=fwd.block_m // 2)
+    other_bwd = BwdConfig(replace(bwd.dkdv, block_n=bwd.dkdv.block_n // 2), bwd.dq)
+    ka._PLANS.clear()
+    calls = [dict(), dict(config=other), dict(group=2)]
+    for _ in range(2):  # plan, then replay
+        outs = [ka.attention_fwd(q, k, v, True, 0.125, None, **kw) for kw in calls]
+        for o, lse in outs[1:]:
+            torch.testing.assert_close(o, outs[0][0], atol=2e-3, rtol=0)
+        bwd_calls = [dict(), dict(config=other_bwd), dict(group=2)]
+        grads = [ka.attention_bwd(dout, None, q, k, v, *outs[0], True, 0.125, None, **kw) for kw in bwd_calls]
+        for got in grads[1:]:
+            for a, b in zip(got, grads[0]):
+                torch.testing.assert_close(a, b, atol=2e-2, rtol=0)
+    assert len(ka._PLANS) == 6
+    tiles = {key[-2:]: plan.launches[0][0].grid[0] for key, plan in ka._PLANS.items() if key[0] == "fwd"}
+    assert tiles == {(None, None): 256 // fwd.block_m, (other, None): 256 // other.block_m, (None, 2): 256 // fwd.block_m}
+

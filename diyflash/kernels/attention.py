@@ -155,15 +155,16 @@ def _attn_fwd_inner(
     lo, hi, kv_len, causal_offset, qk_scale,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, FOLD_SCALE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MASKED blocks apply the key-length and causal masks;
     unmasked blocks are fully in range and fully visible to every row of this query block.
-    TMA: k_ptrs and v_ptrs are tensor descriptors (_rows_desc) instead of pointer tiles."""
+    TMA: k_ptrs and v_ptrs are tensor descriptors (_rows_desc) instead of pointer tiles.
+    WS: Triton's automatic warp specialization of the loop (loads, dots and softmax in separate warps)."""
     if not TMA:
         k_ptrs += tl.cast(lo, tl.int64) * step_k
         v_ptrs += tl.cast(lo, tl.int64) * step_v
-    for start_n in tl.range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         if MASKED:
             kv_mask = cols < kv_len
@@ -232,10 +233,14 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
-    tiles; the launcher sets it only for inputs a descriptor can address (tma_ok)."""
+    tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). WS: the unmasked
+    key loop is warp-specialized (the launcher sets it only with TMA).
+    EVEN_M / EVEN_N: every query / key block is full (no seq_lens, the length a multiple of the block):
+    rows need no masks, and a non-causal kernel with full key blocks has no masked key loop."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
@@ -255,7 +260,10 @@ def _attn_fwd_kernel(
         q = _desc_load(_rows_desc(q_base, q_len, stride_qm, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD), start_m, UPCAST)
     else:
         q_ptrs = q_base + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd
-        q = _load(q_ptrs, (offs_m < q_len)[:, None] & d_mask[None, :], UPCAST)
+        if EVEN_M:
+            q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
+        else:
+            q = _load(q_ptrs, (offs_m < q_len)[:, None] & d_mask[None, :], UPCAST)
     # k is read as k^T tiles (D, BLOCK_N) by pointers; a descriptor's (BLOCK_N, D) tile is transposed in the loop
     k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
     v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, False, TMA)
@@ -263,18 +271,23 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    NO_MASKED_KEYS: tl.constexpr = EVEN_N and not CAUSAL
+    if NO_MASKED_KEYS:
+        full_hi = seq_len_k
+    else:
+        full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
 
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA,
+        BLOCK_N, False, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS,
     )
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-        offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, True, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA,
-    )
+    if not NO_MASKED_KEYS:
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+            offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
+            BLOCK_N, True, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False,
+        )
 
     # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf --
     row_live = (l_i > 0) & (offs_m < q_len)
@@ -284,10 +297,14 @@ def _attn_fwd_kernel(
 
     o_ptrs = (out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
               + offs_m.to(tl.int64)[:, None] * stride_om + offs_d[None, :] * stride_od)
-    row_in = offs_m < seq_len_q
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & d_mask[None, :])
     l_ptrs = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m
-    tl.store(l_ptrs, lse, mask=row_in)
+    if EVEN_M:
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=None if EVEN_D else d_mask[None, :])
+        tl.store(l_ptrs, lse)
+    else:
+        row_in = offs_m < seq_len_q
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & d_mask[None, :])
+        tl.store(l_ptrs, lse, mask=row_in)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -341,7 +358,7 @@ def _attn_bwd_dkdv_inner(
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr,
 ):
     """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
     (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
@@ -352,7 +369,7 @@ def _attn_bwd_dkdv_inner(
         do_ptrs += tl.cast(lo, tl.int64) * step_do
     lse2_ptrs += lo
     delta_ptrs += lo
-    for start_m in tl.range(lo, hi, BLOCK_M):
+    for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WS):
         rows = start_m + offs_m
         if MASKED:
             row_mask = rows < q_len
@@ -411,11 +428,13 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     """dk and dv of one key block (DO_DK and DO_DV), or one of them: a split backward launches this
     kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
-    TMA: the streamed q and dout tiles come through tensor descriptors."""
+    TMA: the streamed q and dout tiles come through tensor descriptors. WS: the unmasked query loop is
+    warp-specialized. EVEN_M / EVEN_N: as in the forward; full query blocks leave no masked tail loop,
+    full key blocks of a non-causal kernel no masked first loop."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     pid_n, off_h, off_z = _tile(head_group, CAUSAL, False)  # causal: the first key blocks see the most queries
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
@@ -426,7 +445,10 @@ def _attn_bwd_dkdv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
-    kv_mask = (offs_n < kv_len)[:, None] & d_mask[None, :]
+    if EVEN_N:
+        kv_mask = None if EVEN_D else d_mask[None, :]
+    else:
+        kv_mask = (offs_n < kv_len)[:, None] & d_mask[None, :]
 
     k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
     v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
@@ -460,23 +482,25 @@ def _attn_bwd_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
-        offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA,
-    )
+    if CAUSAL or not EVEN_N:  # else lo = mid = 0: nothing to mask before the unmasked loop
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+            offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
+            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False,
+        )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA,
+        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS,
     )
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
-        offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA,
-    )
+    if not EVEN_M:  # else full_end = q_len: no tail
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+            offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
+            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False,
+        )
 
-    key_in = (offs_n < seq_len_k)[:, None] & d_mask[None, :]
+    key_in = kv_mask if EVEN_N else (offs_n < seq_len_k)[:, None] & d_mask[None, :]
     if DO_DK:
         dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
         dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_h.to(tl.int64) * stride_dkh
@@ -496,14 +520,14 @@ def _attn_bwd_dq_inner(
     lo, hi, kv_len, causal_offset, qk_scale,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
 ):
     """Accumulate dq of one query block over the key blocks [lo, hi). TMA: k_ptrs and v_ptrs are
     tensor descriptors."""
     if not TMA:
         k_ptrs += tl.cast(lo, tl.int64) * step_k
         v_ptrs += tl.cast(lo, tl.int64) * step_v
-    for start_n in tl.range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         if MASKED:
             kv_mask = cols < kv_len
@@ -545,9 +569,11 @@ def _attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
 ):
-    """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors."""
+    """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors.
+    WS: the unmasked key loop is warp-specialized. EVEN_M / EVEN_N: as in the forward."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
@@ -558,40 +584,56 @@ def _attn_bwd_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
-    row_mask = offs_m < q_len
-    qd_mask = row_mask[:, None] & d_mask[None, :]
+    if EVEN_M:
+        row_mask = None
+        qd_mask = None if EVEN_D else d_mask[None, :]
+    else:
+        row_mask = offs_m < q_len
+        qd_mask = row_mask[:, None] & d_mask[None, :]
 
     q = _load(q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
               + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd, qd_mask, UPCAST)
     do = _load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
                + offs_m.to(tl.int64)[:, None] * stride_gm + offs_d[None, :] * stride_gd, qd_mask, UPCAST)
     row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
-    lse2 = tl.load(lse2_ptr + row_base + offs_m, mask=row_mask, other=float("inf"))
-    delta = tl.load(delta_ptr + row_base + offs_m, mask=row_mask, other=0.0)
+    if EVEN_M:
+        lse2 = tl.load(lse2_ptr + row_base + offs_m)
+        delta = tl.load(delta_ptr + row_base + offs_m)
+    else:
+        lse2 = tl.load(lse2_ptr + row_base + offs_m, mask=row_mask, other=float("inf"))
+        delta = tl.load(delta_ptr + row_base + offs_m, mask=row_mask, other=0.0)
 
     k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
     v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
     k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
     v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
 
-    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    NO_MASKED_KEYS: tl.constexpr = EVEN_N and not CAUSAL
+    if NO_MASKED_KEYS:
+        full_hi = seq_len_k
+    else:
+        full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA,
+        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS,
     )
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-        offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA,
-    )
+    if not NO_MASKED_KEYS:
+        dq = _attn_bwd_dq_inner(
+            dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+            offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
+            BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, False,
+        )
     dq *= scale
 
     dq_ptrs = (dq_ptr + off_z.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh
                + offs_m.to(tl.int64)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
-    tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=(offs_m < seq_len_q)[:, None] & d_mask[None, :])
+    if EVEN_M:
+        tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=qd_mask)
+    else:
+        tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=(offs_m < seq_len_q)[:, None] & d_mask[None, :])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -635,12 +677,15 @@ def _layout(t: torch.Tensor | None):
     return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
 
 
-def _plan_key(kind: str, inputs: tuple, causal: bool, scale: float) -> tuple | None:
+def _plan_key(kind: str, inputs: tuple, causal: bool, scale: float, overrides: tuple = (None, None)) -> tuple | None:
     """The key of a call's plan, or None where there is no plan: under the interpreter (no compiled
-    kernels) and for batches that need more than one grid (MAX_GRID_Z)."""
+    kernels) and for batches that need more than one grid (MAX_GRID_Z). `overrides`: the call's
+    explicit (config, group), so that a benchmark of given tiles replays a plan as users' calls do and
+    times the kernels, not the host path that picks tiles."""
     if INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
         return None
-    return (kind, causal, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs))
+    return (kind, causal, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs),
+            *overrides)
 
 
 def _aligned(*outputs: torch.Tensor) -> bool:
@@ -732,6 +777,13 @@ def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) 
     return group
 
 
+def _even(seq_lens: torch.Tensor | None, n_q: int, n_k: int, cfg: AttnConfig) -> dict:
+    """The kernels' EVEN_M / EVEN_N: every query / key block of these tiles is full, so rows and keys
+    need no masks. Never with seq_lens, whose valid lengths are only known on the device."""
+    return dict(EVEN_M=seq_lens is None and n_q % cfg.block_m == 0,
+                EVEN_N=seq_lens is None and n_k % cfg.block_n == 0)
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 inputs must stay fp32-accurate: no TF32. fp16/bf16 ignore the setting.
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -760,7 +812,7 @@ def attention_fwd(
     if out.numel() == 0:
         return out, lse
     env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens}
-    key = _plan_key("fwd", (q, k, v, seq_lens), causal, scale) if config is None and group is None else None
+    key = _plan_key("fwd", (q, k, v, seq_lens), causal, scale, (config, group))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(out, lse):
         _replay(plan, env)
@@ -781,7 +833,8 @@ def attention_fwd(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
-        DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), TMA=tma,
+        DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), TMA=tma, WS=tma and cfg.ws,
+        **_even(seq_lens, n_q, n_k, cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens")
@@ -818,8 +871,7 @@ def attention_bwd(
     lse2 = torch.empty_like(delta)
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens}
-    key = (_plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens), causal, scale)
-           if config is None and group is None else None)
+    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens), causal, scale, (config, group))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(dq, dk, dv, delta, lse2):
         _replay(plan, env)
@@ -853,12 +905,14 @@ def attention_bwd(
                h, n_q, n_k, scale * LOG2E, scale, kv_group)
     # one pass for dk and dv, or (split) a dv pass then a dk pass
     kv_metas = [dict(BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
-                     num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, TMA=kv_tma, **common)
+                     num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, TMA=kv_tma,
+                     WS=kv_tma and kv_cfg.ws, **_even(seq_lens, n_q, n_k, kv_cfg), **common)
                 for do_dk, do_dv in (((False, True), (True, False)) if kv_cfg.split else ((True, True),))]
     q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
               h, n_q, n_k, scale * LOG2E, scale, q_group)
     q_meta = dict(BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, num_warps=q_cfg.num_warps,
-                  num_stages=q_cfg.num_stages, TMA=q_tma, **common)
+                  num_stages=q_cfg.num_stages, TMA=q_tma, WS=q_tma and q_cfg.ws,
+                  **_even(seq_lens, n_q, n_k, q_cfg), **common)
 
     def launches(zc: int) -> list[_Launch]:
         return [

@@ -39,8 +39,15 @@ class AttnConfig:
     # read the streamed tiles through TMA tensor descriptors (Hopper and newer) when the inputs allow
     # it (kernels.attention.tma_ok); other inputs run the pointer path with the same tiles
     tma: bool = False
+    # warp-specialize the unmasked main loop (Triton's automatic warp specialization: the loads, the
+    # dots and the softmax in separate warps, which adds warps to the program); only with tma
+    ws: bool = False
 
-    FLAGS = ("split", "tma")  # the boolean fields, recorded by name in attention_tuned.py
+    FLAGS = ("split", "tma", "ws")  # the boolean fields, recorded by name in attention_tuned.py
+
+    def __post_init__(self):
+        if self.ws and not self.tma:
+            raise ValueError(f"{self}: ws (warp-specialized loops) needs tma (TMA loads)")
 
     @classmethod
     def from_tiles(cls, tiles: tuple) -> AttnConfig:
@@ -108,6 +115,13 @@ DKDV_CANDIDATES.append(AttnConfig(32, 128, 4, 5))
 DQ_CANDIDATES.append(AttnConfig(128, 32, 4, 5))
 DKDV_CANDIDATES += [replace(c, tma=True) for c in DKDV_CANDIDATES]
 DQ_CANDIDATES += [replace(c, tma=True) for c in DQ_CANDIDATES]
+# Warp-specialized main loops (TMA only): 128-row forward tiles, as Triton's tutorial runs its Hopper
+# path, and the backward's 8-warp TMA tiles. 8 warps only: with 4, Triton 3.6's warp-specialization pass
+# fails on these kernels (NVGPUWarpSpecialization, a dominance assertion; H200, 2026-11-22).
+WS_WARPS = 8
+FWD_CANDIDATES += [AttnConfig(128, bn, WS_WARPS, s, tma=True, ws=True) for bn in (64, 128) for s in (2, 3)]
+DKDV_CANDIDATES += [replace(c, ws=True) for c in DKDV_CANDIDATES if c.tma and c.num_warps == WS_WARPS]
+DQ_CANDIDATES += [replace(c, ws=True) for c in DQ_CANDIDATES if c.tma and c.num_warps == WS_WARPS]
 CANDIDATES = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
 
 # fp32 is computed with IEEE fp32 dots (no TF32): twice the bytes per tile, no tensor cores.
