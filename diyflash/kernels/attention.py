@@ -271,18 +271,14 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    NO_MASKED_KEYS: tl.constexpr = EVEN_N and not CAUSAL
-    if NO_MASKED_KEYS:
-        full_hi = seq_len_k
-    else:
-        full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
 
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
         BLOCK_N, False, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS,
     )
-    if not NO_MASKED_KEYS:
+    if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
@@ -608,11 +604,7 @@ def _attn_bwd_dq_kernel(
     k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
     v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
 
-    NO_MASKED_KEYS: tl.constexpr = EVEN_N and not CAUSAL
-    if NO_MASKED_KEYS:
-        full_hi = seq_len_k
-    else:
-        full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     dq = _attn_bwd_dq_inner(
@@ -620,7 +612,7 @@ def _attn_bwd_dq_kernel(
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
         BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS,
     )
-    if not NO_MASKED_KEYS:
+    if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
@@ -777,10 +769,14 @@ def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) 
     return group
 
 
-def _even(seq_lens: torch.Tensor | None, n_q: int, n_k: int, cfg: AttnConfig) -> dict:
-    """The kernels' EVEN_M / EVEN_N: every query / key block of these tiles is full, so rows and keys
-    need no masks. Never with seq_lens, whose valid lengths are only known on the device."""
-    return dict(EVEN_M=seq_lens is None and n_q % cfg.block_m == 0,
+def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int) -> dict:
+    """A kernel's launch options from its tiles: blocks, warps, stages, TMA (where the inputs allow it,
+    `tma`), warp specialization (with TMA only) and EVEN_M / EVEN_N: every query / key block of these
+    tiles is full, so rows and keys need no masks. Never with seq_lens, whose valid lengths are only
+    known on the device."""
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                TMA=tma, WS=tma and cfg.ws,
+                EVEN_M=seq_lens is None and n_q % cfg.block_m == 0,
                 EVEN_N=seq_lens is None and n_k % cfg.block_n == 0)
 
 
@@ -831,11 +827,9 @@ def attention_fwd(
             h, n_q, n_k, scale * LOG2E, group)
     meta = dict(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
-        DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), TMA=tma, WS=tma and cfg.ws,
-        **_even(seq_lens, n_q, n_k, cfg),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
+        **_tile_meta(cfg, tma, seq_lens, n_q, n_k),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens")
     chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, meta)])
@@ -904,15 +898,11 @@ def attention_bwd(
     kv_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
                h, n_q, n_k, scale * LOG2E, scale, kv_group)
     # one pass for dk and dv, or (split) a dv pass then a dk pass
-    kv_metas = [dict(BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
-                     num_stages=kv_cfg.num_stages, DO_DK=do_dk, DO_DV=do_dv, TMA=kv_tma,
-                     WS=kv_tma and kv_cfg.ws, **_even(seq_lens, n_q, n_k, kv_cfg), **common)
+    kv_metas = [dict(DO_DK=do_dk, DO_DV=do_dv, **_tile_meta(kv_cfg, kv_tma, seq_lens, n_q, n_k), **common)
                 for do_dk, do_dv in (((False, True), (True, False)) if kv_cfg.split else ((True, True),))]
     q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
               h, n_q, n_k, scale * LOG2E, scale, q_group)
-    q_meta = dict(BLOCK_M=q_cfg.block_m, BLOCK_N=q_cfg.block_n, num_warps=q_cfg.num_warps,
-                  num_stages=q_cfg.num_stages, TMA=q_tma, WS=q_tma and q_cfg.ws,
-                  **_even(seq_lens, n_q, n_k, q_cfg), **common)
+    q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k), **common)
 
     def launches(zc: int) -> list[_Launch]:
         return [
