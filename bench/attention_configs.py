@@ -1,13 +1,14 @@
 """Re-tune the attention tiles on this GPU and record them: the one command behind attention_tuned.py.
 
     python -m bench.attention_configs [--n 4096] [--dtype fp16] [--head-dims 64 128 256]
-                                      [--causal both] [--kinds fwd dkdv dq] [--out rows.jsonl] [--write]
+                                      [--causal both] [--kinds fwd dkdv dv dq] [--out rows.jsonl] [--write]
                                       [--bucket] [--confirm 4] [--tma both] [--ws both]
 
-For each kernel (forward, backward dk/dv, backward dq), head_dim and causal setting, every candidate of
-diyflash/kernels/attention_configs.py that fits shared memory is run, checked against the current
-tiles' result, and timed (median of triton.testing.do_bench). A backward candidate for one kernel is
-timed as the whole backward with the other kernel's current tiles, so only its own kernel differs.
+For each kernel (forward, backward dk/dv, the dv pass of a split dk/dv, backward dq), head_dim and
+causal setting, every candidate of diyflash/kernels/attention_configs.py that fits shared memory is
+run, checked against the current tiles' result, and timed (median of triton.testing.do_bench). A
+backward candidate for one kernel is timed as the whole backward with the other kernels' current
+tiles, so only its own kernel differs. The dv pass is swept only where dk/dv is split.
 The four fastest and the current tiles are then timed again in turns (interleaved rounds, --confirm),
 and that second timing picks the winner. --tma and --ws (only/none) restrict the candidates; the
 current tiles are always among them.
@@ -28,6 +29,9 @@ import torch
 
 from bench.common import DTYPES, attention_flops, interleaved_times, provenance, quantiles
 
+# the kernels in the order a sweep tunes them: the dv pass after dk/dv, whose tiles decide whether the
+# backward is split into a dv pass and a dk pass at all
+KINDS = ("fwd", "dkdv", "dv", "dq")
 SHAPES = {64: (4, 32), 128: (4, 16), 256: (2, 8)}  # (batch, heads) per head_dim: the benchmark's shapes
 # do_bench per candidate. 10 ms / 50 ms picked winners that the full benchmark did not confirm (2026-11-22);
 # with 25 ms / 100 ms the TMA probe's winners held up there.
@@ -78,7 +82,7 @@ def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIR
     import triton
 
     from diyflash.kernels import attention as ka
-    from diyflash.kernels.attention_configs import BwdConfig, bwd_config, fwd_config
+    from diyflash.kernels.attention_configs import bwd_config, fwd_config
 
     b, h = SHAPES.get(d, (2, 8))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -89,7 +93,10 @@ def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIR
     current = bwd_config(d, dtype, q.device, causal, False, n)
     ref = (out,) if kind == "fwd" else ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None)
     flops = attention_flops(b, h, n, n, d, causal, "fwd" if kind == "fwd" else "bwd")
-    default = fwd_config(d, dtype, q.device, causal, False, n) if kind == "fwd" else getattr(current, kind)
+    if kind == "dv" and current.dv_pass is None:
+        return []  # dk and dv are one pass at this head_dim: no dv pass to tile
+    default = {"fwd": lambda: fwd_config(d, dtype, q.device, causal, False, n),
+               "dv": lambda: current.dv_pass}.get(kind, lambda: getattr(current, kind))()
     rows, fns = [], {}
     for cfg in candidates + ([] if default in candidates else [default]):
         if cost(cfg, d, dtype.itemsize) > limit or (cfg != default and not keep(cfg)):
@@ -97,7 +104,7 @@ def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIR
         if kind == "fwd":
             fn = lambda cfg=cfg: ka.attention_fwd(q, k, v, causal, scale, None, config=cfg)[:1]  # noqa: E731
         else:
-            both = BwdConfig(cfg, current.dq) if kind == "dkdv" else BwdConfig(current.dkdv, cfg)
+            both = current._replace(**{kind: cfg})
             fn = lambda both=both: ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None, config=both)  # noqa: E731
         try:
             got = fn()
@@ -133,7 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--causal", choices=["plain", "causal", "both"], default="both")
-    parser.add_argument("--kinds", nargs="+", default=["fwd", "dkdv", "dq"], choices=["fwd", "dkdv", "dq"])
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--out", default=None, help="append every timing here (JSONL)")
     parser.add_argument("--write", action="store_true", help="record the winners in diyflash/kernels/attention_tuned.py")
     parser.add_argument("--bucket", action="store_true",
@@ -157,10 +164,11 @@ def main(argv=None) -> int:
     modes = {"plain": [False], "causal": [True], "both": [False, True]}[args.causal]
     prov = provenance()
     table = {kind: {m: dict(dims) for m, dims in ms.items()} for kind, ms in attention_tuned.TUNED.items()}
+    table.setdefault("dv", {"plain": {}, "causal": {}})
     sweeps = ([_sweep_line(prov, args)] + list(attention_tuned.SWEEPS))[:MAX_SWEEPS]
     all_rows = []
-    # dq is swept after dk/dv has its winner, so each backward kernel is timed next to the other's best
-    for kind in [k for k in ("fwd", "dkdv", "dq") if k in args.kinds]:
+    # the backward kernels are swept in turn, each timed next to the others' best so far
+    for kind in [k for k in KINDS if k in args.kinds]:
         for d in args.head_dims:
             for causal in modes:
                 keep = lambda cfg: FLAG_FILTERS[args.tma](cfg.tma) and FLAG_FILTERS[args.ws](cfg.ws)  # noqa: E731
@@ -191,7 +199,7 @@ def main(argv=None) -> int:
     return 0
 
 
-MAX_SWEEPS = 12  # history lines kept in attention_tuned.py
+MAX_SWEEPS = 32  # history lines kept in attention_tuned.py (12 pushed out lines whose entries still stood)
 FLAG_FILTERS = {"both": lambda flag: True, "only": lambda flag: flag, "none": lambda flag: not flag}
 
 

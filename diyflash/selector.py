@@ -70,7 +70,7 @@ class AdaptiveKernelSelector:
         fwd = fwd_config(pad, dtype, self.device, causal, interpret, seq_len)
         bwd = bwd_config(pad, dtype, self.device, causal, interpret, seq_len)
         # TMA: some kernel reads through tensor descriptors (for inputs they can address: kernels.attention.tma_ok)
-        uses_tma = self.features["tma_available"] and any(c.tma for c in (fwd, *bwd))
+        uses_tma = self.features["tma_available"] and any(c.tma for c in (fwd, *bwd.kernels()))
         return {**self._where(), "head_dim": head_dim, "head_dim_pad": pad, "dtype": str(dtype), "tma": uses_tma,
                 "causal": causal, "seq_len": seq_len, "forward": fwd.as_dict(), "backward": bwd.as_dict()}
 

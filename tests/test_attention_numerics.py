@@ -157,11 +157,12 @@ def test_backward_is_deterministic(device, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_split_dkdv_passes_match_one_pass(device, causal):
     """The split backward (a dv pass, then a dk pass: head_dim 256's tiles) gives the one-pass dk and
-    dv bit for bit, with padding keys (seq_lens), a padded head_dim and n_q != n_k."""
+    dv bit for bit, with padding keys (seq_lens), a padded head_dim and n_q != n_k; also where the dv
+    pass has tiles of its own."""
     from dataclasses import replace
 
     from diyflash.kernels import attention as ka
-    from diyflash.kernels.attention_configs import BwdConfig, bwd_config
+    from diyflash.kernels.attention_configs import AttnConfig, BwdConfig, bwd_config
 
     q, k, v = make_qkv(2, 2, 45, 70, 24, torch.float16, device)
     seq_lens = torch.tensor([70, 31], dtype=torch.int32, device=device)
@@ -177,6 +178,16 @@ def test_split_dkdv_passes_match_one_pass(device, causal):
     for one_pass, split in zip(*grads):
         assert torch.equal(one_pass, split)
     assert grads[1][1].abs().sum() > 0 and grads[1][2].abs().sum() > 0  # both passes wrote
+
+    # the dv pass on tiles of its own (BwdConfig.dv): its dv is the one-pass dv of those tiles, and dk
+    # is still the dk/dv tiles' dk
+    dv_tiles = AttnConfig(16, 64, 4, 1)
+    own = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
+                           config=BwdConfig(replace(tuned.dkdv, split=True), tuned.dq, dv_tiles))
+    dv_one_pass = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
+                                   config=BwdConfig(dv_tiles, tuned.dq))[2]
+    assert torch.equal(own[0], grads[0][0]) and torch.equal(own[1], grads[0][1])
+    assert torch.equal(own[2], dv_one_pass)
 
 
 @pytest.mark.parametrize("causal", [False, True])

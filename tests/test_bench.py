@@ -80,16 +80,19 @@ def test_cli_replots_saved_rows_without_gpu(tmp_path, module, rows):
 
 def test_tuned_table_covers_every_kernel_and_round_trips():
     """attention_tuned.py (written by `python -m bench.attention_configs --write`) has tiles for every
-    kernel, causal setting and padded head_dim, each one the sweep could have chosen; rendering the
-    table back gives the same table."""
+    kernel, causal setting and padded head_dim (the dv pass: where it was tuned), each one the sweep
+    could have chosen; rendering the table back gives the same table."""
     from bench.attention_configs import render_tuned
     from diyflash.kernels.attention_tuned import TUNED
 
-    assert set(TUNED) == {"fwd", "dkdv", "dq"}
+    assert set(TUNED) - {"dv"} == {"fwd", "dkdv", "dq"}
     for kind, modes in TUNED.items():
         assert set(modes) == {"plain", "causal"}
         for dims in modes.values():
-            assert set(dims) >= {16, 32, 64, 128, 256}, (kind, sorted(dims))
+            if kind == "dv":  # optional: the dv pass of a split dk/dv has the dk/dv tiles where not tuned
+                assert set(dims) <= {16, 32, 64, 128, 256}, sorted(dims)
+            else:
+                assert set(dims) >= {16, 32, 64, 128, 256}, (kind, sorted(dims))
             for entry in dims.values():
                 buckets = entry if isinstance(entry, dict) else {None: entry}
                 assert None in buckets and all(n is None or n > 0 for n in buckets), (kind, entry)
@@ -98,7 +101,8 @@ def test_tuned_table_covers_every_kernel_and_round_trips():
     namespace: dict = {}
     bucketed = {**TUNED, "fwd": {**TUNED["fwd"], "plain": {**TUNED["fwd"]["plain"], 64: {
         4096: (64, 64, 4, 3), 1024: (64, 32, 4, 3), None: (128, 64, 8, 3, "tma")}}}}
-    for table in (TUNED, bucketed):
+    with_dv = {**TUNED, "dv": {"plain": {256: (16, 64, 4, 4, "tma")}, "causal": {}}}
+    for table in (TUNED, bucketed, with_dv):
         exec(render_tuned(table, ["sweep b", "sweep a"]), namespace)
         assert namespace["TUNED"] == table and namespace["SWEEPS"] == ["sweep b", "sweep a"]
 
@@ -179,3 +183,28 @@ def test_interleaved_times_gives_every_callable_its_rounds():
     times = interleaved_times({"mm": mm, "add": add}, rounds=3, round_ms=5, warmup_ms=1)
     assert set(times) == {"mm", "add"} and all(len(t) >= 3 and min(t) > 0 for t in times.values())
     assert calls["mm"] > 3 and calls["add"] > 3
+
+
+def test_dv_pass_tiles_apply_only_to_a_split_backward(monkeypatch):
+    """A 'dv' entry of attention_tuned.py tiles the dv pass where the dk/dv tiles are split, and is
+    ignored where dk and dv are one pass; without one, the dv pass runs on the dk/dv tiles."""
+    from diyflash.kernels import attention_configs as ac
+
+    cpu = torch.device("cpu")
+    split, one_pass = (32, 64, 4, 3, "split", "tma"), (64, 128, 8, 3, "tma")
+    table = {**ac.TUNED, "dkdv": {"plain": {**ac.TUNED["dkdv"]["plain"], 256: split, 128: one_pass},
+                                  "causal": {**ac.TUNED["dkdv"]["causal"], 256: split}},
+             "dv": {"plain": {256: (16, 64, 4, 4, "tma"), 128: (16, 64, 4, 4)}, "causal": {}}}
+    monkeypatch.setattr(ac, "TUNED", table)
+    ac.bwd_config.cache_clear()
+    try:
+        tuned = ac.bwd_config(256, torch.float16, cpu, False, False)
+        assert tuned.dv == ac.AttnConfig(16, 64, 4, 4, tma=True) and tuned.dv_pass == tuned.dv
+        assert tuned.kernels() == (tuned.dv, tuned.dkdv, tuned.dq)
+        assert tuned.as_dict()["dv"] == {"block_m": 16, "block_n": 64, "num_warps": 4, "num_stages": 4, "tma": True}
+        untuned = ac.bwd_config(256, torch.float16, cpu, True, False)  # split, no dv entry
+        assert untuned.dv is None and untuned.dv_pass == ac.AttnConfig(32, 64, 4, 3, tma=True)
+        whole = ac.bwd_config(128, torch.float16, cpu, False, False)  # one pass: the dv entry is unused
+        assert whole.dv is None and whole.dv_pass is None and whole.kernels() == (whole.dkdv, whole.dq)
+    finally:
+        ac.bwd_config.cache_clear()

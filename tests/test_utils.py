@@ -72,7 +72,7 @@ def test_selector_reports_what_the_kernels_use(device):
         assert cfg["backward"] == bwd_config(128, torch.float16, where, causal, interpret).as_dict()
         assert set(cfg["backward"]) == {"dkdv", "dq"}
         kernels = [fwd_config(128, torch.float16, where, causal, interpret),
-                   *bwd_config(128, torch.float16, where, causal, interpret)]
+                   *bwd_config(128, torch.float16, where, causal, interpret).kernels()]
         assert cfg["tma"] == (selector.features["tma_available"] and any(c.tma for c in kernels))
     mm = selector.get_matmul_config(m=96, n=80, k=64)
     if ON_GPU:

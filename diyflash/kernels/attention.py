@@ -880,9 +880,14 @@ def attention_bwd(
     lse23 = lse2.unsqueeze(1) if q.dim() == 3 else lse2
     z, h, _, d = q4.shape
     d_pad = head_dim_pad(d)
-    kv_cfg, q_cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    q_cfg = cfg.dq
+    if cfg.dv_pass is None:  # (tiles, DO_DK, DO_DV) of each dk/dv pass
+        kv_passes = ((cfg.dkdv, True, True),)
+    else:  # split: a dv pass, then a dk pass, each with its tiles
+        kv_passes = ((cfg.dv_pass, False, True), (cfg.dkdv, True, False))
     # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles
-    kv_tma = kv_cfg.tma and tma_ok(q4, g4)
+    kv_tma = [kv_cfg.tma and tma_ok(q4, g4) for kv_cfg, _, _ in kv_passes]
     q_tma = q_cfg.tma and tma_ok(k4, v4)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3, "delta": delta3,
            "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens}
@@ -893,13 +898,15 @@ def attention_bwd(
                 *((dlse3.stride(0), dlse3.stride(1), dlse3.stride(2)) if dlse3 is not None else (0, 0, 0)),
                 h, n_q)
     pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
-    kv_group = group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h, q.device)
+    kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4))
+    kv_launches = [  # (tiles, args, meta) of each dk/dv pass
+        (kv_cfg,
+         (*kv_strides, h, n_q, n_k, scale * LOG2E, scale,
+          group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h, q.device)),
+         dict(DO_DK=do_dk, DO_DV=do_dv, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k), **common))
+        for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
+    ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
-    kv_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
-               h, n_q, n_k, scale * LOG2E, scale, kv_group)
-    # one pass for dk and dv, or (split) a dv pass then a dk pass
-    kv_metas = [dict(DO_DK=do_dk, DO_DV=do_dv, **_tile_meta(kv_cfg, kv_tma, seq_lens, n_q, n_k), **common)
-                for do_dk, do_dv in (((False, True), (True, False)) if kv_cfg.split else ((True, True),))]
     q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
               h, n_q, n_k, scale * LOG2E, scale, q_group)
     q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k), **common)
@@ -910,11 +917,11 @@ def attention_bwd(
                     pre_args, pre_meta),
             *(_Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h, zc),
                       ("q", "k", "v", "dout", "lse2", "delta", "dk", "dv", "seq_lens"), kv_args, kv_meta)
-              for kv_meta in kv_metas),
+              for kv_cfg, kv_args, kv_meta in kv_launches),
             _Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
                     ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens"), q_args, q_meta),
         ]
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
-    _launch(chunks, key if _aligned(dq, dk, dv, delta, lse2) else None, (kv_tma or q_tma) and q.is_cuda)
+    _launch(chunks, key if _aligned(dq, dk, dv, delta, lse2) else None, (any(kv_tma) or q_tma) and q.is_cuda)
     return dq, dk, dv

@@ -4,10 +4,11 @@ Each kernel (forward, backward dk/dv, backward dq) takes its tiles per (padded h
 attention_tuned.py, which one command writes (`python -m bench.attention_configs --write`: it times
 the candidates below on the GPU and records the winners with the device and versions). An entry may
 hold tiles per length bucket (`--bucket`): {2048: tiles, None: tiles} serves sequences up to 2048 keys
-or queries with the first and longer ones with the second. fp16 and bf16 share the table; fp32 has
-fixed small tiles. The chosen tiles are pruned to what fits the device's
-shared memory. Under Triton's interpreter one small config is pinned: autotuning
-needs a GPU, and 32-wide tiles keep the multi-block paths exercised by tiny test shapes.
+or queries with the first and longer ones with the second. A split dk/dv backward (two passes) may
+also have tiles for its dv pass alone ('dv' entries; without one, both passes use the dk/dv tiles).
+fp16 and bf16 share the table; fp32 has fixed small tiles. The chosen tiles are pruned to what fits
+the device's shared memory. Under Triton's interpreter one small config is pinned: autotuning needs a
+GPU, and 32-wide tiles keep the multi-block paths exercised by tiny test shapes.
 """
 
 from __future__ import annotations
@@ -113,8 +114,16 @@ DQ_CANDIDATES = [
 # the seed tutorial's backward tiles (dk/dv 32x128, dq 128x32, 4 warps, 5 stages), which it runs at D64
 DKDV_CANDIDATES.append(AttnConfig(32, 128, 4, 5))
 DQ_CANDIDATES.append(AttnConfig(128, 32, 4, 5))
+# The dv pass of a split dk/dv backward, tiled on its own (BwdConfig.dv): it holds k but not v, and
+# one accumulator, so deeper pipelines and two programs per SM fit where the dk pass's tiles do not.
+DV_CANDIDATES = [
+    AttnConfig(bm, bn, w, s)
+    for bm, bn, w in ((16, 64, 4), (32, 64, 4), (64, 64, 4), (32, 128, 8), (64, 128, 8))
+    for s in (2, 3, 4, 5)
+]
 DKDV_CANDIDATES += [replace(c, tma=True) for c in DKDV_CANDIDATES]
 DQ_CANDIDATES += [replace(c, tma=True) for c in DQ_CANDIDATES]
+DV_CANDIDATES += [replace(c, tma=True) for c in DV_CANDIDATES]
 # Warp-specialized main loops (TMA only): 128-row forward tiles, as Triton's tutorial runs its Hopper
 # path, and the backward's 8-warp TMA tiles. 8 warps only: with 4, Triton 3.6's warp-specialization pass
 # fails on these kernels (NVGPUWarpSpecialization, a dominance assertion; H200, 2026-11-22).
@@ -122,20 +131,37 @@ WS_WARPS = 8
 FWD_CANDIDATES += [AttnConfig(128, bn, WS_WARPS, s, tma=True, ws=True) for bn in (64, 128) for s in (2, 3)]
 DKDV_CANDIDATES += [replace(c, ws=True) for c in DKDV_CANDIDATES if c.tma and c.num_warps == WS_WARPS]
 DQ_CANDIDATES += [replace(c, ws=True) for c in DQ_CANDIDATES if c.tma and c.num_warps == WS_WARPS]
-CANDIDATES = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES}
+DV_CANDIDATES += [replace(c, ws=True) for c in DV_CANDIDATES if c.tma and c.num_warps == WS_WARPS]
+CANDIDATES = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES, "dv": DV_CANDIDATES}
 
 # fp32 is computed with IEEE fp32 dots (no TF32): twice the bytes per tile, no tensor cores.
 _FP32 = {"fwd": AttnConfig(64, 32, 4, 2), "dkdv": AttnConfig(32, 32, 4, 2), "dq": AttnConfig(32, 32, 4, 2)}
 
 
 class BwdConfig(NamedTuple):
-    """The backward's two main kernels, tiled independently."""
+    """The backward's two main kernels, tiled independently; where dkdv is split, its dv pass may have
+    tiles of its own (dv; None: the dkdv tiles)."""
 
     dkdv: AttnConfig
     dq: AttnConfig
+    dv: AttnConfig | None = None
+
+    @property
+    def dv_pass(self) -> AttnConfig | None:
+        """The tiles of the dv pass, or None where dk and dv are one pass."""
+        if not self.dkdv.split:
+            return None
+        return self.dv or replace(self.dkdv, split=False)
+
+    def kernels(self) -> tuple[AttnConfig, ...]:
+        """The tiles of every launch: the dk/dv pass(es), then dq."""
+        return (self.dkdv, self.dq) if self.dv_pass is None else (self.dv_pass, self.dkdv, self.dq)
 
     def as_dict(self) -> dict:
-        return {"dkdv": self.dkdv.as_dict(), "dq": self.dq.as_dict()}
+        d = {"dkdv": self.dkdv.as_dict(), "dq": self.dq.as_dict()}
+        if self.dv is not None:
+            d["dv"] = self.dv.as_dict()
+        return d
 
 
 def smem_bytes_fwd(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
@@ -159,7 +185,13 @@ def smem_bytes_dq(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
     return elem * (resident + streamed) + 4 * cfg.block_m * cfg.block_n
 
 
-SMEM_BYTES = {"fwd": smem_bytes_fwd, "dkdv": smem_bytes_dkdv, "dq": smem_bytes_dq}
+def smem_bytes_dv(cfg: AttnConfig, head_dim_pad: int, elem: int) -> int:
+    """Shared memory of a dv pass: k resident, q and dout pipelined, a p tile staged."""
+    streamed = 2 * cfg.block_m * head_dim_pad * cfg.num_stages
+    return elem * (cfg.block_n * head_dim_pad + streamed) + 4 * cfg.block_m * cfg.block_n
+
+
+SMEM_BYTES = {"fwd": smem_bytes_fwd, "dkdv": smem_bytes_dkdv, "dq": smem_bytes_dq, "dv": smem_bytes_dv}
 
 
 def _fit(cfg: AttnConfig, head_dim_pad: int, elem: int, smem_limit: int | None, cost) -> AttnConfig:
@@ -195,6 +227,14 @@ def _config(kind: str, head_dim_pad: int, dtype: torch.dtype, device: torch.devi
     return _fit(cfg, head_dim_pad, dtype.itemsize, device_limits(device).smem, SMEM_BYTES[kind])
 
 
+def _dv_config(dkdv: AttnConfig, head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
+               seq_len: int | None) -> AttnConfig | None:
+    """The dv pass's own tiles: where dkdv is split and attention_tuned.py has a 'dv' entry for them."""
+    if not dkdv.split or head_dim_pad not in TUNED.get("dv", {}).get("causal" if causal else "plain", {}):
+        return None
+    return _config("dv", head_dim_pad, dtype, device, causal, False, seq_len)
+
+
 # Cached: the launchers ask on every call they have no plan for, and the device query costs microseconds.
 # Bounded: one entry per sequence length seen.
 @functools.lru_cache(maxsize=4096)
@@ -206,5 +246,6 @@ def fwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, caus
 @functools.lru_cache(maxsize=4096)
 def bwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, causal: bool,
                interpret: bool, seq_len: int | None = None) -> BwdConfig:
-    return BwdConfig(_config("dkdv", head_dim_pad, dtype, device, causal, interpret, seq_len),
-                     _config("dq", head_dim_pad, dtype, device, causal, interpret, seq_len))
+    dkdv = _config("dkdv", head_dim_pad, dtype, device, causal, interpret, seq_len)
+    return BwdConfig(dkdv, _config("dq", head_dim_pad, dtype, device, causal, interpret, seq_len),
+                     _dv_config(dkdv, head_dim_pad, dtype, device, causal, seq_len))

@@ -3,6 +3,8 @@ and padded head_dim. Written by `python -m bench.attention_configs --write`: re-
 a hand edit adds a line below saying what and why.
 
 Sweeps behind these entries, newest first (an entry comes from the newest sweep that covered it):
+- NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=16384, 2026-11-22T08:35:37+00:00: python -m bench.attention_configs --n 16384 --dtype fp16 --head-dims 256 --causal causal --kinds dv --write
+- NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=16384, 2026-11-22T08:34:52+00:00: python -m bench.attention_configs --n 16384 --dtype fp16 --head-dims 256 --causal plain --kinds dv --write
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=16384, 2026-11-22T07:42:38+00:00: python -m bench.attention_configs --n 16384 --dtype fp16 --head-dims 256 --causal both --kinds dkdv dq --write
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=16384, 2026-11-22T06:37:19+00:00: python -m bench.attention_configs --n 16384 --dtype fp16 --head-dims 64 --causal causal --kinds dkdv dq --write --tma none
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=1024, 2026-11-22T06:26:13+00:00: python -m bench.attention_configs --n 1024 --dtype fp16 --head-dims 64 --causal causal --kinds fwd --write --bucket --tma none
@@ -15,9 +17,12 @@ Sweeps behind these entries, newest first (an entry comes from the newest sweep 
 - 2026-11-22, by hand from a TMA probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192; the same candidates the sweep now has; bench/results/attention_tma_probe_h200.jsonl): fwd D128/D256, dkdv D128/D256 and dq D256 read their streamed tiles through TMA; fwd D128 128x64 w4 s2 (plain 467->510, causal 437->508 TFLOPS), fwd D256 128x64 w8 s2 (444->515, 401->479), dkdv D256 split s2->s3 (whole backward 240->307, 247->278), dq D256 128x32 w8 s3 (243->277 plain)
 - 2026-11-22, by hand after the full benchmark: fwd causal D64/D128 and dkdv/dq causal D128 put back to the tiles they had before the sweeps below; those sweeps' winners measured 1-8 % slower in the full benchmark (bench/results/attention_h200.jsonl, README 'Speed')
 - NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T02:30:09+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 64 128 --causal both --kinds fwd --write
+- NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=4096, 2026-11-22T02:21:04+00:00: python -m bench.attention_configs --n 4096 --dtype fp16 --head-dims 128 --causal both --kinds dkdv dq --write
 """
 
 SWEEPS = [
+    'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=16384, 2026-11-22T08:35:37+00:00: python -m bench.attention_configs --n 16384 --dtype fp16 --head-dims 256 --causal causal --kinds dv --write',
+    'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=16384, 2026-11-22T08:34:52+00:00: python -m bench.attention_configs --n 16384 --dtype fp16 --head-dims 256 --causal plain --kinds dv --write',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=16384, 2026-11-22T07:42:38+00:00: python -m bench.attention_configs --n 16384 --dtype fp16 --head-dims 256 --causal both --kinds dkdv dq --write',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=16384, 2026-11-22T06:37:19+00:00: python -m bench.attention_configs --n 16384 --dtype fp16 --head-dims 64 --causal causal --kinds dkdv dq --write --tma none',
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=1024, 2026-11-22T06:26:13+00:00: python -m bench.attention_configs --n 1024 --dtype fp16 --head-dims 64 --causal causal --kinds fwd --write --bucket --tma none',
@@ -30,6 +35,7 @@ SWEEPS = [
     '2026-11-22, by hand from a TMA probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192; the same candidates the sweep now has; bench/results/attention_tma_probe_h200.jsonl): fwd D128/D256, dkdv D128/D256 and dq D256 read their streamed tiles through TMA; fwd D128 128x64 w4 s2 (plain 467->510, causal 437->508 TFLOPS), fwd D256 128x64 w8 s2 (444->515, 401->479), dkdv D256 split s2->s3 (whole backward 240->307, 247->278), dq D256 128x32 w8 s3 (243->277 plain)',
     "2026-11-22, by hand after the full benchmark: fwd causal D64/D128 and dkdv/dq causal D128 put back to the tiles they had before the sweeps below; those sweeps' winners measured 1-8 % slower in the full benchmark (bench/results/attention_h200.jsonl, README 'Speed')",
     'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=8192, 2026-11-22T02:30:09+00:00: python -m bench.attention_configs --n 8192 --dtype fp16 --head-dims 64 128 --causal both --kinds fwd --write',
+    'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16, N=4096, 2026-11-22T02:21:04+00:00: python -m bench.attention_configs --n 4096 --dtype fp16 --head-dims 128 --causal both --kinds dkdv dq --write',
 ]
 
 TUNED = {
@@ -44,5 +50,9 @@ TUNED = {
     'dq': {
         'plain': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (128, 32, 8, 3), 128: (128, 64, 8, 4), 256: {2048: (64, 32, 4, 4, 'tma'), None: (64, 64, 4, 2, 'tma')}},
         'causal': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: {2048: (64, 32, 4, 3, 'tma'), None: (64, 32, 4, 4, 'tma')}},
+    },
+    'dv': {
+        'plain': {256: (32, 128, 8, 4, 'tma')},
+        'causal': {256: (32, 128, 8, 4, 'tma')},
     },
 }
