@@ -208,3 +208,21 @@ def test_dv_pass_tiles_apply_only_to_a_split_backward(monkeypatch):
         assert whole.dv is None and whole.dv_pass is None and whole.kernels() == (whole.dkdv, whole.dq)
     finally:
         ac.bwd_config.cache_clear()
+
+
+def test_probes_parse_tiles_and_compute_attention(device):
+    """bench.ncu_probe reads KIND=tiles runners; bench.prefetch_probe's two loop orders (scores of the
+    next key block issued before this block's softmax, or not) both compute attention."""
+    from bench.ncu_probe import parse_tiles
+    from bench.prefetch_probe import run
+    from diyflash.kernels.attention_configs import AttnConfig
+
+    assert parse_tiles("dv=32,128,8,4,tma") == ("dv", AttnConfig(32, 128, 8, 4, tma=True))
+    with pytest.raises(ValueError, match="KIND="):
+        parse_tiles("bwd=32,64,4,3")
+    dtype = torch.float16 if device.type == "cuda" else torch.float32  # the interpreter: fp32 dots
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 32, generator=gen, device=device, dtype=dtype) for _ in range(3))
+    ref = (torch.softmax(q.double() @ k.double().transpose(-1, -2) * 32 ** -0.5, -1) @ v.double()).to(dtype)
+    for prefetch in (False, True):
+        torch.testing.assert_close(run(q, k, v, 64, 32, 4, 2, prefetch), ref, atol=2e-3, rtol=2e-3)
