@@ -95,8 +95,12 @@ def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIR
     flops = attention_flops(b, h, n, n, d, causal, "fwd" if kind == "fwd" else "bwd")
     if kind == "dv" and current.dv_pass is None:
         return []  # dk and dv are one pass at this head_dim: no dv pass to tile
-    default = {"fwd": lambda: fwd_config(d, dtype, q.device, causal, False, n),
-               "dv": lambda: current.dv_pass}.get(kind, lambda: getattr(current, kind))()
+    if kind == "fwd":
+        default = fwd_config(d, dtype, q.device, causal, False, n)
+    elif kind == "dv":
+        default = current.dv_pass
+    else:
+        default = getattr(current, kind)
     rows, fns = [], {}
     for cfg in candidates + ([] if default in candidates else [default]):
         if cost(cfg, d, dtype.itemsize) > limit or (cfg != default and not keep(cfg)):

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.common import interleaved_times
+from bench.common import attention_flops, interleaved_times, quantiles
 
 
 @triton.jit
@@ -128,8 +128,8 @@ def main() -> int:
                     except Exception as e:
                         print("fail", cfg, pf, type(e).__name__, str(e)[:100])
             times = interleaved_times(fns, rounds=4, round_ms=40)
-            flops = 4 * b * h * n * n * d
-            res = {name: flops / (sorted(t)[len(t) // 2] * 1e-3) / 1e12 for name, t in times.items()}
+            flops = attention_flops(b, h, n, n, d, False, "fwd")
+            res = {name: flops / quantiles(t, (0.5,))[0] / 1e9 for name, t in times.items()}
             base = res["diyflash"]
             print(f"D{d} N{n}: diyflash {base:.0f}; " + "; ".join(
                 f"{c[0]}{' pf' if c[1] else ''} {t:.0f}" for c, t in res.items() if c != "diyflash"), flush=True)

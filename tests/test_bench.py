@@ -200,12 +200,14 @@ def test_dv_pass_tiles_apply_only_to_a_split_backward(monkeypatch):
     try:
         tuned = ac.bwd_config(256, torch.float16, cpu, False, False)
         assert tuned.dv == ac.AttnConfig(16, 64, 4, 4, tma=True) and tuned.dv_pass == tuned.dv
+        assert tuned.dkdv_passes() == ((tuned.dv, False, True), (tuned.dkdv, True, False))
         assert tuned.kernels() == (tuned.dv, tuned.dkdv, tuned.dq)
         assert tuned.as_dict()["dv"] == {"block_m": 16, "block_n": 64, "num_warps": 4, "num_stages": 4, "tma": True}
         untuned = ac.bwd_config(256, torch.float16, cpu, True, False)  # split, no dv entry
         assert untuned.dv is None and untuned.dv_pass == ac.AttnConfig(32, 64, 4, 3, tma=True)
         whole = ac.bwd_config(128, torch.float16, cpu, False, False)  # one pass: the dv entry is unused
         assert whole.dv is None and whole.dv_pass is None and whole.kernels() == (whole.dkdv, whole.dq)
+        assert whole.dkdv_passes() == ((whole.dkdv, True, True),)
     finally:
         ac.bwd_config.cache_clear()
 

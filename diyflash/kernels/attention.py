@@ -882,12 +882,10 @@ def attention_bwd(
     d_pad = head_dim_pad(d)
     cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     q_cfg = cfg.dq
-    if cfg.dv_pass is None:  # (tiles, DO_DK, DO_DV) of each dk/dv pass
-        kv_passes = ((cfg.dkdv, True, True),)
-    else:  # split: a dv pass, then a dk pass, each with its tiles
-        kv_passes = ((cfg.dv_pass, False, True), (cfg.dkdv, True, False))
+    kv_passes = cfg.dkdv_passes()  # one pass for dk and dv, or (split) a dv pass then a dk pass
     # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles
-    kv_tma = [kv_cfg.tma and tma_ok(q4, g4) for kv_cfg, _, _ in kv_passes]
+    kv_tma_ok = any(kv_cfg.tma for kv_cfg, _, _ in kv_passes) and tma_ok(q4, g4)
+    kv_tma = [kv_cfg.tma and kv_tma_ok for kv_cfg, _, _ in kv_passes]
     q_tma = q_cfg.tma and tma_ok(k4, v4)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3, "delta": delta3,
            "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens}

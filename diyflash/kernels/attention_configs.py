@@ -153,9 +153,17 @@ class BwdConfig(NamedTuple):
             return None
         return self.dv or replace(self.dkdv, split=False)
 
+    def dkdv_passes(self) -> tuple[tuple[AttnConfig, bool, bool], ...]:
+        """(tiles, does dk, does dv) of each launch of the dk/dv kernel: one pass for both, or (split)
+        a dv pass, then a dk pass."""
+        dv_pass = self.dv_pass
+        if dv_pass is None:
+            return ((self.dkdv, True, True),)
+        return ((dv_pass, False, True), (self.dkdv, True, False))
+
     def kernels(self) -> tuple[AttnConfig, ...]:
         """The tiles of every launch: the dk/dv pass(es), then dq."""
-        return (self.dkdv, self.dq) if self.dv_pass is None else (self.dv_pass, self.dkdv, self.dq)
+        return (*(tiles for tiles, _, _ in self.dkdv_passes()), self.dq)
 
     def as_dict(self) -> dict:
         d = {"dkdv": self.dkdv.as_dict(), "dq": self.dq.as_dict()}
