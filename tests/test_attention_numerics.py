@@ -190,23 +190,57 @@ def test_split_dkdv_passes_match_one_pass(device, causal):
     assert torch.equal(own[2], dv_one_pass)
 
 
+@pytest.mark.parametrize("n_q,n_k", [(256, 256), (128, 256), (256, 128)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_full_blocks_skip_masks_bit_for_bit(device, causal):
+def test_full_blocks_skip_masks_bit_for_bit(device, causal, n_q, n_k):
     """Lengths that fill every tile take the kernels' EVEN_M / EVEN_N variants (no row or key masks, no
-    masked loops where none is needed). seq_lens equal to the full lengths forces the masked variants
-    over the same blocks: out, lse, dq, dk and dv agree bit for bit, and every tile size of the tuned
-    table is a multiple of 32, so 256 fills the tiles of every kernel."""
+    key-length mask in the causal diagonal blocks, no masked loops where none is needed). seq_lens of
+    the longer length forces the masked variants over the same blocks: out, lse, dq, dk and dv agree
+    bit for bit. Every tile size of the tuned table is a multiple of 32, so 128 and 256 fill the tiles
+    of every kernel; n_q != n_k moves the causal diagonal both ways (with n_q > n_k, rows that see no
+    key)."""
     from diyflash.kernels import attention as ka
 
-    q, k, v = make_qkv(2, 2, 256, 256, 32, torch.float16, device)
+    q, k, v = make_qkv(2, 2, n_q, n_k, 32, torch.float16, device)
     dout = random_like(q)
     scale = 32 ** -0.5
     results = []
-    for seq_lens in (None, torch.tensor([256, 256], dtype=torch.int32, device=device)):
+    full = max(n_q, n_k)
+    for seq_lens in (None, torch.tensor([full, full], dtype=torch.int32, device=device)):
         out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens)
         results.append((out, lse, *ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens)))
     for name, even, masked in zip(("out", "lse", "dq", "dk", "dv"), *results):
         assert torch.equal(even, masked), name
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "sliced"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_off64_addressing_gives_the_same_bits(device, causal, layout):
+    """AttnConfig.off64 (key blocks addressed as the first tile plus a 64-bit offset) loads the same
+    tiles and does the same math as advancing pointer tiles: out and lse are bitwise equal, with tail
+    blocks, n_q != n_k both ways, a padded head_dim (80), seq_lens and strided inputs. off64 is a
+    forward pointer-path flag: with TMA tiles, or in a backward config, it is refused."""
+    from dataclasses import replace
+
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig, BwdConfig, bwd_config
+
+    tiles = INTERPRETER_CONFIG if ka.INTERPRETED else AttnConfig(64, 64, 4, 3)
+    scale = 80 ** -0.5
+    for n_q, n_k in ((113, 70), (70, 113)):
+        q, k, v = make_qkv(2, 2, n_q, n_k, 80, torch.float16, device, layout=layout)
+        for seq_lens in (None, torch.tensor([min(n_q, n_k), 31], dtype=torch.int32, device=device)):
+            pointer = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=tiles)
+            offset = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=replace(tiles, off64=True))
+            for name, a, b in zip(("out", "lse"), pointer, offset):
+                assert torch.equal(a, b), (name, n_q, n_k, seq_lens)
+    with pytest.raises(ValueError, match="off64"):
+        AttnConfig(64, 64, 4, 3, tma=True, off64=True)
+    out, lse = pointer
+    bwd = bwd_config(128, q.dtype, q.device, causal, ka.INTERPRETED)
+    with pytest.raises(ValueError, match="off64 is a forward tile flag"):
+        ka.attention_bwd(random_like(q), None, q, k, v, out, lse, causal, scale, None,
+                         config=BwdConfig(bwd.dkdv, replace(bwd.dq, tma=False, ws=False, off64=True)))
 
 
 @pytest.mark.parametrize("causal", [False, True])

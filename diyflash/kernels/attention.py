@@ -154,37 +154,51 @@ def _attn_fwd_inner(
     offs_m, offs_n, d_mask,
     lo, hi, kv_len, causal_offset, qk_scale,
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, FOLD_SCALE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr,
+    FOLD_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    WS: tl.constexpr, OFF64: tl.constexpr,
 ):
-    """Online softmax over key blocks [lo, hi). MASKED blocks apply the key-length and causal masks;
-    unmasked blocks are fully in range and fully visible to every row of this query block.
+    """Online softmax over key blocks [lo, hi). MASKED blocks apply the causal mask, and the key-length
+    mask unless EVEN_N (every key block full, so every key below hi <= kv_len is in range); unmasked
+    blocks are fully in range and fully visible to every row of this query block.
     TMA: k_ptrs and v_ptrs are tensor descriptors (_rows_desc) instead of pointer tiles.
-    WS: Triton's automatic warp specialization of the loop (loads, dots and softmax in separate warps)."""
-    if not TMA:
+    WS: Triton's automatic warp specialization of the loop (loads, dots and softmax in separate warps).
+    OFF64: each pointer tile is the first tile plus a 64-bit row offset, instead of pointer tiles
+    advanced block by block (AttnConfig.off64: the same loads, which ptxas schedules differently)."""
+    KEY_MASK: tl.constexpr = MASKED and not EVEN_N
+    if not TMA and not OFF64:
         k_ptrs += tl.cast(lo, tl.int64) * step_k
         v_ptrs += tl.cast(lo, tl.int64) * step_v
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
-        if MASKED:
+        if KEY_MASK:
             kv_mask = cols < kv_len
+        if OFF64:
+            k_at = k_ptrs + tl.cast(start_n, tl.int64) * step_k
+            v_at = v_ptrs + tl.cast(start_n, tl.int64) * step_v
+        else:
+            k_at = k_ptrs
+            v_at = v_ptrs
         if TMA:
             k = _desc_load(k_ptrs, start_n, UPCAST).T  # (D, BLOCK_N)
-        elif MASKED:
-            k = _load(k_ptrs, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
+        elif KEY_MASK:
+            k = _load(k_at, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
         elif EVEN_D:
-            k = _load(k_ptrs, None, UPCAST)
+            k = _load(k_at, None, UPCAST)
         else:
-            k = _load(k_ptrs, d_mask[:, None], UPCAST)
+            k = _load(k_at, d_mask[:, None], UPCAST)
         # -- scores, base 2. FOLD_SCALE (qk_scale > 0): the row max of the raw dot scales to the max
         # of the scaled scores, so the scale rides in the exponent's FMA: one op per score saved --
         s = tl.dot(q, k, input_precision=DOT_PRECISION)
         if not FOLD_SCALE:
             s = s * qk_scale
         if MASKED:
-            visible = kv_mask[None, :]
             if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+                visible = cols[None, :] <= offs_m[:, None] + causal_offset
+                if KEY_MASK:
+                    visible = visible & kv_mask[None, :]
+            else:
+                visible = kv_mask[None, :]
             s = tl.where(visible, s, float("-inf"))
         # -- online softmax update --
         if FOLD_SCALE:
@@ -205,16 +219,16 @@ def _attn_fwd_inner(
         # -- accumulate p @ v --
         if TMA:
             v = _desc_load(v_ptrs, start_n, UPCAST)
-        elif MASKED:
-            v = _load(v_ptrs, kv_mask[:, None] & d_mask[None, :], UPCAST)
+        elif KEY_MASK:
+            v = _load(v_at, kv_mask[:, None] & d_mask[None, :], UPCAST)
         elif EVEN_D:
-            v = _load(v_ptrs, None, UPCAST)
+            v = _load(v_at, None, UPCAST)
         else:
-            v = _load(v_ptrs, d_mask[None, :], UPCAST)
+            v = _load(v_at, d_mask[None, :], UPCAST)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
-        if not TMA:
+        if not TMA and not OFF64:
             k_ptrs += BLOCK_N * step_k
             v_ptrs += BLOCK_N * step_v
     return acc, l_i, m_i
@@ -234,11 +248,11 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OFF64: tl.constexpr,
 ):
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). WS: the unmasked
-    key loop is warp-specialized (the launcher sets it only with TMA).
+    key loop is warp-specialized (the launcher sets it only with TMA). OFF64: see _attn_fwd_inner.
     EVEN_M / EVEN_N: every query / key block is full (no seq_lens, the length a multiple of the block):
     rows need no masks, and a non-causal kernel with full key blocks has no masked key loop."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
@@ -276,13 +290,13 @@ def _attn_fwd_kernel(
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS,
+        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS, OFF64,
     )
     if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-            BLOCK_N, True, CAUSAL, EVEN_D, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False,
+            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, OFF64,
         )
 
     # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf --
@@ -829,7 +843,7 @@ def attention_fwd(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
         DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
-        **_tile_meta(cfg, tma, seq_lens, n_q, n_k),
+        OFF64=cfg.off64, **_tile_meta(cfg, tma, seq_lens, n_q, n_k),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens")
     chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, meta)])
@@ -881,6 +895,8 @@ def attention_bwd(
     z, h, _, d = q4.shape
     d_pad = head_dim_pad(d)
     cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    if any(tiles.off64 for tiles in cfg.kernels()):
+        raise ValueError(f"{cfg}: off64 is a forward tile flag; the backward kernels advance pointer tiles")
     q_cfg = cfg.dq
     kv_passes = cfg.dkdv_passes()  # one pass for dk and dv, or (split) a dv pass then a dk pass
     # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles

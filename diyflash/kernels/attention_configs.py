@@ -43,12 +43,20 @@ class AttnConfig:
     # warp-specialize the unmasked main loop (Triton's automatic warp specialization: the loads, the
     # dots and the softmax in separate warps, which adds warps to the program); only with tma
     ws: bool = False
+    # forward, pointer loads only: address each key block as the first tile plus a 64-bit row offset
+    # instead of advancing the pointer tiles. The same loads and math (the output is bitwise the same);
+    # ptxas schedules the loop differently, and which way is faster depends on the tiles: on the H200
+    # (Triton 3.6, bench/results/attention_tiles_probe_h200.txt) +2-6 % at 64x64 and 128x64 with 4
+    # warps, -1..+3 % at 128x64 with 8 warps. The sweep tries both.
+    off64: bool = False
 
-    FLAGS = ("split", "tma", "ws")  # the boolean fields, recorded by name in attention_tuned.py
+    FLAGS = ("split", "tma", "ws", "off64")  # the boolean fields, recorded by name in attention_tuned.py
 
     def __post_init__(self):
         if self.ws and not self.tma:
             raise ValueError(f"{self}: ws (warp-specialized loops) needs tma (TMA loads)")
+        if self.off64 and self.tma:
+            raise ValueError(f"{self}: off64 addresses pointer loads; tma tiles have none")
 
     @classmethod
     def from_tiles(cls, tiles: tuple) -> AttnConfig:
@@ -87,6 +95,8 @@ FWD_CANDIDATES = [
     for w in (4, 8)
     for s in (3, 4, 5)
 ] + [AttnConfig(bm, bn, 4, 7) for bm, bn in ((64, 64), (128, 32), (128, 64))]  # deep pipelines, small tiles
+# the same pointer tiles with 64-bit offset addressing (off64)
+FWD_CANDIDATES += [replace(c, off64=True) for c in FWD_CANDIDATES]
 # TMA loads take no registers for addresses: a shallower pipeline (2 stages) can pay there
 FWD_CANDIDATES += [
     AttnConfig(bm, bn, w, s, tma=True)
