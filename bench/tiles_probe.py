@@ -3,9 +3,9 @@
     python -m bench.tiles_probe --cells 64:1024:causal 128:2048:causal \\
         --tiles 64,64,4,3 64,64,4,3,off64 128,64,8,3      (H200 answer: bench/results/attention_tiles_probe_h200.txt)
 
-For each cell (head_dim:N:plain|causal, fp16, B x H = 4x32 at D<=64, 4x16 at D128, 2x8 at D256, as
-bench.attention) it times in turns: diyflash with its tuned tiles, diyflash at each --tiles entry
-(block_m,block_n,warps,stages[,flag...], see AttnConfig), the tutorial as it autotunes itself, and
+For each cell (head_dim:N:plain|causal, fp16, B x H as bench.attention_configs sweeps them: 4x32 at
+D64, 4x16 at D128, 2x8 otherwise) it times in turns: diyflash with its tuned tiles, diyflash at each
+--tiles entry (block_m,block_n,warps,stages[,flag...], see AttnConfig), the tutorial as it autotunes itself, and
 the tutorial forced to each --tiles entry that it can run (its own kernel, one config). TFLOPS,
 medians. The tutorial's autotuner drops 8-warp configs below 128x128 tiles; forcing them shows what its
 code does there. Needs a CUDA GPU and the seed (bench/tutorial.py).
@@ -19,8 +19,6 @@ import sys
 import torch
 
 from bench.common import attention_flops, interleaved_times, quantiles
-
-SHAPES = {16: (4, 32), 32: (4, 32), 64: (4, 32), 128: (4, 16), 256: (2, 8)}
 
 
 def parse_cell(spec: str) -> tuple[int, int, bool]:
@@ -41,6 +39,7 @@ def main(argv=None) -> int:
         return 2
     import triton
 
+    from bench.attention_configs import SHAPES
     from bench.ncu_probe import parse_tiles
     from bench.tutorial import load_tutorial
     from diyflash.kernels import attention as ka
@@ -49,7 +48,7 @@ def main(argv=None) -> int:
     tiles = [parse_tiles("fwd=" + t)[1] for t in args.tiles]
     torch.manual_seed(0)
     for d, n, causal in map(parse_cell, args.cells):
-        b, h = SHAPES[head_dim_pad(d)]
+        b, h = SHAPES.get(head_dim_pad(d), (2, 8))
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
         scale = d ** -0.5
         tuned = fwd_config(head_dim_pad(d), q.dtype, q.device, causal, False, n)

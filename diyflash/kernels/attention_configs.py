@@ -46,8 +46,8 @@ class AttnConfig:
     # forward, pointer loads only: address each key block as the first tile plus a 64-bit row offset
     # instead of advancing the pointer tiles. The same loads and math (the output is bitwise the same);
     # ptxas schedules the loop differently, and which way is faster depends on the tiles: on the H200
-    # (Triton 3.6, bench/results/attention_tiles_probe_h200.txt) +2-6 % at 64x64 and 128x64 with 4
-    # warps, -1..+3 % at 128x64 with 8 warps. The sweep tries both.
+    # (Triton 3.6, bench/results/attention_tiles_probe_h200.txt) +2-16 % at 64x64 and 128x64 with 4
+    # warps (mostly +2-6 %), -4.5..+2.5 % at 128x64 with 8 warps. The sweep tries both.
     off64: bool = False
 
     FLAGS = ("split", "tma", "ws", "off64")  # the boolean fields, recorded by name in attention_tuned.py
