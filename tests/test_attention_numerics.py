@@ -216,31 +216,34 @@ def test_full_blocks_skip_masks_bit_for_bit(device, causal, n_q, n_k):
 @pytest.mark.parametrize("layout", ["bhnd", "sliced"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_off64_addressing_gives_the_same_bits(device, causal, layout):
-    """AttnConfig.off64 (key blocks addressed as the first tile plus a 64-bit offset) loads the same
-    tiles and does the same math as advancing pointer tiles: out and lse are bitwise equal, with tail
-    blocks, n_q != n_k both ways, a padded head_dim (80), seq_lens and strided inputs. off64 is a
-    forward pointer-path flag: with TMA tiles, or in a backward config, it is refused."""
+    """AttnConfig.off64 (streamed blocks addressed as the first tile plus a 64-bit offset) loads the
+    same tiles and does the same math as advancing pointer tiles, in the forward and in both backward
+    kernels: out, lse, dq, dk and dv are bitwise equal, with tail blocks, n_q != n_k both ways, a padded
+    head_dim (80), seq_lens and strided inputs. off64 is a pointer-path flag: with TMA it is refused."""
     from dataclasses import replace
 
     from diyflash.kernels import attention as ka
-    from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig, BwdConfig, bwd_config
+    from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig, BwdConfig
 
     tiles = INTERPRETER_CONFIG if ka.INTERPRETED else AttnConfig(64, 64, 4, 3)
+    off = replace(tiles, off64=True)
     scale = 80 ** -0.5
     for n_q, n_k in ((113, 70), (70, 113)):
         q, k, v = make_qkv(2, 2, n_q, n_k, 80, torch.float16, device, layout=layout)
+        dout = random_like(q)
         for seq_lens in (None, torch.tensor([min(n_q, n_k), 31], dtype=torch.int32, device=device)):
             pointer = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=tiles)
-            offset = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=replace(tiles, off64=True))
+            offset = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=off)
             for name, a, b in zip(("out", "lse"), pointer, offset):
                 assert torch.equal(a, b), (name, n_q, n_k, seq_lens)
+            out, lse = pointer
+            grads = [ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens, config=cfg)
+                     for cfg in (BwdConfig(tiles, tiles), BwdConfig(off, off), BwdConfig(replace(off, split=True), off))]
+            for name, *each in zip(("dq", "dk", "dv"), *grads):
+                for other in each[1:]:
+                    assert torch.equal(each[0], other), (name, n_q, n_k, seq_lens)
     with pytest.raises(ValueError, match="off64"):
         AttnConfig(64, 64, 4, 3, tma=True, off64=True)
-    out, lse = pointer
-    bwd = bwd_config(128, q.dtype, q.device, causal, ka.INTERPRETED)
-    with pytest.raises(ValueError, match="off64 is a forward tile flag"):
-        ka.attention_bwd(random_like(q), None, q, k, v, out, lse, causal, scale, None,
-                         config=BwdConfig(bwd.dkdv, replace(bwd.dq, tma=False, ws=False, off64=True)))
 
 
 @pytest.mark.parametrize("causal", [False, True])

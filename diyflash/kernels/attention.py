@@ -96,6 +96,16 @@ def _desc_load(desc, row, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _stepped(a_ptrs, b_ptrs, start, step_a, step_b, OFF64: tl.constexpr):
+    """The pointer tiles of the streamed block at row `start`. OFF64: a_ptrs and b_ptrs are the first
+    block's tiles, offset here by a 64-bit row offset (AttnConfig.off64); else the loop advances them and
+    they are already there."""
+    if OFF64:
+        return a_ptrs + tl.cast(start, tl.int64) * step_a, b_ptrs + tl.cast(start, tl.int64) * step_b
+    return a_ptrs, b_ptrs
+
+
+@triton.jit
 def _tile(head_group, DEAL: tl.constexpr, REVERSE: tl.constexpr):
     """This program's (tile, head, batch) on a (tiles, heads, batch) grid. CUDA starts programs in
     linear order, axis 0 fastest; they are dealt out in groups of `head_group` heads, and within a
@@ -173,12 +183,7 @@ def _attn_fwd_inner(
         cols = start_n + offs_n
         if KEY_MASK:
             kv_mask = cols < kv_len
-        if OFF64:
-            k_at = k_ptrs + tl.cast(start_n, tl.int64) * step_k
-            v_at = v_ptrs + tl.cast(start_n, tl.int64) * step_v
-        else:
-            k_at = k_ptrs
-            v_at = v_ptrs
+        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, OFF64)
         if TMA:
             k = _desc_load(k_ptrs, start_n, UPCAST).T  # (D, BLOCK_N)
         elif KEY_MASK:
@@ -368,13 +373,13 @@ def _attn_bwd_dkdv_inner(
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    TMA: tl.constexpr, WS: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, OFF64: tl.constexpr,
 ):
     """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
     (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
     two this pass accumulates (a split pass skips the other's dots and loads). TMA: q_ptrs and
-    do_ptrs are tensor descriptors."""
-    if not TMA:
+    do_ptrs are tensor descriptors. OFF64: as in _attn_fwd_inner."""
+    if not TMA and not OFF64:
         q_ptrs += tl.cast(lo, tl.int64) * step_q
         do_ptrs += tl.cast(lo, tl.int64) * step_do
     lse2_ptrs += lo
@@ -383,15 +388,16 @@ def _attn_bwd_dkdv_inner(
         rows = start_m + offs_m
         if MASKED:
             row_mask = rows < q_len
+        q_at, do_at = _stepped(q_ptrs, do_ptrs, start_m, step_q, step_do, OFF64)
         if TMA:
             q = _desc_load(q_ptrs, start_m, UPCAST)
             do = _desc_load(do_ptrs, start_m, UPCAST)
         elif MASKED:
-            q = _load(q_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
-            do = _load(do_ptrs, row_mask[:, None] & d_mask[None, :], UPCAST)
+            q = _load(q_at, row_mask[:, None] & d_mask[None, :], UPCAST)
+            do = _load(do_at, row_mask[:, None] & d_mask[None, :], UPCAST)
         else:
-            q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
-            do = _load(do_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
+            q = _load(q_at, None if EVEN_D else d_mask[None, :], UPCAST)
+            do = _load(do_at, None if EVEN_D else d_mask[None, :], UPCAST)
         if MASKED:
             lse2 = tl.load(lse2_ptrs, mask=row_mask, other=float("inf"))
             if DO_DK:
@@ -415,7 +421,7 @@ def _attn_bwd_dkdv_inner(
             dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
-        if not TMA:
+        if not TMA and not OFF64:
             q_ptrs += BLOCK_M * step_q
             do_ptrs += BLOCK_M * step_do
         lse2_ptrs += BLOCK_M
@@ -438,7 +444,7 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OFF64: tl.constexpr,
 ):
     """dk and dv of one key block (DO_DK and DO_DV), or one of them: a split backward launches this
     kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
@@ -496,18 +502,18 @@ def _attn_bwd_dkdv_kernel(
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
             offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
-            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False,
+            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, OFF64,
         )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS,
+        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, OFF64,
     )
     if not EVEN_M:  # else full_end = q_len: no tail
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
             offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
-            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False,
+            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, OFF64,
         )
 
     key_in = kv_mask if EVEN_N else (offs_n < seq_len_k)[:, None] & d_mask[None, :]
@@ -531,25 +537,27 @@ def _attn_bwd_dq_inner(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    OFF64: tl.constexpr,
 ):
     """Accumulate dq of one query block over the key blocks [lo, hi). TMA: k_ptrs and v_ptrs are
-    tensor descriptors."""
-    if not TMA:
+    tensor descriptors. OFF64: as in _attn_fwd_inner."""
+    if not TMA and not OFF64:
         k_ptrs += tl.cast(lo, tl.int64) * step_k
         v_ptrs += tl.cast(lo, tl.int64) * step_v
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         if MASKED:
             kv_mask = cols < kv_len
+        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, OFF64)
         if TMA:
             k_t = _desc_load(k_ptrs, start_n, UPCAST).T  # (D, BLOCK_N)
             v_t = _desc_load(v_ptrs, start_n, UPCAST).T
         elif MASKED:
-            k_t = _load(k_ptrs, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
-            v_t = _load(v_ptrs, kv_mask[None, :] & d_mask[:, None], UPCAST)
+            k_t = _load(k_at, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
+            v_t = _load(v_at, kv_mask[None, :] & d_mask[:, None], UPCAST)
         else:
-            k_t = _load(k_ptrs, None if EVEN_D else d_mask[:, None], UPCAST)
-            v_t = _load(v_ptrs, None if EVEN_D else d_mask[:, None], UPCAST)
+            k_t = _load(k_at, None if EVEN_D else d_mask[:, None], UPCAST)
+            v_t = _load(v_at, None if EVEN_D else d_mask[:, None], UPCAST)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         p = tl.math.exp2(s - lse2[:, None])
         if MASKED:
@@ -560,7 +568,7 @@ def _attn_bwd_dq_inner(
         dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)
-        if not TMA:
+        if not TMA and not OFF64:
             k_ptrs += BLOCK_N * step_k
             v_ptrs += BLOCK_N * step_v
     return dq
@@ -580,7 +588,7 @@ def _attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OFF64: tl.constexpr,
 ):
     """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors.
     WS: the unmasked key loop is warp-specialized. EVEN_M / EVEN_N: as in the forward."""
@@ -624,13 +632,13 @@ def _attn_bwd_dq_kernel(
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS,
+        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS, OFF64,
     )
     if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-            BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, False,
+            BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, False, OFF64,
         )
     dq *= scale
 
@@ -789,7 +797,7 @@ def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: i
     tiles is full, so rows and keys need no masks. Never with seq_lens, whose valid lengths are only
     known on the device."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                TMA=tma, WS=tma and cfg.ws,
+                TMA=tma, WS=tma and cfg.ws, OFF64=cfg.off64,
                 EVEN_M=seq_lens is None and n_q % cfg.block_m == 0,
                 EVEN_N=seq_lens is None and n_k % cfg.block_n == 0)
 
@@ -843,7 +851,7 @@ def attention_fwd(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
         DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
-        OFF64=cfg.off64, **_tile_meta(cfg, tma, seq_lens, n_q, n_k),
+        **_tile_meta(cfg, tma, seq_lens, n_q, n_k),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens")
     chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, meta)])
@@ -895,8 +903,6 @@ def attention_bwd(
     z, h, _, d = q4.shape
     d_pad = head_dim_pad(d)
     cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
-    if any(tiles.off64 for tiles in cfg.kernels()):
-        raise ValueError(f"{cfg}: off64 is a forward tile flag; the backward kernels advance pointer tiles")
     q_cfg = cfg.dq
     kv_passes = cfg.dkdv_passes()  # one pass for dk and dv, or (split) a dv pass then a dk pass
     # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles

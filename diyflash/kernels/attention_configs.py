@@ -43,11 +43,12 @@ class AttnConfig:
     # warp-specialize the unmasked main loop (Triton's automatic warp specialization: the loads, the
     # dots and the softmax in separate warps, which adds warps to the program); only with tma
     ws: bool = False
-    # forward, pointer loads only: address each key block as the first tile plus a 64-bit row offset
-    # instead of advancing the pointer tiles. The same loads and math (the output is bitwise the same);
-    # ptxas schedules the loop differently, and which way is faster depends on the tiles: on the H200
-    # (Triton 3.6, bench/results/attention_tiles_probe_h200.txt) +2-16 % at 64x64 and 128x64 with 4
-    # warps (mostly +2-6 %), -4.5..+2.5 % at 128x64 with 8 warps. The sweep tries both.
+    # pointer loads only: address each streamed block as the first tile plus a 64-bit row offset
+    # instead of advancing the pointer tiles. The same loads and math (results are bitwise the same);
+    # ptxas schedules the loop differently, and which way is faster depends on the warps: on the H200
+    # (Triton 3.6, bench/results/attention_tiles_probe_h200.txt) the forward gains 2-16 % at 64x64 and
+    # 128x64 with 4 warps (mostly 2-6 %) and moves -4.5..+2.5 % with 8; the backward's 4-warp kernels
+    # gain 0-3 %, its 8-warp dq kernels lose up to 7 %. The sweep tries both.
     off64: bool = False
 
     FLAGS = ("split", "tma", "ws", "off64")  # the boolean fields, recorded by name in attention_tuned.py
@@ -131,9 +132,13 @@ DV_CANDIDATES = [
     for bm, bn, w in ((16, 64, 4), (32, 64, 4), (64, 64, 4), (32, 128, 8), (64, 128, 8))
     for s in (2, 3, 4, 5)
 ]
-DKDV_CANDIDATES += [replace(c, tma=True) for c in DKDV_CANDIDATES]
-DQ_CANDIDATES += [replace(c, tma=True) for c in DQ_CANDIDATES]
-DV_CANDIDATES += [replace(c, tma=True) for c in DV_CANDIDATES]
+# off64 twins of the backward's 4-warp pointer tiles (with 8 warps it measured 2-7 % slower)
+DKDV_CANDIDATES += [replace(c, off64=True) for c in DKDV_CANDIDATES if c.num_warps == 4]
+DQ_CANDIDATES += [replace(c, off64=True) for c in DQ_CANDIDATES if c.num_warps == 4]
+DV_CANDIDATES += [replace(c, off64=True) for c in DV_CANDIDATES if c.num_warps == 4]
+DKDV_CANDIDATES += [replace(c, tma=True) for c in DKDV_CANDIDATES if not c.off64]
+DQ_CANDIDATES += [replace(c, tma=True) for c in DQ_CANDIDATES if not c.off64]
+DV_CANDIDATES += [replace(c, tma=True) for c in DV_CANDIDATES if not c.off64]
 # Warp-specialized main loops (TMA only): 128-row forward tiles, as Triton's tutorial runs its Hopper
 # path, and the backward's 8-warp TMA tiles. 8 warps only: with 4, Triton 3.6's warp-specialization pass
 # fails on these kernels (NVGPUWarpSpecialization, a dominance assertion; H200, 2026-11-22).
