@@ -2,13 +2,16 @@
 
     python -m bench.tiles_probe --cells 64:1024:causal 128:2048:causal \\
         --tiles 64,64,4,3 64,64,4,3,off64 128,64,8,3      (H200 answer: bench/results/attention_tiles_probe_h200.txt)
+    python -m bench.tiles_probe --mode bwd --cells 64:16384:causal --tiles dkdv=64,64,4,3,off64 dq=128,64,4,3,off64
 
 For each cell (head_dim:N:plain|causal, fp16, B x H as bench.attention_configs sweeps them: 4x32 at
 D64, 4x16 at D128, 2x8 otherwise) it times in turns: diyflash with its tuned tiles, diyflash at each
 --tiles entry (block_m,block_n,warps,stages[,flag...], see AttnConfig), the tutorial as it autotunes itself, and
 the tutorial forced to each --tiles entry that it can run (its own kernel, one config). TFLOPS,
 medians. The tutorial's autotuner drops 8-warp configs below 128x128 tiles; forcing them shows what its
-code does there. Needs a CUDA GPU and the seed (bench/tutorial.py).
+code does there. --mode bwd times the backward alone instead: each --tiles entry (KIND=tiles, KIND dkdv,
+dv or dq) replaces that kernel's tuned tiles, and the tutorial's backward (causal cells only) runs as it
+is. Needs a CUDA GPU and the seed (bench/tutorial.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cells", nargs="+", required=True, help="HEAD_DIM:N:plain|causal")
     parser.add_argument("--tiles", nargs="*", default=[], help="block_m,block_n,warps,stages[,flag...]")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--mode", choices=["fwd", "bwd"], default="fwd")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("tiles_probe: needs a CUDA GPU", file=sys.stderr)
@@ -45,6 +49,8 @@ def main(argv=None) -> int:
     from diyflash.kernels import attention as ka
     from diyflash.kernels.attention_configs import fwd_config, head_dim_pad
 
+    if args.mode == "bwd":
+        return _backward(args)
     tiles = [parse_tiles("fwd=" + t)[1] for t in args.tiles]
     torch.manual_seed(0)
     for d, n, causal in map(parse_cell, args.cells):
@@ -79,6 +85,38 @@ def main(argv=None) -> int:
         print(f"D{d} N{n} {'causal' if causal else 'plain'} (tuned {','.join(map(str, tuned.as_tiles()))}; "
               f"tutorial picks {tut._attn_fwd.best_config.kwargs} w{tut._attn_fwd.best_config.num_warps} "
               f"s{tut._attn_fwd.best_config.num_stages}): "
+              + "; ".join(f"{name} {t:.0f}" for name, t in res.items()), flush=True)
+    return 0
+
+
+def _backward(args) -> int:
+    from bench.attention_configs import SHAPES
+    from bench.ncu_probe import parse_tiles, runner
+    from diyflash.kernels.attention_configs import bwd_config, head_dim_pad
+
+    for spec in args.tiles:
+        parse_tiles(spec)  # a bad entry fails before anything runs
+    torch.manual_seed(0)
+    for d, n, causal in map(parse_cell, args.cells):
+        b, h = SHAPES.get(head_dim_pad(d), (2, 8))
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
+        tuned = bwd_config(head_dim_pad(d), q.dtype, q.device, causal, False, n)
+        specs = ["diyflash", *args.tiles] + (["tutorial"] if causal else [])
+        fns = {}
+        for spec in specs:
+            torch.manual_seed(1)  # runner draws dout: the same one for every runner
+            fns["ours " + spec if spec not in ("diyflash", "tutorial") else spec] = runner(spec, q, k, v, causal, "bwd")
+        ref = fns["diyflash"]()
+        for name, fn in fns.items():
+            err = max((a.float() - r.float()).abs().max().item() for a, r in zip(fn(), ref))
+            if err > 5e-2:
+                raise AssertionError(f"D{d} N{n} causal={causal}: {name} differs from diyflash by {err}")
+        times = interleaved_times(fns, rounds=args.rounds, round_ms=40)
+        flops = attention_flops(b, h, n, n, d, causal, "bwd")
+        res = {name: flops / quantiles(t, (0.5,))[0] / 1e9 for name, t in times.items()}
+        tiles = "; ".join(f"{kind} {','.join(map(str, cfg.as_tiles()))}"
+                          for kind, cfg in (("dkdv", tuned.dkdv), ("dq", tuned.dq), ("dv", tuned.dv)) if cfg)
+        print(f"bwd D{d} N{n} {'causal' if causal else 'plain'} (tuned {tiles}): "
               + "; ".join(f"{name} {t:.0f}" for name, t in res.items()), flush=True)
     return 0
 
