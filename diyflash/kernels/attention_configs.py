@@ -132,21 +132,18 @@ DV_CANDIDATES = [
     for bm, bn, w in ((16, 64, 4), (32, 64, 4), (64, 64, 4), (32, 128, 8), (64, 128, 8))
     for s in (2, 3, 4, 5)
 ]
-# off64 twins of the backward's 4-warp pointer tiles (with 8 warps it measured 2-7 % slower)
-DKDV_CANDIDATES += [replace(c, off64=True) for c in DKDV_CANDIDATES if c.num_warps == 4]
-DQ_CANDIDATES += [replace(c, off64=True) for c in DQ_CANDIDATES if c.num_warps == 4]
-DV_CANDIDATES += [replace(c, off64=True) for c in DV_CANDIDATES if c.num_warps == 4]
-DKDV_CANDIDATES += [replace(c, tma=True) for c in DKDV_CANDIDATES if not c.off64]
-DQ_CANDIDATES += [replace(c, tma=True) for c in DQ_CANDIDATES if not c.off64]
-DV_CANDIDATES += [replace(c, tma=True) for c in DV_CANDIDATES if not c.off64]
 # Warp-specialized main loops (TMA only): 128-row forward tiles, as Triton's tutorial runs its Hopper
 # path, and the backward's 8-warp TMA tiles. 8 warps only: with 4, Triton 3.6's warp-specialization pass
 # fails on these kernels (NVGPUWarpSpecialization, a dominance assertion; H200, 2026-11-22).
 WS_WARPS = 8
 FWD_CANDIDATES += [AttnConfig(128, bn, WS_WARPS, s, tma=True, ws=True) for bn in (64, 128) for s in (2, 3)]
-DKDV_CANDIDATES += [replace(c, ws=True) for c in DKDV_CANDIDATES if c.tma and c.num_warps == WS_WARPS]
-DQ_CANDIDATES += [replace(c, ws=True) for c in DQ_CANDIDATES if c.tma and c.num_warps == WS_WARPS]
-DV_CANDIDATES += [replace(c, ws=True) for c in DV_CANDIDATES if c.tma and c.num_warps == WS_WARPS]
+# Each backward kernel's pointer tiles get their flagged twins, in this order: off64 for the 4-warp ones
+# (with 8 warps it measured 2-7 % slower), TMA for the pointer-advancing ones, then ws for the 8-warp TMA ones.
+for _cands in (DKDV_CANDIDATES, DQ_CANDIDATES, DV_CANDIDATES):
+    _cands += [replace(c, off64=True) for c in _cands if c.num_warps == 4]
+    _cands += [replace(c, tma=True) for c in _cands if not c.off64]
+    _cands += [replace(c, ws=True) for c in _cands if c.tma and c.num_warps == WS_WARPS]
+del _cands
 CANDIDATES = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES, "dv": DV_CANDIDATES}
 
 # fp32 is computed with IEEE fp32 dots (no TF32): twice the bytes per tile, no tensor cores.
