@@ -68,7 +68,7 @@ def main() -> int:
     q128 = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.float16)
     cfg128 = fwd_config(128, q128.dtype, q128.device, False, False, 128)
     for tma in (True, False):
-        cfg = replace(cfg128, tma=tma, off64=cfg128.off64 and not tma)  # off64 addresses pointer tiles only
+        cfg = replace(cfg128, tma=tma, rowoff=cfg128.rowoff and not tma)  # rowoff addresses pointer tiles only
         rows[f"launcher, D128, {'TMA' if tma else 'pointer'} tiles"] = (
             lambda cfg=cfg: ka.attention_fwd(q128, q128, q128, False, 128 ** -0.5, None, config=cfg))
     # a training step's attention: forward and backward, autograd included

@@ -1,8 +1,8 @@
 """Probe: diyflash's forward at chosen tiles against the seed's Triton tutorial at the same tiles.
 
     python -m bench.tiles_probe --cells 64:1024:causal 128:2048:causal \\
-        --tiles 64,64,4,3 64,64,4,3,off64 128,64,8,3      (H200 answer: bench/results/attention_tiles_probe_h200.txt)
-    python -m bench.tiles_probe --mode bwd --cells 64:16384:causal --tiles dkdv=64,64,4,3,off64 dq=128,64,4,3,off64
+        --tiles 64,64,4,3 64,64,4,3,rowoff 128,64,8,3      (H200 answer: bench/results/attention_tiles_probe_h200.txt)
+    python -m bench.tiles_probe --mode bwd --cells 64:16384:causal --tiles dkdv=64,64,4,3,rowoff dq=128,64,4,3,rowoff
 
 For each cell (head_dim:N:plain|causal, fp16, B x H as bench.attention_configs sweeps them: 4x32 at
 D64, 4x16 at D128, 2x8 otherwise) it times in turns: diyflash with its tuned tiles, diyflash at each

@@ -215,18 +215,18 @@ def test_full_blocks_skip_masks_bit_for_bit(device, causal, n_q, n_k):
 
 @pytest.mark.parametrize("layout", ["bhnd", "sliced"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_off64_addressing_gives_the_same_bits(device, causal, layout):
-    """AttnConfig.off64 (streamed blocks addressed as the first tile plus a 64-bit offset) loads the
+def test_row_offset_addressing_gives_the_same_bits(device, causal, layout):
+    """AttnConfig.rowoff (streamed blocks addressed as the first tile plus a row offset) loads the
     same tiles and does the same math as advancing pointer tiles, in the forward and in both backward
     kernels: out, lse, dq, dk and dv are bitwise equal, with tail blocks, n_q != n_k both ways, a padded
-    head_dim (80), seq_lens and strided inputs. off64 is a pointer-path flag: with TMA it is refused."""
+    head_dim (80), seq_lens and strided inputs. rowoff is a pointer-path flag: with TMA it is refused."""
     from dataclasses import replace
 
     from diyflash.kernels import attention as ka
     from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig, BwdConfig
 
     tiles = INTERPRETER_CONFIG if ka.INTERPRETED else AttnConfig(64, 64, 4, 3)
-    off = replace(tiles, off64=True)
+    off = replace(tiles, rowoff=True)
     scale = 80 ** -0.5
     for n_q, n_k in ((113, 70), (70, 113)):
         q, k, v = make_qkv(2, 2, n_q, n_k, 80, torch.float16, device, layout=layout)
@@ -242,8 +242,85 @@ def test_off64_addressing_gives_the_same_bits(device, causal, layout):
             for name, *each in zip(("dq", "dk", "dv"), *grads):
                 for other in each[1:]:
                     assert torch.equal(each[0], other), (name, n_q, n_k, seq_lens)
-    with pytest.raises(ValueError, match="off64"):
-        AttnConfig(64, 64, 4, 3, tma=True, off64=True)
+    with pytest.raises(ValueError, match="rowoff"):
+        AttnConfig(64, 64, 4, 3, tma=True, rowoff=True)
+
+
+def test_rows_fit_int32_bounds():
+    """The launcher's check behind the kernels' 32-bit row offsets (ROW32): every offset a tile can form
+    inside a (batch, head) slice, rows up to N + MAX_BLOCK_ROWS and columns up to the padded head_dim,
+    must fit in int32; the batch and head strides do not count (those offsets are 64-bit anyway)."""
+    from diyflash.kernels.attention import MAX_BLOCK_ROWS, rows_fit_int32
+
+    def t(n, d, row_stride, d_stride=1, batch_stride=2**40):
+        return torch.empty_strided((3, 2, n, d), (batch_stride, row_stride * n, row_stride, d_stride), device="meta")
+
+    stride = 4096
+    n = 2**31 // stride - MAX_BLOCK_ROWS  # (n + 256) * 4096 == 2^31: one past the last int32 offset
+    assert rows_fit_int32(t(n - 1, 64, stride))
+    assert not rows_fit_int32(t(n, 64, stride))
+    assert not rows_fit_int32(t(16, 64, stride), t(n, 64, stride))  # every tensor counts
+    assert rows_fit_int32(t(16, 80, 80)) and rows_fit_int32(t(16, 64, 0))  # a stride-0 (expanded) row
+    assert not rows_fit_int32(t(16, 64, 1, d_stride=2**26))  # a huge head_dim stride: 128 * 2^26 = 2^33
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_int32_row_offsets_give_the_same_bits(device, causal, monkeypatch):
+    """ROW32 (row offsets in 32 bits where rows_fit_int32 allows) computes the same addresses as the
+    64-bit offsets, in the forward and both backward kernels, for pointer tiles advanced block by block
+    and for rowoff tiles: out, lse, dq, dk, dv bitwise equal with the check forced false. Tails, n_q != n_k,
+    head_dim 80, seq_lens, a sliced layout."""
+    from dataclasses import replace
+
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig, BwdConfig
+
+    tiles = INTERPRETER_CONFIG if ka.INTERPRETED else AttnConfig(64, 64, 4, 3)
+    q, k, v = make_qkv(2, 2, 113, 70, 80, torch.float16, device, layout="sliced")
+    dout = random_like(q)
+    scale = 80 ** -0.5
+    for cfg in (tiles, replace(tiles, rowoff=True)):
+        for seq_lens in (None, torch.tensor([70, 31], dtype=torch.int32, device=device)):
+            results = []
+            for fits in (True, False):
+                monkeypatch.setattr(ka, "_PLANS", {})  # a replayed plan would keep the first call's ROW32
+                monkeypatch.setattr(ka, "rows_fit_int32", lambda *tensors, fits=fits: fits)
+                out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=cfg)
+                grads = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
+                                         config=BwdConfig(cfg, cfg))
+                results.append((out, lse, *grads))
+            for name, narrow, wide in zip(("out", "lse", "dq", "dk", "dv"), *results):
+                assert torch.equal(narrow, wide), (name, cfg, seq_lens)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a 2^31-element row span needs a 4.5 GB buffer: GPU suite only")
+@pytest.mark.parametrize("rowoff", [False, True])
+def test_row_offsets_past_int32(device, rowoff):
+    """k and v rows 2^21 elements apart: the last key rows lie past 2^31 elements from their slice's
+    start, so the launcher keeps 64-bit row offsets (rows_fit_int32 is false) and nothing wraps. Forward
+    and backward against float64, on the pointer path (tiles advanced or rowoff)."""
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import AttnConfig, BwdConfig
+
+    n, d, stride = 1100, 64, 2**21  # (n - 1) * stride > 2^31
+    gen = torch.Generator(device=device).manual_seed(0)
+    buffers = [torch.empty((n - 1) * stride + d, device=device, dtype=torch.float16) for _ in range(2)]
+    k, v = (b.as_strided((1, 1, n, d), (0, 0, stride, 1)) for b in buffers)
+    for t in (k, v):
+        t.copy_(torch.randn(t.shape, device=device, dtype=t.dtype, generator=gen))
+    q = torch.randn(1, 1, 77, d, device=device, dtype=torch.float16, generator=gen)
+    assert not ka.rows_fit_int32(k)
+    cfg = AttnConfig(64, 64, 4, 3, rowoff=rowoff)
+    scale = d ** -0.5
+    out, lse = ka.attention_fwd(q, k, v, False, scale, None, config=cfg)
+    dout = torch.randn(out.shape, device=device, dtype=out.dtype, generator=gen)
+    dq, dk, dv = ka.attention_bwd(dout, None, q, k, v, out, lse, False, scale, None, config=BwdConfig(cfg, cfg))
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*leaves, causal=False, scale=scale)
+    want = torch.autograd.grad(ref, leaves, dout.double())
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-3)
+    for got, w in zip((dq, dk, dv), want):
+        torch.testing.assert_close(got.double(), w, rtol=0, atol=1e-2)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -113,8 +113,8 @@ def check_tiles(kind, tiles):
 
     cfg = AttnConfig.from_tiles(tiles)
     assert cfg.as_tiles() == tiles
-    assert any((c.block_m, c.block_n, c.num_warps, c.split, c.tma, c.ws, c.off64)
-               == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split, cfg.tma, cfg.ws, cfg.off64)
+    assert any((c.block_m, c.block_n, c.num_warps, c.split, c.tma, c.ws, c.rowoff)
+               == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split, cfg.tma, cfg.ws, cfg.rowoff)
                for c in CANDIDATES[kind]), (kind, tiles)
 
 
@@ -223,7 +223,7 @@ def test_probes_parse_tiles_and_compute_attention(device):
     from diyflash.kernels.attention_configs import AttnConfig
 
     assert parse_tiles("dv=32,128,8,4,tma") == ("dv", AttnConfig(32, 128, 8, 4, tma=True))
-    assert parse_tiles("fwd=64,64,4,3,off64") == ("fwd", AttnConfig(64, 64, 4, 3, off64=True))
+    assert parse_tiles("fwd=64,64,4,3,rowoff") == ("fwd", AttnConfig(64, 64, 4, 3, rowoff=True))
     with pytest.raises(ValueError, match="KIND="):
         parse_tiles("bwd=32,64,4,3")
     assert parse_cell("128:2048:causal") == (128, 2048, True) and parse_cell("64:1024:plain") == (64, 1024, False)

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from ._runtime import device_limits, require_triton
-from .attention_configs import AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad
+from .attention_configs import MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
@@ -96,13 +96,26 @@ def _desc_load(desc, row, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _stepped(a_ptrs, b_ptrs, start, step_a, step_b, OFF64: tl.constexpr):
-    """The pointer tiles of the streamed block at row `start`. OFF64: a_ptrs and b_ptrs are the first
-    block's tiles, offset here by a 64-bit row offset (AttnConfig.off64); else the loop advances them and
-    they are already there."""
-    if OFF64:
+def _stepped(a_ptrs, b_ptrs, start, step_a, step_b, ROWOFF: tl.constexpr, ROW32: tl.constexpr):
+    """The pointer tiles of the streamed block at row `start`. ROWOFF: a_ptrs and b_ptrs are the first
+    block's tiles, offset here by the row offset start * step (AttnConfig.rowoff), in 64 bits unless
+    ROW32; else the loop advances them and they are already there."""
+    if ROWOFF:
+        if ROW32:
+            return a_ptrs + start * step_a, b_ptrs + start * step_b
         return a_ptrs + tl.cast(start, tl.int64) * step_a, b_ptrs + tl.cast(start, tl.int64) * step_b
     return a_ptrs, b_ptrs
+
+
+@triton.jit
+def _rows(offs, ROW32: tl.constexpr):
+    """Row indices to multiply by a row stride: as they are when ROW32 (the launcher checked that every
+    offset inside a (batch, head) slice fits in int32: rows_fit_int32), else widened to 64 bits."""
+    if ROW32:
+        rows = offs
+    else:
+        rows = offs.to(tl.int64)
+    return rows
 
 
 @triton.jit
@@ -137,20 +150,23 @@ def _tile(head_group, DEAL: tl.constexpr, REVERSE: tl.constexpr):
 
 @triton.jit
 def _key_range(start_m, q_len, kv_len, causal_offset,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+               HAS_SEQ_LENS: tl.constexpr, EVEN_N: tl.constexpr):
     """Key blocks of query rows [start_m, start_m + BLOCK_M): [0, full_hi) is visible to every row
-    (no masks), [full_hi, hi) needs the key-length and causal masks. A block of padding rows gets
-    an empty range."""
+    (no masks), [full_hi, hi) needs the key-length and causal masks. A block of padding rows (only
+    with seq_lens: the grid has no block past N_q) gets an empty range.
+    The non-causal bounds are kv_len itself where they can be: LLVM widens a loop counter to 64 bits
+    when the bound is clamped (max, floor), which costs the forward's loop ~4 integer instructions per
+    key block (Triton 3.6, sm_90 SASS)."""
     if CAUSAL:
-        hi = tl.minimum(kv_len, start_m + BLOCK_M + causal_offset)
-        full_hi = tl.minimum(kv_len, start_m + 1 + causal_offset)
-    else:
+        hi = tl.maximum(tl.minimum(kv_len, start_m + BLOCK_M + causal_offset), 0)
+        full_hi = tl.maximum(tl.minimum(kv_len, start_m + 1 + causal_offset), 0) // BLOCK_N * BLOCK_N
+    else:  # kv_len >= 0
         hi = kv_len
-        full_hi = kv_len
-    hi = tl.maximum(hi, 0)
-    full_hi = tl.maximum(full_hi, 0) // BLOCK_N * BLOCK_N
-    hi = tl.where(start_m < q_len, hi, 0)
-    full_hi = tl.where(start_m < q_len, full_hi, 0)
+        full_hi = kv_len if EVEN_N else kv_len // BLOCK_N * BLOCK_N
+    if HAS_SEQ_LENS:
+        hi = tl.where(start_m < q_len, hi, 0)
+        full_hi = tl.where(start_m < q_len, full_hi, 0)
     return full_hi, hi
 
 
@@ -166,24 +182,24 @@ def _attn_fwd_inner(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr,
     FOLD_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-    WS: tl.constexpr, OFF64: tl.constexpr,
+    WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MASKED blocks apply the causal mask, and the key-length
     mask unless EVEN_N (every key block full, so every key below hi <= kv_len is in range); unmasked
     blocks are fully in range and fully visible to every row of this query block.
     TMA: k_ptrs and v_ptrs are tensor descriptors (_rows_desc) instead of pointer tiles.
     WS: Triton's automatic warp specialization of the loop (loads, dots and softmax in separate warps).
-    OFF64: each pointer tile is the first tile plus a 64-bit row offset, instead of pointer tiles
-    advanced block by block (AttnConfig.off64: the same loads, which ptxas schedules differently)."""
+    ROWOFF: each pointer tile is the first tile plus a row offset (_stepped), instead of pointer tiles
+    advanced block by block (AttnConfig.rowoff: the same loads, which ptxas schedules differently)."""
     KEY_MASK: tl.constexpr = MASKED and not EVEN_N
-    if not TMA and not OFF64:
+    if not TMA and not ROWOFF:
         k_ptrs += tl.cast(lo, tl.int64) * step_k
         v_ptrs += tl.cast(lo, tl.int64) * step_v
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         if KEY_MASK:
             kv_mask = cols < kv_len
-        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, OFF64)
+        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, ROWOFF, ROW32)
         if TMA:
             k = _desc_load(k_ptrs, start_n, UPCAST).T  # (D, BLOCK_N)
         elif KEY_MASK:
@@ -233,7 +249,7 @@ def _attn_fwd_inner(
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
-        if not TMA and not OFF64:
+        if not TMA and not ROWOFF:
             k_ptrs += BLOCK_N * step_k
             v_ptrs += BLOCK_N * step_v
     return acc, l_i, m_i
@@ -253,11 +269,12 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OFF64: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). WS: the unmasked
-    key loop is warp-specialized (the launcher sets it only with TMA). OFF64: see _attn_fwd_inner.
+    key loop is warp-specialized (the launcher sets it only with TMA). ROWOFF: see _attn_fwd_inner.
+    ROW32: row offsets inside a (batch, head) slice are computed in 32 bits (rows_fit_int32).
     EVEN_M / EVEN_N: every query / key block is full (no seq_lens, the length a multiple of the block):
     rows need no masks, and a non-causal kernel with full key blocks has no masked key loop."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
@@ -278,7 +295,7 @@ def _attn_fwd_kernel(
     if TMA:
         q = _desc_load(_rows_desc(q_base, q_len, stride_qm, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD), start_m, UPCAST)
     else:
-        q_ptrs = q_base + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd
+        q_ptrs = q_base + _rows(offs_m, ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd
         if EVEN_M:
             q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
         else:
@@ -290,28 +307,36 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
 
-    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N)
 
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS, OFF64,
+        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
     )
     if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, OFF64,
+            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
         )
 
-    # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf --
-    row_live = (l_i > 0) & (offs_m < q_len)
+    # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf. A row
+    # that saw no key has acc == 0 exactly (each of its p was 0), so only seq_lens' padding rows, which
+    # a block computes with its valid rows, need their output zeroed --
+    if HAS_SEQ_LENS:
+        row_live = (l_i > 0) & (offs_m < q_len)
+    else:
+        row_live = l_i > 0
     l_safe = tl.where(row_live, l_i, 1.0)
-    out = tl.where(row_live[:, None], acc / l_safe[:, None], 0.0)
+    if HAS_SEQ_LENS:
+        out = tl.where(row_live[:, None], acc / l_safe[:, None], 0.0)
+    else:
+        out = acc / l_safe[:, None]
     lse = tl.where(row_live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # * ln(2)
 
     o_ptrs = (out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-              + offs_m.to(tl.int64)[:, None] * stride_om + offs_d[None, :] * stride_od)
+              + _rows(offs_m, ROW32)[:, None] * stride_om + offs_d[None, :] * stride_od)
     l_ptrs = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m
     if EVEN_M:
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=None if EVEN_D else d_mask[None, :])
@@ -373,13 +398,13 @@ def _attn_bwd_dkdv_inner(
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    TMA: tl.constexpr, WS: tl.constexpr, OFF64: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
     (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
     two this pass accumulates (a split pass skips the other's dots and loads). TMA: q_ptrs and
-    do_ptrs are tensor descriptors. OFF64: as in _attn_fwd_inner."""
-    if not TMA and not OFF64:
+    do_ptrs are tensor descriptors. ROWOFF: as in _attn_fwd_inner."""
+    if not TMA and not ROWOFF:
         q_ptrs += tl.cast(lo, tl.int64) * step_q
         do_ptrs += tl.cast(lo, tl.int64) * step_do
     lse2_ptrs += lo
@@ -388,7 +413,7 @@ def _attn_bwd_dkdv_inner(
         rows = start_m + offs_m
         if MASKED:
             row_mask = rows < q_len
-        q_at, do_at = _stepped(q_ptrs, do_ptrs, start_m, step_q, step_do, OFF64)
+        q_at, do_at = _stepped(q_ptrs, do_ptrs, start_m, step_q, step_do, ROWOFF, ROW32)
         if TMA:
             q = _desc_load(q_ptrs, start_m, UPCAST)
             do = _desc_load(do_ptrs, start_m, UPCAST)
@@ -421,7 +446,7 @@ def _attn_bwd_dkdv_inner(
             dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
-        if not TMA and not OFF64:
+        if not TMA and not ROWOFF:
             q_ptrs += BLOCK_M * step_q
             do_ptrs += BLOCK_M * step_do
         lse2_ptrs += BLOCK_M
@@ -444,7 +469,8 @@ def _attn_bwd_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OFF64: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """dk and dv of one key block (DO_DK and DO_DV), or one of them: a split backward launches this
     kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
@@ -468,9 +494,9 @@ def _attn_bwd_dkdv_kernel(
 
     k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
     v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-    k = _load(k_base + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kv_mask, UPCAST)
+    k = _load(k_base + _rows(offs_n, ROW32)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kv_mask, UPCAST)
     if DO_DK:  # dv alone never reads v
-        v = _load(v_base + offs_n.to(tl.int64)[:, None] * stride_vn + offs_d[None, :] * stride_vd, kv_mask, UPCAST)
+        v = _load(v_base + _rows(offs_n, ROW32)[:, None] * stride_vn + offs_d[None, :] * stride_vd, kv_mask, UPCAST)
     else:
         v = k
 
@@ -502,29 +528,29 @@ def _attn_bwd_dkdv_kernel(
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
             offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
-            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, OFF64,
+            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
         )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, OFF64,
+        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
     )
     if not EVEN_M:  # else full_end = q_len: no tail
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
             offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
-            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, OFF64,
+            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
         )
 
     key_in = kv_mask if EVEN_N else (offs_n < seq_len_k)[:, None] & d_mask[None, :]
     if DO_DK:
         dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
         dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_h.to(tl.int64) * stride_dkh
-                   + offs_n.to(tl.int64)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+                   + _rows(offs_n, ROW32)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
         tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=key_in)
     if DO_DV:
         dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_h.to(tl.int64) * stride_dvh
-                   + offs_n.to(tl.int64)[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
+                   + _rows(offs_n, ROW32)[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
         tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=key_in)
 
 
@@ -537,18 +563,18 @@ def _attn_bwd_dq_inner(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    OFF64: tl.constexpr,
+    ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """Accumulate dq of one query block over the key blocks [lo, hi). TMA: k_ptrs and v_ptrs are
-    tensor descriptors. OFF64: as in _attn_fwd_inner."""
-    if not TMA and not OFF64:
+    tensor descriptors. ROWOFF: as in _attn_fwd_inner."""
+    if not TMA and not ROWOFF:
         k_ptrs += tl.cast(lo, tl.int64) * step_k
         v_ptrs += tl.cast(lo, tl.int64) * step_v
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         cols = start_n + offs_n
         if MASKED:
             kv_mask = cols < kv_len
-        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, OFF64)
+        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, ROWOFF, ROW32)
         if TMA:
             k_t = _desc_load(k_ptrs, start_n, UPCAST).T  # (D, BLOCK_N)
             v_t = _desc_load(v_ptrs, start_n, UPCAST).T
@@ -568,7 +594,7 @@ def _attn_bwd_dq_inner(
         dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)
-        if not TMA and not OFF64:
+        if not TMA and not ROWOFF:
             k_ptrs += BLOCK_N * step_k
             v_ptrs += BLOCK_N * step_v
     return dq
@@ -588,7 +614,7 @@ def _attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, OFF64: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors.
     WS: the unmasked key loop is warp-specialized. EVEN_M / EVEN_N: as in the forward."""
@@ -610,9 +636,9 @@ def _attn_bwd_dq_kernel(
         qd_mask = row_mask[:, None] & d_mask[None, :]
 
     q = _load(q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-              + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd, qd_mask, UPCAST)
+              + _rows(offs_m, ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd, qd_mask, UPCAST)
     do = _load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
-               + offs_m.to(tl.int64)[:, None] * stride_gm + offs_d[None, :] * stride_gd, qd_mask, UPCAST)
+               + _rows(offs_m, ROW32)[:, None] * stride_gm + offs_d[None, :] * stride_gd, qd_mask, UPCAST)
     row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
     if EVEN_M:
         lse2 = tl.load(lse2_ptr + row_base + offs_m)
@@ -626,24 +652,24 @@ def _attn_bwd_dq_kernel(
     k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
     v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
 
-    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS, OFF64,
+        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
     )
     if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-            BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, False, OFF64,
+            BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
         )
     dq *= scale
 
     dq_ptrs = (dq_ptr + off_z.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh
-               + offs_m.to(tl.int64)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
+               + _rows(offs_m, ROW32)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
     if EVEN_M:
         tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=qd_mask)
     else:
@@ -755,6 +781,15 @@ def _z_chunks(z: int, env: dict) -> list[tuple[int, dict]]:
             for z0 in range(0, z, MAX_GRID_Z)]
 
 
+def rows_fit_int32(*tensors: torch.Tensor) -> bool:
+    """Whether every offset inside one (batch, head) slice of these (Z, H, N, D) tensors that a tile can
+    form fits in int32: row * row_stride + col * col_stride for rows up to N + MAX_BLOCK_ROWS (a last
+    block's padding rows have addresses too, masked) and columns up to the padded head_dim. The kernels
+    then compute row offsets in 32 bits (ROW32, _rows); the (batch, head) offsets are 64-bit either way."""
+    return all((t.shape[2] + MAX_BLOCK_ROWS) * abs(t.stride(2)) + head_dim_pad(t.shape[3]) * abs(t.stride(3)) < 2**31
+               for t in tensors)
+
+
 def tma_ok(*tensors: torch.Tensor) -> bool:
     """Whether TMA descriptors can read these (Z, H, N, D) tensors in place: fp16/bf16, head_dim
     contiguous, every other stride and the base address 16-byte aligned (strides of size-1 dims
@@ -791,13 +826,14 @@ def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) 
     return group
 
 
-def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int) -> dict:
+def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int, row32: bool) -> dict:
     """A kernel's launch options from its tiles: blocks, warps, stages, TMA (where the inputs allow it,
     `tma`), warp specialization (with TMA only) and EVEN_M / EVEN_N: every query / key block of these
-    tiles is full, so rows and keys need no masks. Never with seq_lens, whose valid lengths are only
-    known on the device."""
+    tiles is full, so rows and keys need no masks (never with seq_lens, whose valid lengths are only
+    known on the device); ROWOFF (the tiles' rowoff) and ROW32 (`row32`: rows_fit_int32 of the launch's
+    tensors, so row offsets are computed in 32 bits)."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                TMA=tma, WS=tma and cfg.ws, OFF64=cfg.off64,
+                TMA=tma, WS=tma and cfg.ws, ROWOFF=cfg.rowoff, ROW32=row32,
                 EVEN_M=seq_lens is None and n_q % cfg.block_m == 0,
                 EVEN_N=seq_lens is None and n_k % cfg.block_n == 0)
 
@@ -851,7 +887,7 @@ def attention_fwd(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
         DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
-        **_tile_meta(cfg, tma, seq_lens, n_q, n_k),
+        **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens")
     chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, meta)])
@@ -918,18 +954,19 @@ def attention_bwd(
                 *((dlse3.stride(0), dlse3.stride(1), dlse3.stride(2)) if dlse3 is not None else (0, 0, 0)),
                 h, n_q)
     pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
+    row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk4, dv4)
     kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4))
     kv_launches = [  # (tiles, args, meta) of each dk/dv pass
         (kv_cfg,
          (*kv_strides, h, n_q, n_k, scale * LOG2E, scale,
           group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h, q.device)),
-         dict(DO_DK=do_dk, DO_DV=do_dv, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k), **common))
+         dict(DO_DK=do_dk, DO_DV=do_dv, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32), **common))
         for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
     ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
     q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
               h, n_q, n_k, scale * LOG2E, scale, q_group)
-    q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k), **common)
+    q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k, row32), **common)
 
     def launches(zc: int) -> list[_Launch]:
         return [

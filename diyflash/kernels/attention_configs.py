@@ -28,6 +28,9 @@ def head_dim_pad(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
+MAX_BLOCK_ROWS = 256  # the most rows a tile may have: the kernels' 32-bit row offsets count on it (rows_fit_int32)
+
+
 @dataclass(frozen=True)
 class AttnConfig:
     block_m: int  # query rows per tile
@@ -43,21 +46,24 @@ class AttnConfig:
     # warp-specialize the unmasked main loop (Triton's automatic warp specialization: the loads, the
     # dots and the softmax in separate warps, which adds warps to the program); only with tma
     ws: bool = False
-    # pointer loads only: address each streamed block as the first tile plus a 64-bit row offset
-    # instead of advancing the pointer tiles. The same loads and math (results are bitwise the same);
-    # ptxas schedules the loop differently, and which way is faster depends on the warps: on the H200
-    # (Triton 3.6, bench/results/attention_tiles_probe_h200.txt) the forward gains 2-16 % at 64x64 and
-    # 128x64 with 4 warps (mostly 2-6 %) and moves -4.5..+2.5 % with 8; the backward's 4-warp kernels
-    # gain 0-3 %, its 8-warp dq kernels lose up to 7 %. The sweep tries both.
-    off64: bool = False
+    # pointer loads only: address each streamed block as the first tile plus a row offset (start * row
+    # stride; 32-bit where kernels.attention.rows_fit_int32 allows, else 64-bit) instead of advancing
+    # the pointer tiles. The same loads and math (results are bitwise the same); ptxas schedules the
+    # loop differently, and which way is faster depends on the tiles: on the H200 (Triton 3.6,
+    # bench/results/attention_tiles_probe_h200.txt) 64-bit offsets gained 2-16 % with 4 warps and
+    # moved -7..+2.5 % with 8; 32-bit offsets take the D64 forward's 8-warp loop from 282 to 272 SASS
+    # instructions, +1..3 %. Called off64 before the 32-bit offsets (results files up to run 7).
+    rowoff: bool = False
 
-    FLAGS = ("split", "tma", "ws", "off64")  # the boolean fields, recorded by name in attention_tuned.py
+    FLAGS = ("split", "tma", "ws", "rowoff")  # the boolean fields, recorded by name in attention_tuned.py
 
     def __post_init__(self):
+        if not (0 < self.block_m <= MAX_BLOCK_ROWS and 0 < self.block_n <= MAX_BLOCK_ROWS):
+            raise ValueError(f"{self}: block_m and block_n must be in 1..{MAX_BLOCK_ROWS}")
         if self.ws and not self.tma:
             raise ValueError(f"{self}: ws (warp-specialized loops) needs tma (TMA loads)")
-        if self.off64 and self.tma:
-            raise ValueError(f"{self}: off64 addresses pointer loads; tma tiles have none")
+        if self.rowoff and self.tma:
+            raise ValueError(f"{self}: rowoff addresses pointer loads; tma tiles have none")
 
     @classmethod
     def from_tiles(cls, tiles: tuple) -> AttnConfig:
@@ -96,8 +102,8 @@ FWD_CANDIDATES = [
     for w in (4, 8)
     for s in (3, 4, 5)
 ] + [AttnConfig(bm, bn, 4, 7) for bm, bn in ((64, 64), (128, 32), (128, 64))]  # deep pipelines, small tiles
-# the same pointer tiles with 64-bit offset addressing (off64)
-FWD_CANDIDATES += [replace(c, off64=True) for c in FWD_CANDIDATES]
+# the same pointer tiles with row-offset addressing (rowoff)
+FWD_CANDIDATES += [replace(c, rowoff=True) for c in FWD_CANDIDATES]
 # TMA loads take no registers for addresses: a shallower pipeline (2 stages) can pay there
 FWD_CANDIDATES += [
     AttnConfig(bm, bn, w, s, tma=True)
@@ -137,11 +143,12 @@ DV_CANDIDATES = [
 # fails on these kernels (NVGPUWarpSpecialization, a dominance assertion; H200, 2026-11-22).
 WS_WARPS = 8
 FWD_CANDIDATES += [AttnConfig(128, bn, WS_WARPS, s, tma=True, ws=True) for bn in (64, 128) for s in (2, 3)]
-# Each backward kernel's pointer tiles get their flagged twins, in this order: off64 for the 4-warp ones
-# (with 8 warps it measured 2-7 % slower), TMA for the pointer-advancing ones, then ws for the 8-warp TMA ones.
+# Each backward kernel's pointer tiles get their flagged twins, in this order: rowoff (with 64-bit offsets
+# it only paid with 4 warps; with 32-bit ones the D64 8-warp dq tiles gain 3 %), TMA for the
+# pointer-advancing ones, then ws for the 8-warp TMA ones.
 for _cands in (DKDV_CANDIDATES, DQ_CANDIDATES, DV_CANDIDATES):
-    _cands += [replace(c, off64=True) for c in _cands if c.num_warps == 4]
-    _cands += [replace(c, tma=True) for c in _cands if not c.off64]
+    _cands += [replace(c, rowoff=True) for c in _cands]
+    _cands += [replace(c, tma=True) for c in _cands if not c.rowoff]
     _cands += [replace(c, ws=True) for c in _cands if c.tma and c.num_warps == WS_WARPS]
 del _cands
 CANDIDATES = {"fwd": FWD_CANDIDATES, "dkdv": DKDV_CANDIDATES, "dq": DQ_CANDIDATES, "dv": DV_CANDIDATES}
