@@ -44,6 +44,15 @@ def host_us(fn, calls=20, reps=200) -> float:
     return statistics.median(times)
 
 
+def tma_and_pointer_tiles(cfg) -> dict:
+    """The same tiles read through TMA descriptors and through pointers, for the launch-cost rows: ws and
+    rowoff are dropped where they do not apply (ws needs TMA, rowoff addresses pointer tiles only)."""
+    from dataclasses import replace
+
+    return {"TMA": replace(cfg, tma=True, rowoff=False),
+            "pointer": replace(cfg, tma=False, ws=False)}
+
+
 def main() -> int:
     import triton
 
@@ -61,15 +70,11 @@ def main() -> int:
         "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, q, q),
     }
     # TMA's host cost: the layout check and Triton's scratch allocation for the device-built descriptors
-    from dataclasses import replace
-
     from diyflash.kernels.attention_configs import fwd_config
 
     q128 = torch.randn(1, 1, 128, 128, device="cuda", dtype=torch.float16)
-    cfg128 = fwd_config(128, q128.dtype, q128.device, False, False, 128)
-    for tma in (True, False):
-        cfg = replace(cfg128, tma=tma, rowoff=cfg128.rowoff and not tma)  # rowoff addresses pointer tiles only
-        rows[f"launcher, D128, {'TMA' if tma else 'pointer'} tiles"] = (
+    for name, cfg in tma_and_pointer_tiles(fwd_config(128, q128.dtype, q128.device, False, False, 128)).items():
+        rows[f"launcher, D128, {name} tiles"] = (
             lambda cfg=cfg: ka.attention_fwd(q128, q128, q128, False, 128 ** -0.5, None, config=cfg))
     # a training step's attention: forward and backward, autograd included
     qg = q.detach().requires_grad_()

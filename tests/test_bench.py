@@ -239,3 +239,21 @@ def test_probes_parse_tiles_and_compute_attention(device):
         torch.testing.assert_close(run(q, k, v, 64, 32, 4, 2, emu=emu), ref, atol=2e-3, rtol=2e-3)
     import bench.exp2_probe  # noqa: F401  (the probes import: their main()s need a GPU)
     import bench.prefetch_probe  # noqa: F401
+
+
+def test_overhead_launch_rows_take_every_tuned_forward_entry():
+    """bench.overhead times one forward's tiles through TMA and through pointers. Its first version kept
+    a pointer-only flag on the TMA copy, and the whole run raised at the first tuned entry with that flag:
+    every tuned forward tile (each head_dim, causal or not, each length bucket) must give both copies."""
+    from bench.overhead import tma_and_pointer_tiles
+    from diyflash.kernels.attention_configs import TUNED, AttnConfig
+
+    for dims in TUNED["fwd"].values():
+        for entry in dims.values():
+            for tiles in (entry.values() if isinstance(entry, dict) else [entry]):
+                cfg = AttnConfig.from_tiles(tiles)
+                both = tma_and_pointer_tiles(cfg)
+                assert both["TMA"].tma and not both["TMA"].rowoff
+                assert not both["pointer"].tma and not both["pointer"].ws
+                assert (both["pointer"].block_m, both["pointer"].block_n, both["pointer"].num_warps) == (
+                    cfg.block_m, cfg.block_n, cfg.num_warps)
