@@ -72,6 +72,13 @@ def interleaved_times(fns: dict, rounds: int = 5, round_ms: float = 50, warmup_m
     return times
 
 
+def interleaved_tflops(fns: dict, flops: float, rounds: int, round_ms: float = 40) -> dict:
+    """TFLOPS of each callable in `fns` (each doing `flops`) from the median of its samples, timed in
+    turns (interleaved_times): the probes' one number per callable."""
+    times = interleaved_times(fns, rounds=rounds, round_ms=round_ms)
+    return {name: flops / quantiles(t, (0.5,))[0] / 1e9 for name, t in times.items()}
+
+
 def quantiles(samples, qs=(0.5, 0.2, 0.8)) -> tuple:
     """The qs-quantiles of a list of times (linear interpolation, as triton.testing.do_bench)."""
     t = torch.tensor(samples, dtype=torch.float64)

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from bench.common import attention_flops, interleaved_times, quantiles
+from bench.common import attention_flops, interleaved_tflops
 from bench.minimal_attention import run, sass
 
 OPS = ("MUFU", "FFMA", "FADD", "FMUL", "FMNMX", "IMAD", "SHF", "IADD3", "LEA", "F2FP", "HGMMA", "STS", "LDS", "SHFL",
@@ -52,9 +52,7 @@ def main() -> int:
                         fns[(cfg, emu)] = (lambda cfg=cfg, emu=emu: run(q, k, v, *cfg, emu=emu))
                     except Exception as e:
                         print("fail", cfg, emu, type(e).__name__, str(e)[-700:], flush=True)
-            times = interleaved_times(fns, rounds=4, round_ms=40)
-            flops = attention_flops(b, h, n, n, d, False, "fwd")
-            res = {name: flops / quantiles(t, (0.5,))[0] / 1e9 for name, t in times.items()}
+            res = interleaved_tflops(fns, attention_flops(b, h, n, n, d, False, "fwd"), rounds=4)
             print(f"D{d} N{n}: diyflash {res['diyflash']:.0f} (err {errs['diyflash']:.1e}); " + "; ".join(
                 f"{c[0]} emu{c[1]} {t:.0f} ({errs[c]:.1e})" for c, t in res.items() if c != "diyflash"), flush=True)
             if n == 4096:

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from bench.common import attention_flops, interleaved_times, quantiles
+from bench.common import attention_flops, interleaved_tflops
 from bench.minimal_attention import run, sass
 
 
@@ -63,9 +63,7 @@ def main() -> int:
                         fns[(cfg, pf)] = (lambda cfg=cfg, pf=pf: run(q, k, v, *cfg, pf))
                     except Exception as e:
                         print("fail", cfg, pf, type(e).__name__, str(e)[:100])
-            times = interleaved_times(fns, rounds=4, round_ms=40)
-            flops = attention_flops(b, h, n, n, d, False, "fwd")
-            res = {name: flops / quantiles(t, (0.5,))[0] / 1e9 for name, t in times.items()}
+            res = interleaved_tflops(fns, attention_flops(b, h, n, n, d, False, "fwd"), rounds=4)
             base = res["diyflash"]
             print(f"D{d} N{n}: diyflash {base:.0f}; " + "; ".join(
                 f"{c[0]}{' pf' if c[1] else ''} {t:.0f}" for c, t in res.items() if c != "diyflash"), flush=True)

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from bench.common import attention_flops, interleaved_times, quantiles
+from bench.common import attention_flops, interleaved_tflops
 
 
 def parse_cell(spec: str) -> tuple[int, int, bool]:
@@ -79,9 +79,7 @@ def main(argv=None) -> int:
             err = (out.float() - ref).abs().max().item()
             if err > 1e-2:
                 raise AssertionError(f"D{d} N{n} causal={causal}: {name} differs from diyflash by {err}")
-        times = interleaved_times(fns, rounds=args.rounds, round_ms=40)
-        flops = attention_flops(b, h, n, n, d, causal, "fwd")
-        res = {name: flops / quantiles(t, (0.5,))[0] / 1e9 for name, t in times.items()}
+        res = interleaved_tflops(fns, attention_flops(b, h, n, n, d, causal, "fwd"), args.rounds)
         print(f"D{d} N{n} {'causal' if causal else 'plain'} (tuned {','.join(map(str, tuned.as_tiles()))}; "
               f"tutorial picks {tut._attn_fwd.best_config.kwargs} w{tut._attn_fwd.best_config.num_warps} "
               f"s{tut._attn_fwd.best_config.num_stages}): "
@@ -111,9 +109,7 @@ def _backward(args) -> int:
             err = max((a.float() - r.float()).abs().max().item() for a, r in zip(fn(), ref))
             if err > 5e-2:
                 raise AssertionError(f"D{d} N{n} causal={causal}: {name} differs from diyflash by {err}")
-        times = interleaved_times(fns, rounds=args.rounds, round_ms=40)
-        flops = attention_flops(b, h, n, n, d, causal, "bwd")
-        res = {name: flops / quantiles(t, (0.5,))[0] / 1e9 for name, t in times.items()}
+        res = interleaved_tflops(fns, attention_flops(b, h, n, n, d, causal, "bwd"), args.rounds)
         tiles = "; ".join(f"{kind} {','.join(map(str, cfg.as_tiles()))}"
                           for kind, cfg in (("dkdv", tuned.dkdv), ("dq", tuned.dq), ("dv", tuned.dv)) if cfg)
         print(f"bwd D{d} N{n} {'causal' if causal else 'plain'} (tuned {tiles}): "

@@ -185,6 +185,16 @@ def test_interleaved_times_gives_every_callable_its_rounds():
     assert calls["mm"] > 3 and calls["add"] > 3
 
 
+def test_interleaved_tflops_is_flops_over_the_median_time(monkeypatch):
+    """The probes' TFLOPS: the callable's FLOPs over the median of its samples taken in turns."""
+    import bench.common as common
+
+    samples = {"a": [1.0, 3.0, 2.0], "b": [0.5, 0.5, 4.0]}  # ms
+    monkeypatch.setattr(common, "interleaved_times", lambda fns, rounds, round_ms: {n: samples[n] for n in fns})
+    res = common.interleaved_tflops({"a": None, "b": None}, flops=4e12, rounds=3)
+    assert res == pytest.approx({"a": 4e12 / 2.0 / 1e9, "b": 4e12 / 0.5 / 1e9})
+
+
 def test_dv_pass_tiles_apply_only_to_a_split_backward(monkeypatch):
     """A 'dv' entry of attention_tuned.py tiles the dv pass where the dk/dv tiles are split, and is
     ignored where dk and dv are one pass; without one, the dv pass runs on the dk/dv tiles."""
