@@ -46,10 +46,11 @@ def host_us(fn, calls=20, reps=200) -> float:
 
 def tma_and_pointer_tiles(cfg) -> dict:
     """The same tiles read through TMA descriptors and through pointers, for the launch-cost rows: ws and
-    rowoff are dropped where they do not apply (ws needs TMA, rowoff addresses pointer tiles only)."""
+    rowoff (with row64) are dropped where they do not apply (ws needs TMA, rowoff addresses pointer tiles
+    only)."""
     from dataclasses import replace
 
-    return {"TMA": replace(cfg, tma=True, rowoff=False),
+    return {"TMA": replace(cfg, tma=True, rowoff=False, row64=False),
             "pointer": replace(cfg, tma=False, ws=False)}
 
 

@@ -246,6 +246,34 @@ def test_row_offset_addressing_gives_the_same_bits(device, causal, layout):
         AttnConfig(64, 64, 4, 3, tma=True, rowoff=True)
 
 
+def test_tile_flags_that_cannot_work_are_refused():
+    """AttnConfig refuses flag combinations that have no meaning or that Triton miscompiles, naming the
+    flag: row64 without rowoff, ws without TMA, ws with other than WS_WARPS warps (with 4, Triton 3.6
+    compiled the D128 forward into a kernel whose output was off by 0.47 on the H200)."""
+    from diyflash.kernels.attention_configs import WS_WARPS, AttnConfig
+
+    with pytest.raises(ValueError, match="row64"):
+        AttnConfig(64, 64, 4, 3, row64=True)
+    with pytest.raises(ValueError, match="needs tma"):
+        AttnConfig(128, 64, WS_WARPS, 2, ws=True)
+    with pytest.raises(ValueError, match="num_warps=8 only"):
+        AttnConfig(128, 64, 4, 2, tma=True, ws=True)
+    assert AttnConfig.from_tiles((64, 64, 4, 3, "rowoff", "row64")).as_tiles() == (64, 64, 4, 3, "rowoff", "row64")
+
+
+def test_row64_tiles_keep_64_bit_row_offsets():
+    """row64 tiles launch with ROW32 off even where the launcher's check allows 32 bits; other tiles
+    follow the check."""
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import AttnConfig
+
+    rowoff = AttnConfig(64, 64, 4, 3, rowoff=True)
+    row64 = AttnConfig(64, 64, 4, 3, rowoff=True, row64=True)
+    assert ka._tile_meta(rowoff, False, None, 128, 128, True)["ROW32"] is True
+    assert ka._tile_meta(row64, False, None, 128, 128, True)["ROW32"] is False
+    assert ka._tile_meta(rowoff, False, None, 128, 128, False)["ROW32"] is False
+
+
 def test_rows_fit_int32_bounds():
     """The launcher's check behind the kernels' 32-bit row offsets (ROW32): every offset a tile can form
     inside a (batch, head) slice, rows up to N + MAX_BLOCK_ROWS and columns up to the padded head_dim,
@@ -268,8 +296,9 @@ def test_rows_fit_int32_bounds():
 def test_int32_row_offsets_give_the_same_bits(device, causal, monkeypatch):
     """ROW32 (row offsets in 32 bits where rows_fit_int32 allows) computes the same addresses as the
     64-bit offsets, in the forward and both backward kernels, for pointer tiles advanced block by block
-    and for rowoff tiles: out, lse, dq, dk, dv bitwise equal with the check forced false. Tails, n_q != n_k,
-    head_dim 80, seq_lens, a sliced layout."""
+    and for rowoff tiles: out, lse, dq, dk, dv bitwise equal with the check forced false, and equal to
+    those of row64 tiles (64-bit row offsets always). Tails, n_q != n_k, head_dim 80, seq_lens, a sliced
+    layout."""
     from dataclasses import replace
 
     from diyflash.kernels import attention as ka
@@ -279,18 +308,20 @@ def test_int32_row_offsets_give_the_same_bits(device, causal, monkeypatch):
     q, k, v = make_qkv(2, 2, 113, 70, 80, torch.float16, device, layout="sliced")
     dout = random_like(q)
     scale = 80 ** -0.5
-    for cfg in (tiles, replace(tiles, rowoff=True)):
-        for seq_lens in (None, torch.tensor([70, 31], dtype=torch.int32, device=device)):
+    for seq_lens in (None, torch.tensor([70, 31], dtype=torch.int32, device=device)):
+        for cfgs in ((tiles,), (replace(tiles, rowoff=True), replace(tiles, rowoff=True, row64=True))):
             results = []
-            for fits in (True, False):
-                monkeypatch.setattr(ka, "_PLANS", {})  # a replayed plan would keep the first call's ROW32
-                monkeypatch.setattr(ka, "rows_fit_int32", lambda *tensors, fits=fits: fits)
-                out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=cfg)
-                grads = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
-                                         config=BwdConfig(cfg, cfg))
-                results.append((out, lse, *grads))
-            for name, narrow, wide in zip(("out", "lse", "dq", "dk", "dv"), *results):
-                assert torch.equal(narrow, wide), (name, cfg, seq_lens)
+            for cfg in cfgs:
+                for fits in (True, False):
+                    monkeypatch.setattr(ka, "_PLANS", {})  # a replayed plan would keep the first call's ROW32
+                    monkeypatch.setattr(ka, "rows_fit_int32", lambda *tensors, fits=fits: fits)
+                    out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=cfg)
+                    grads = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
+                                             config=BwdConfig(cfg, cfg))
+                    results.append((out, lse, *grads))
+            for name, first, *others in zip(("out", "lse", "dq", "dk", "dv"), *results):
+                for other in others:
+                    assert torch.equal(first, other), (name, cfgs, seq_lens)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a 2^31-element row span needs a 4.5 GB buffer: GPU suite only")

@@ -831,9 +831,9 @@ def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: i
     `tma`), warp specialization (with TMA only) and EVEN_M / EVEN_N: every query / key block of these
     tiles is full, so rows and keys need no masks (never with seq_lens, whose valid lengths are only
     known on the device); ROWOFF (the tiles' rowoff) and ROW32 (`row32`: rows_fit_int32 of the launch's
-    tensors, so row offsets are computed in 32 bits)."""
+    tensors, so row offsets are computed in 32 bits, unless the tiles ask for 64: row64)."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                TMA=tma, WS=tma and cfg.ws, ROWOFF=cfg.rowoff, ROW32=row32,
+                TMA=tma, WS=tma and cfg.ws, ROWOFF=cfg.rowoff, ROW32=row32 and not cfg.row64,
                 EVEN_M=seq_lens is None and n_q % cfg.block_m == 0,
                 EVEN_N=seq_lens is None and n_k % cfg.block_n == 0)
 

@@ -29,6 +29,10 @@ def head_dim_pad(head_dim: int) -> int:
 
 
 MAX_BLOCK_ROWS = 256  # the most rows a tile may have: the kernels' 32-bit row offsets count on it (rows_fit_int32)
+# Warp-specialized main loops (ws) run with 8 warps only. With 4, Triton 3.6's warp-specialization pass
+# fails on some of these kernels (NVGPUWarpSpecialization, a dominance assertion) and compiles the D128
+# forward (128x64 w4 s2 tma) into a kernel whose output is wrong by up to 0.47 (H200, 2026-11-22/23).
+WS_WARPS = 8
 
 
 @dataclass(frozen=True)
@@ -54,16 +58,26 @@ class AttnConfig:
     # moved -7..+2.5 % with 8; 32-bit offsets take the D64 forward's 8-warp loop from 282 to 272 SASS
     # instructions, +1..3 %. Called off64 before the 32-bit offsets (results files up to run 7).
     rowoff: bool = False
+    # rowoff tiles only: keep the row offsets 64-bit even where they fit in 32 bits. The same addresses
+    # again, and ptxas schedules 4-warp loops better with the wider adds: on the H200 (Triton 3.6,
+    # bench/results/attention_tiles_probe_h200.txt run 11) +3 % for the D128 causal forward at 64x64 w4
+    # s3 and +1..5 % for the D64 backward's 4-warp tiles, against -5 % at 128x64 w8 (forward, D128)
+    row64: bool = False
 
-    FLAGS = ("split", "tma", "ws", "rowoff")  # the boolean fields, recorded by name in attention_tuned.py
+    FLAGS = ("split", "tma", "ws", "rowoff", "row64")  # the boolean fields, recorded by name in attention_tuned.py
 
     def __post_init__(self):
         if not (0 < self.block_m <= MAX_BLOCK_ROWS and 0 < self.block_n <= MAX_BLOCK_ROWS):
             raise ValueError(f"{self}: block_m and block_n must be in 1..{MAX_BLOCK_ROWS}")
         if self.ws and not self.tma:
             raise ValueError(f"{self}: ws (warp-specialized loops) needs tma (TMA loads)")
+        if self.ws and self.num_warps != WS_WARPS:
+            raise ValueError(f"{self}: ws (warp-specialized loops) runs with num_warps={WS_WARPS} only; "
+                             f"Triton miscompiles it with {self.num_warps}")
         if self.rowoff and self.tma:
             raise ValueError(f"{self}: rowoff addresses pointer loads; tma tiles have none")
+        if self.row64 and not self.rowoff:
+            raise ValueError(f"{self}: row64 (64-bit row offsets) needs rowoff (row-offset addressing)")
 
     @classmethod
     def from_tiles(cls, tiles: tuple) -> AttnConfig:
@@ -102,8 +116,9 @@ FWD_CANDIDATES = [
     for w in (4, 8)
     for s in (3, 4, 5)
 ] + [AttnConfig(bm, bn, 4, 7) for bm, bn in ((64, 64), (128, 32), (128, 64))]  # deep pipelines, small tiles
-# the same pointer tiles with row-offset addressing (rowoff)
+# the same pointer tiles with row-offset addressing (rowoff), and with 4 warps its 64-bit form (row64)
 FWD_CANDIDATES += [replace(c, rowoff=True) for c in FWD_CANDIDATES]
+FWD_CANDIDATES += [replace(c, row64=True) for c in FWD_CANDIDATES if c.rowoff and c.num_warps == 4]
 # TMA loads take no registers for addresses: a shallower pipeline (2 stages) can pay there
 FWD_CANDIDATES += [
     AttnConfig(bm, bn, w, s, tma=True)
@@ -138,16 +153,15 @@ DV_CANDIDATES = [
     for bm, bn, w in ((16, 64, 4), (32, 64, 4), (64, 64, 4), (32, 128, 8), (64, 128, 8))
     for s in (2, 3, 4, 5)
 ]
-# Warp-specialized main loops (TMA only): 128-row forward tiles, as Triton's tutorial runs its Hopper
-# path, and the backward's 8-warp TMA tiles. 8 warps only: with 4, Triton 3.6's warp-specialization pass
-# fails on these kernels (NVGPUWarpSpecialization, a dominance assertion; H200, 2026-11-22).
-WS_WARPS = 8
+# Warp-specialized main loops (TMA only, WS_WARPS): 128-row forward tiles, as Triton's tutorial runs its
+# Hopper path, and the backward's 8-warp TMA tiles.
 FWD_CANDIDATES += [AttnConfig(128, bn, WS_WARPS, s, tma=True, ws=True) for bn in (64, 128) for s in (2, 3)]
 # Each backward kernel's pointer tiles get their flagged twins, in this order: rowoff (with 64-bit offsets
-# it only paid with 4 warps; with 32-bit ones the D64 8-warp dq tiles gain 3 %), TMA for the
-# pointer-advancing ones, then ws for the 8-warp TMA ones.
+# it only paid with 4 warps; with 32-bit ones the D64 8-warp dq tiles gain 3 %), row64 for the 4-warp
+# rowoff ones, TMA for the pointer-advancing ones, then ws for the 8-warp TMA ones.
 for _cands in (DKDV_CANDIDATES, DQ_CANDIDATES, DV_CANDIDATES):
     _cands += [replace(c, rowoff=True) for c in _cands]
+    _cands += [replace(c, row64=True) for c in _cands if c.rowoff and c.num_warps == 4]
     _cands += [replace(c, tma=True) for c in _cands if not c.rowoff]
     _cands += [replace(c, ws=True) for c in _cands if c.tma and c.num_warps == WS_WARPS]
 del _cands
