@@ -83,23 +83,31 @@ def test_attention_shortcut_is_bit_identical(device, op_calls):
     assert torch.equal(fast, via_op) and fast.stride() == via_op.stride()
 
 
-def test_grad_records_attention_fwd_and_the_eager_backward_skips_the_op(device, op_calls):
-    """With autograd the API calls attention_fwd (what diyflash::attention lowers to; its autograd formula
-    runs either way), and the eager backward calls the backward implementation: bit-identical to the
-    op path, which a profiler (or any mode) forces. A double backward still meets the op's refusal."""
+@pytest.mark.parametrize("with_lens", [False, True])
+def test_eager_autograd_skips_the_ops_and_is_bit_identical(device, op_calls, with_lens):
+    """With autograd the API runs attention_fwd's autograd formula in a plain autograd.Function (no
+    dispatcher, no generated wrapper): forward and backward call the implementations, bit-identical to
+    the op path, which a profiler (or any mode) forces. Only the inputs that require grad get one
+    (v here does not). A double backward still meets the op's refusal."""
+    from diyflash.ops.attention import _EagerAttention
+
     q, k, v = make_qkv(2, 2, 17, 24, 32, layout="bnhd", device=device, requires_grad=True)
+    v = v.detach()
+    lens = torch.tensor([24, 9], dtype=torch.int32, device=device) if with_lens else None
     g = torch.randn(2, 17, 2, 32, device=device).transpose(1, 2)
-    out = diyflash.flash_attention(q, k, v, causal=True)
-    fast = torch.autograd.grad(out, (q, k, v), g)
-    assert op_calls == ["attention_fwd"]
+    out = diyflash.flash_attention(q, k, v, causal=True, seq_lens=lens)
+    assert type(out.grad_fn).__name__ == _EagerAttention.__name__ + "Backward"
+    fast = torch.autograd.grad(out, (q, k), g)
+    assert op_calls == []
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-        out_op = diyflash.flash_attention(q, k, v, causal=True)
-        via_op = torch.autograd.grad(out_op, (q, k, v), g)
-    assert op_calls == ["attention_fwd", "attention", "attention_fwd", "attention_bwd"]
-    assert torch.equal(out, out_op)
+        out_op = diyflash.flash_attention(q, k, v, causal=True, seq_lens=lens)
+        via_op = torch.autograd.grad(out_op, (q, k), g)
+    assert op_calls == ["attention", "attention_fwd", "attention_bwd"]
+    assert torch.equal(out, out_op) and out.stride() == out_op.stride()
     for a, b in zip(fast, via_op):
         assert torch.equal(a, b) and a.stride() == b.stride()
     dq = torch.autograd.grad(diyflash.flash_attention(q, k, v).sum(), q, create_graph=True)[0]
+    assert op_calls[-1] == "attention_bwd"  # building a double backward: the op, which has no formula
     with pytest.raises(RuntimeError, match="no autograd formula"):
         dq.sum().backward()
 

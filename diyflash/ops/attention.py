@@ -152,6 +152,25 @@ def _backward(ctx, dout, dlse):
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
+
+class _EagerAttention(torch.autograd.Function):
+    """diyflash::attention under eager autograd without the dispatcher: the same forward implementation,
+    the same setup_context and the same backward formula as attention_fwd's autograd (so the same
+    saved tensors, the same kernels and bit-identical results; a double backward meets the same
+    refusal), minus the custom op's dispatch and its generated autograd wrapper, which cost ~55 us of
+    host time per forward on the H200 machine (bench/overhead.py). Only call_attention uses it, and only
+    where dispatcher_free(..., autograd=True) holds."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, seq_lens):
+        out, lse = _attention_fwd_impl(q, k, v, causal, scale, seq_lens)
+        _setup_context(ctx, (q, k, v, causal, scale, seq_lens), (out, lse))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        return _backward(ctx, dout, None)
+
 # The op users call. Kept alive for the life of the process: dropping a Library deregisters its ops.
 _lib = Library(NAMESPACE, "FRAGMENT")
 _lib.define(_ATTN.schema)
@@ -167,10 +186,11 @@ _lib.impl(_ATTN.name, _attention_composite, "CompositeImplicitAutograd")
 def call_attention(q, k, v, causal=False, scale=None, seq_lens=None):
     """diyflash::attention for the Python API, by the shortest path nothing can tell apart from the op
     (ops/eager.py): the forward implementation itself when no tracer, mode, subclass or autograd could
-    see it; with autograd, attention_fwd, the op diyflash::attention lowers to (its autograd formula is
-    the one that runs either way); else diyflash::attention through the dispatcher."""
+    see it; with autograd, _EagerAttention (the autograd formula of attention_fwd, the op
+    diyflash::attention lowers to, in a plain autograd.Function); else diyflash::attention through the
+    dispatcher."""
     if dispatcher_free(q, k, v, seq_lens):
         return _attention_fwd_impl(q, k, v, causal, scale, seq_lens)[0]
     if dispatcher_free(q, k, v, seq_lens, autograd=True):
-        return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens)[0]
+        return _EagerAttention.apply(q, k, v, causal, scale, seq_lens)
     return torch.ops.diyflash.attention(q, k, v, causal=causal, scale=scale, seq_lens=seq_lens)

@@ -7,7 +7,9 @@ the same implementation function the op's CUDA/CPU kernel calls, so the result i
 
 Nothing observes it when all of these hold (each check costs well under a microsecond):
 - no tracer: not compiling, exporting or torch.jit-tracing (those must record `diyflash::*`);
-- no autograd: grad mode is off or no input requires grad (with grad the op's autograd formula runs);
+- no autograd: grad mode is off or no input requires grad (with grad the op's autograd formula runs;
+  `dispatcher_free(..., autograd=True)` drops this one for the attention, which then runs that formula
+  in a plain autograd.Function, ops/attention.py `_EagerAttention`);
 - no torch-function or torch-dispatch mode (FakeTensorMode, FlopCounterMode, functionalization, ...)
   and no functorch transform (vmap, grad);
 - every tensor is a plain torch.Tensor or nn.Parameter (subclasses dispatch through the op);
