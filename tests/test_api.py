@@ -175,3 +175,31 @@ def test_public_names():
     from diyflash.reference import reference_attention as seed_path  # the seed's kernels.flash_attn
 
     assert seed_path is reference_attention
+
+
+@pytest.mark.parametrize("via", ["api", "op"])
+def test_forward_mode_ad_is_refused_not_a_zero_tangent(device, via):
+    """The attention has no forward-mode derivative. PyTorch would run it as if the inputs had no
+    tangents (torch.func.jvp returned a zero tangent, a dual-tensor forward an output without one);
+    diyflash.flash_attention and torch.ops.diyflash.attention refuse instead, under vmap too."""
+    import torch.autograd.forward_ad as forward_ad
+
+    q, k, v = make_qkv(1, 2, 17, 17, 16, torch.float32, device)
+    f = (lambda x: flash_attention(x, k, v)) if via == "api" else (lambda x: torch.ops.diyflash.attention(x, k, v))
+    message = "no forward-mode derivative"
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jvp(f, (q,), (torch.randn_like(q),))
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jacfwd(lambda x: f(x).sum())(q)
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jvp(torch.vmap(f), (q[None].expand(2, -1, -1, -1, -1),), (q[None].expand(2, -1, -1, -1, -1),))
+    with forward_ad.dual_level(), pytest.raises(NotImplementedError, match=message):
+        f(forward_ad.make_dual(q, torch.randn_like(q)))
+    with forward_ad.dual_level():  # a dual level with no dual input: nothing to refuse
+        assert torch.equal(f(q), f(q))
+    # vmap alone and reverse mode still work
+    batched = torch.vmap(f)(q[None].expand(3, -1, -1, -1, -1).contiguous())
+    assert torch.equal(batched[1], f(q))
+    x = q.detach().requires_grad_()
+    (grad,) = torch.autograd.grad(f(x).sum(), x)
+    assert grad.shape == q.shape and not grad.isnan().any()

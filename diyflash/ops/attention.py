@@ -20,6 +20,7 @@ import functools
 import math
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 from torch.library import Library, custom_op
 
 from ..kernels import uses_triton
@@ -171,12 +172,31 @@ class _EagerAttention(torch.autograd.Function):
     def backward(ctx, dout):
         return _backward(ctx, dout, None)
 
+def _refuse_forward_ad(q, k, v) -> None:
+    """The attention has no forward-mode derivative. Without this check PyTorch runs the op as if the
+    inputs had no tangents: torch.func.jvp (and jacfwd, hessian) got a zero tangent and a dual-tensor
+    forward (torch.autograd.forward_ad) an output without one, silently. Costs one global read when
+    neither is in use (functorch transforms are seen only off the eager shortcut: dispatcher_free)."""
+    jvp = False
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+        jvp = any(i.key() == torch._C._functorch.TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+    if not jvp and forward_ad._current_level >= 0:
+        jvp = any(forward_ad.unpack_dual(t).tangent is not None for t in (q, k, v))
+    if jvp:
+        raise NotImplementedError(
+            "diyflash attention has no forward-mode derivative (torch.func.jvp, jacfwd, hessian, "
+            "torch.autograd.forward_ad): use reverse mode (backward, torch.func.grad, vjp, jacrev)")
+
+
 # The op users call. Kept alive for the life of the process: dropping a Library deregisters its ops.
 _lib = Library(NAMESPACE, "FRAGMENT")
 _lib.define(_ATTN.schema)
 
 
 def _attention_composite(q, k, v, causal=False, scale=None, seq_lens=None):
+    _refuse_forward_ad(q, k, v)
     return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens)[0]
 
 
@@ -189,6 +209,7 @@ def call_attention(q, k, v, causal=False, scale=None, seq_lens=None):
     see it; with autograd, _EagerAttention (the autograd formula of attention_fwd, the op
     diyflash::attention lowers to, in a plain autograd.Function); else diyflash::attention through the
     dispatcher."""
+    _refuse_forward_ad(q, k, v)
     if dispatcher_free(q, k, v, seq_lens):
         return _attention_fwd_impl(q, k, v, causal, scale, seq_lens)[0]
     if dispatcher_free(q, k, v, seq_lens, autograd=True):
