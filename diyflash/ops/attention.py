@@ -176,7 +176,10 @@ def _refuse_forward_ad(q, k, v) -> None:
     """The attention has no forward-mode derivative. Without this check PyTorch runs the op as if the
     inputs had no tangents: torch.func.jvp (and jacfwd, hessian) got a zero tangent and a dual-tensor
     forward (torch.autograd.forward_ad) an output without one, silently. Costs one global read when
-    neither is in use (functorch transforms are seen only off the eager shortcut: dispatcher_free)."""
+    neither is in use. Code being compiled skips it (Dynamo would break the graph on the interpreter
+    stack; a compiled graph records the op, not this check)."""
+    if torch.compiler.is_compiling():
+        return
     jvp = False
     if torch._C._functorch.peek_interpreter_stack() is not None:
         from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
