@@ -435,6 +435,61 @@ def test_tma_path_matches_pointer_path(device, dtype, causal, layout):
             torch.testing.assert_close(got, pointer, atol=2e-3, rtol=1e-2, msg=name)
 
 
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd", "sliced", "3d"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeypatch):
+    """Without seq_lens the forward's TMA tiles read q, k and v through descriptors built on the host
+    over the whole tensors (kernels.attention.host_descriptor, one per tensor and launch); out and lse
+    equal the pointer path's bit for bit with tail blocks both ways, n_q != n_k, a padded head_dim (80),
+    permuted, sliced and 3-D layouts, and a second call (a replayed plan on the GPU) builds them anew for
+    its own tensors. With seq_lens, or a broadcast (stride-0) k, the per-program descriptors serve."""
+    from dataclasses import replace
+
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import fwd_config
+
+    built = []
+    make = ka.host_descriptor
+    monkeypatch.setattr(ka, "host_descriptor", lambda t, *a: built.append(t.shape) or make(t, *a))
+    tiles = fwd_config(128, torch.float16, device, causal, ka.INTERPRETED)
+    scale = 80 ** -0.5
+    for n_q, n_k in ((113, 70), (70, 113)):
+        q, k, v = make_qkv(2, 3, n_q, n_k, 80, torch.float16, device, layout=layout)
+        pointer = ka.attention_fwd(q, k, v, causal, scale, None, config=replace(tiles, tma=False))
+        assert built == []
+        for call in range(2):
+            fresh = [t.clone() for t in (q, k, v)]  # other tensors of the same layout: same plan, new descriptors
+            with_desc = ka.attention_fwd(*(fresh if call else (q, k, v)), causal, scale, None,
+                                         config=replace(tiles, tma=True, rowoff=False, row64=False))
+            assert len(built) == 3 * (call + 1), built
+            for name, a, b in zip(("out", "lse"), pointer, with_desc):
+                assert torch.equal(a, b), (name, n_q, n_k, call)
+        built.clear()
+    lens = torch.tensor([50, 31], dtype=torch.int32, device=device)
+    ka.attention_fwd(q, k, v, causal, scale, lens, config=replace(tiles, tma=True, rowoff=False, row64=False))
+    if layout != "3d":
+        wide = k[:, :1].expand(k.shape)  # one head's keys for every head: stride 0 along heads
+        assert not ka.host_descriptors_ok(wide) and ka.tma_ok(wide)
+        got = ka.attention_fwd(q, wide, wide, causal, scale, None, config=replace(tiles, tma=True, rowoff=False, row64=False))
+        want = ka.attention_fwd(q, wide, wide, causal, scale, None, config=replace(tiles, tma=False))
+        assert torch.equal(got[0], want[0])
+    assert built == []
+
+
+def test_host_descriptor_strides_are_aligned_where_sizes_are_one():
+    """TMA wants every stride 16-byte aligned; a size-1 dimension's stride never moves the address, so
+    host_descriptor gives it a dense one (a single sliced head, a single row, a 3-D input's head axis)."""
+    from diyflash.kernels.attention import host_descriptor
+
+    base = torch.empty(10_000, dtype=torch.float16, device="meta")
+    t = base.as_strided((1, 1, 1, 64), (4099, 1001, 77, 1))  # every stride odd, every size but D one
+    desc = host_descriptor(t, 64, 64)
+    assert desc.shape == [1, 1, 1, 64] and desc.strides == [64, 64, 64, 1]
+    three = base.as_strided((4, 9, 40), (9 * 40, 40, 1))
+    desc = host_descriptor(three, 32, 64)
+    assert desc.shape == [4, 1, 9, 40] and desc.strides == [360, 360, 40, 1] and desc.block_shape == [1, 1, 32, 64]
+
+
 def test_tma_ok_only_for_what_descriptors_can_read(device):
     """TMA needs fp16/bf16, a contiguous head_dim and 16-byte aligned strides and base; other inputs
     run the pointer path (and still give the right answer: test_layouts)."""
