@@ -442,7 +442,8 @@ def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeyp
     over the whole tensors (kernels.attention.host_descriptor, one per tensor and launch); out and lse
     equal the pointer path's bit for bit with tail blocks both ways, n_q != n_k, a padded head_dim (80),
     permuted, sliced and 3-D layouts, and a second call (a replayed plan on the GPU) builds them anew for
-    its own tensors. With seq_lens, or a broadcast (stride-0) k, the per-program descriptors serve."""
+    its own tensors. With seq_lens, a broadcast (stride-0) k, or less work than HOST_DESC_MIN_WORK (a
+    short call, bound by host time), the per-program descriptors serve."""
     from dataclasses import replace
 
     from diyflash.kernels import attention as ka
@@ -453,6 +454,11 @@ def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeyp
     monkeypatch.setattr(ka, "host_descriptor", lambda t, *a: built.append(t.shape) or make(t, *a))
     tiles = fwd_config(128, torch.float16, device, causal, ka.INTERPRETED)
     scale = 80 ** -0.5
+    q, k, v = make_qkv(2, 3, 113, 70, 80, torch.float16, device, layout=layout)
+    ka.attention_fwd(q, k, v, causal, scale, None, config=replace(tiles, tma=True, rowoff=False, row64=False))
+    assert built == []  # a short call: per-program descriptors
+    monkeypatch.setattr(ka, "HOST_DESC_MIN_WORK", 0)
+    monkeypatch.setattr(ka, "_PLANS", {})
     for n_q, n_k in ((113, 70), (70, 113)):
         q, k, v = make_qkv(2, 3, n_q, n_k, 80, torch.float16, device, layout=layout)
         pointer = ka.attention_fwd(q, k, v, causal, scale, None, config=replace(tiles, tma=False))

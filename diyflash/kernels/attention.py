@@ -844,6 +844,14 @@ def host_descriptor(t: torch.Tensor, block_rows: int, block_cols: int) -> Tensor
     return TensorDescriptor(t, [z, h, n, d], [sz, sh, sn, 1], [1, 1, block_rows, block_cols])
 
 
+# Host descriptors cost host time, per launch: three TensorDescriptor objects and Triton's encoding of
+# each (cuTensorMapEncodeTiled), ~18 us on the H200 host (bench/overhead.py: a D128 TMA launch 42 against
+# 24 us). They save each program building its own (D128 N1024: ~4.5 us of an 84 us kernel). Calls with
+# less work than this (Z*H*N_q*N_k*padded head_dim; 2^32 is a ~40 us kernel) keep the per-program ones:
+# a short call is bound by host time, and short-sequence cells measured 30 -> 45 us with host descriptors.
+HOST_DESC_MIN_WORK = 1 << 32
+
+
 def host_descriptors_ok(*tensors: torch.Tensor) -> bool:
     """Whether host_descriptor can describe these tma_ok tensors: no stride 0 where a dimension has
     more than one element (an expanded, broadcast view: TMA strides must be positive). Such inputs read
@@ -945,8 +953,9 @@ def attention_fwd(
     cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     tma = cfg.tma and tma_ok(q4, k4, v4)
     # descriptors built on the host where one per tensor serves every program: not with seq_lens, whose
-    # per-program descriptors end at each sequence's valid length
-    host_desc = tma and seq_lens is None and host_descriptors_ok(q4, k4, v4)
+    # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
+    host_desc = (tma and seq_lens is None and z * h * n_q * n_k * d_pad >= HOST_DESC_MIN_WORK
+                 and host_descriptors_ok(q4, k4, v4))
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens}
     group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
     args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), lse3.stride(0), lse3.stride(1),
