@@ -100,7 +100,7 @@ def _desc_load(desc, row, UPCAST: tl.constexpr):
 @triton.jit
 def _desc_load4(desc, z, h, row, UPCAST: tl.constexpr):
     """The (BLOCK, HEAD_DIM_PAD) tile at `row` of slice (z, h) from a host-built descriptor over the whole
-    (Z, H, N, D) tensor (host_descriptors), whose blocks are (1, 1, BLOCK, HEAD_DIM_PAD). Rows >= N and
+    (Z, H, N, D) tensor (host_descriptor), whose blocks are (1, 1, BLOCK, HEAD_DIM_PAD). Rows >= N and
     columns >= D read as zeros, per slice: a tail tile never reaches into the next head."""
     x = desc.load([z, h, row, 0])
     x = x.reshape(x.shape[2], x.shape[3])
@@ -294,8 +294,8 @@ def _attn_fwd_kernel(
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
     without seq_lens): q_ptr, k_ptr and v_ptr are descriptors the launcher built over the whole tensors
-    (host_descriptors) instead of pointers each program builds its slice's descriptors from. WS: the unmasked
-    key loop is warp-specialized (the launcher sets it only with TMA). ROWOFF: see _attn_fwd_inner.
+    (host_descriptor) instead of pointers each program builds its slice's descriptors from. WS: the
+    unmasked key loop is warp-specialized (the launcher sets it only with TMA). ROWOFF: see _attn_fwd_inner.
     ROW32: row offsets inside a (batch, head) slice are computed in 32 bits (rows_fit_int32).
     EVEN_M / EVEN_N: every query / key block is full (no seq_lens, the length a multiple of the block):
     rows need no masks, and a non-causal kernel with full key blocks has no masked key loop."""
@@ -765,7 +765,7 @@ def _aligned(*outputs: torch.Tensor) -> bool:
 def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = ()) -> None:
     """Run each chunk's launches ([(tensors by name, [_Launch, ...]), ...]) through the launchers, and
     remember them as the plan of `key` when there was one chunk and every launch has a compiled kernel.
-    descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptors),
+    descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptor),
     which each chunk's tensors become here."""
     if tma:
         ensure_scratch_allocator()

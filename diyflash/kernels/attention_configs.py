@@ -45,7 +45,8 @@ class AttnConfig:
     # instead of two. One more q.k^T dot per tile, but large head_dims stop spilling registers.
     split: bool = False
     # read the streamed tiles through TMA tensor descriptors (Hopper and newer) when the inputs allow
-    # it (kernels.attention.tma_ok); other inputs run the pointer path with the same tiles
+    # it (kernels.attention.tma_ok); other inputs run the pointer path with the same tiles. The forward
+    # builds its descriptors on the host where it can (kernels.attention.host_descriptor)
     tma: bool = False
     # warp-specialize the unmasked main loop (Triton's automatic warp specialization: the loads, the
     # dots and the softmax in separate warps, which adds warps to the program); only with tma
