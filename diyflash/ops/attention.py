@@ -172,10 +172,11 @@ class _EagerAttention(torch.autograd.Function):
     def backward(ctx, dout):
         return _backward(ctx, dout, None)
 
+
 def _refuse_forward_ad(q, k, v) -> None:
     """The attention has no forward-mode derivative. Without this check PyTorch runs the op as if the
     inputs had no tangents: torch.func.jvp (and jacfwd, hessian) got a zero tangent and a dual-tensor
-    forward (torch.autograd.forward_ad) an output without one, silently. Costs one global read when
+    forward (torch.autograd.forward_ad) an output without one, silently. Costs three cheap checks when
     neither is in use. Code being compiled skips it (Dynamo would break the graph on the interpreter
     stack; a compiled graph records the op, not this check)."""
     if torch.compiler.is_compiling():
@@ -190,7 +191,7 @@ def _refuse_forward_ad(q, k, v) -> None:
     if jvp:
         raise NotImplementedError(
             "diyflash attention has no forward-mode derivative (torch.func.jvp, jacfwd, hessian, "
-            "torch.autograd.forward_ad): use reverse mode (backward, torch.func.grad, vjp, jacrev)")
+            "torch.autograd.forward_ad): use reverse mode (.backward() or torch.autograd.grad)")
 
 
 # The op users call. Kept alive for the life of the process: dropping a Library deregisters its ops.
