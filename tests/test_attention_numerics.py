@@ -453,31 +453,32 @@ def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeyp
     make = ka.host_descriptor
     monkeypatch.setattr(ka, "host_descriptor", lambda t, *a: built.append(t.shape) or make(t, *a))
     tiles = fwd_config(128, torch.float16, device, causal, ka.INTERPRETED)
+    tma_tiles = replace(tiles, tma=True, rowoff=False, row64=False)
+    pointer_tiles = replace(tiles, tma=False)
     scale = 80 ** -0.5
     q, k, v = make_qkv(2, 3, 113, 70, 80, torch.float16, device, layout=layout)
-    ka.attention_fwd(q, k, v, causal, scale, None, config=replace(tiles, tma=True, rowoff=False, row64=False))
+    ka.attention_fwd(q, k, v, causal, scale, None, config=tma_tiles)
     assert built == []  # a short call: per-program descriptors
     monkeypatch.setattr(ka, "HOST_DESC_MIN_WORK", 0)
     monkeypatch.setattr(ka, "_PLANS", {})
     for n_q, n_k in ((113, 70), (70, 113)):
         q, k, v = make_qkv(2, 3, n_q, n_k, 80, torch.float16, device, layout=layout)
-        pointer = ka.attention_fwd(q, k, v, causal, scale, None, config=replace(tiles, tma=False))
+        pointer = ka.attention_fwd(q, k, v, causal, scale, None, config=pointer_tiles)
         assert built == []
         for call in range(2):
             fresh = [t.clone() for t in (q, k, v)]  # other tensors of the same layout: same plan, new descriptors
-            with_desc = ka.attention_fwd(*(fresh if call else (q, k, v)), causal, scale, None,
-                                         config=replace(tiles, tma=True, rowoff=False, row64=False))
+            with_desc = ka.attention_fwd(*(fresh if call else (q, k, v)), causal, scale, None, config=tma_tiles)
             assert len(built) == 3 * (call + 1), built
             for name, a, b in zip(("out", "lse"), pointer, with_desc):
                 assert torch.equal(a, b), (name, n_q, n_k, call)
         built.clear()
     lens = torch.tensor([50, 31], dtype=torch.int32, device=device)
-    ka.attention_fwd(q, k, v, causal, scale, lens, config=replace(tiles, tma=True, rowoff=False, row64=False))
+    ka.attention_fwd(q, k, v, causal, scale, lens, config=tma_tiles)
     if layout != "3d":
         wide = k[:, :1].expand(k.shape)  # one head's keys for every head: stride 0 along heads
         assert not ka.host_descriptors_ok(wide) and ka.tma_ok(wide)
-        got = ka.attention_fwd(q, wide, wide, causal, scale, None, config=replace(tiles, tma=True, rowoff=False, row64=False))
-        want = ka.attention_fwd(q, wide, wide, causal, scale, None, config=replace(tiles, tma=False))
+        got = ka.attention_fwd(q, wide, wide, causal, scale, None, config=tma_tiles)
+        want = ka.attention_fwd(q, wide, wide, causal, scale, None, config=pointer_tiles)
         assert torch.equal(got[0], want[0])
     assert built == []
 
