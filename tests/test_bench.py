@@ -113,8 +113,8 @@ def check_tiles(kind, tiles):
 
     cfg = AttnConfig.from_tiles(tiles)
     assert cfg.as_tiles() == tiles
-    assert any((c.block_m, c.block_n, c.num_warps, c.split, c.tma, c.ws, c.rowoff)
-               == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split, cfg.tma, cfg.ws, cfg.rowoff)
+    assert any((c.block_m, c.block_n, c.num_warps, c.split, c.tma, c.ws, c.rowoff, c.row64)
+               == (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.split, cfg.tma, cfg.ws, cfg.rowoff, cfg.row64)
                for c in CANDIDATES[kind]), (kind, tiles)
 
 
