@@ -425,7 +425,8 @@ def test_tma_path_matches_pointer_path(device, dtype, causal, layout):
     results = []
     for tma, ws in ((False, False), (True, False), (True, True)):
         flags = dict(tma=tma, ws=ws, **({"num_warps": WS_WARPS} if ws else {}))
-        out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=replace(fwd, **flags))
+        fwd_flags = dict(flags, **({"lazy": False} if ws else {}))  # lazy rescaling votes in plain loops only
+        out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=replace(fwd, **fwd_flags))
         grads = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
                                  config=BwdConfig(replace(bwd.dkdv, **flags), replace(bwd.dq, **flags)))
         results.append((out, lse, *grads))
@@ -481,6 +482,108 @@ def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeyp
         want = ka.attention_fwd(q, wide, wide, causal, scale, None, config=pointer_tiles)
         assert torch.equal(got[0], want[0])
     assert built == []
+
+
+def _climbing_scores(b, h, n_q, n_k, d, dtype, device, seed=0):
+    """q, k, v whose scores climb along the keys for some rows and fall for others (k_j = noise + t_j u,
+    so row i moves by t_j (q_i . u)): each key block moves some rows' max by more than LAZY_SLACK and
+    others' by less or not at all, warp by warp; plus one late key per head that makes a different set
+    of rows jump. Lazy rescaling then both rescales and skips, in every warp."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(b, h, n_q, d, generator=gen)
+    u = torch.randn(d, generator=gen)
+    u = u / u.norm()
+    ramp = torch.linspace(0, 6 * d ** 0.5, n_k)[:, None] * u  # up to ~6 score units (x qk_scale) per |q . u|
+    k = torch.randn(b, h, n_k, d, generator=gen) + ramp
+    late = torch.randint(n_k // 2, n_k, (b, h), generator=gen)
+    for z in range(b):
+        for hh in range(h):
+            row = torch.randint(0, n_q, (1,), generator=gen).item()
+            k[z, hh, late[z, hh]] += 3 * q[z, hh, row]  # row `row` (and rows like it) jump at that key
+    v = torch.randn(b, h, n_k, d, generator=gen)
+    return tuple(t.to(device=device, dtype=dtype) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("n_q,n_k", [(113, 300), (300, 113)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lazy_rescaling_meets_the_error_rule(device, dtype, causal, n_q, n_k):
+    """AttnConfig.lazy (a row's running max moves only when a key block passes it by more than
+    LAZY_SLACK, so p = exp2(s - m) reaches up to 2^8 before the final division) meets the error rule on
+    scores that climb and jump, with tail blocks both ways; its lse equals the plain tiles' to fp32
+    rounding."""
+    from dataclasses import replace
+
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig
+
+    tiles = INTERPRETER_CONFIG if ka.INTERPRETED else AttnConfig(128, 64, 8, 3, rowoff=True)
+    lazy = replace(tiles, lazy=True)
+    q, k, v = _climbing_scores(2, 2, n_q, n_k, 64, dtype, device)
+    _, _, reports = attention_error_reports(
+        lambda q, k, v, causal, scale, seq_lens: ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=lazy)[0],
+        q, k, v, causal, 64 ** -0.5, None, grad=False)
+    for report in reports:
+        assert report.ok, str(report)
+    _, lse_plain = ka.attention_fwd(q, k, v, causal, 64 ** -0.5, None, config=tiles)
+    _, lse_lazy = ka.attention_fwd(q, k, v, causal, 64 ** -0.5, None, config=lazy)
+    torch.testing.assert_close(lse_lazy, lse_plain, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the branch that skips a warp's rescale is inline PTX: compiled kernels only")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tiles,head_dim", [
+    ((128, 64, 8, 3, "rowoff", "lazy"), 64),  # 2 rows a thread
+    ((128, 64, 8, 3, "lazy"), 64),
+    ((64, 64, 4, 3, "tma", "lazy"), 128),  # 2 rows a thread, 4 warps
+    ((128, 64, 4, 2, "tma", "lazy"), 128),  # 4 rows a thread
+    ((128, 64, 8, 2, "tma", "lazy"), 256),
+])
+def test_lazy_rescaling_skips_only_warps_that_kept_every_max(device, causal, tiles, head_dim, monkeypatch):
+    """The compiled lazy forward votes across each warp (vote.sync.any) and branches around the
+    accumulator's rescale where no row of the warp moved its max; the rows that did not move have alpha
+    exactly 1, so skipping gives the same bits as multiplying. Out and lse equal the same tiles with the
+    branch off (vote_rows -> 0: every warp multiplies) bit for bit, on climbing and jumping scores where
+    every warp rescales at some blocks and skips at others, with tails and n_q != n_k. A vote that
+    missed a row of its warp (a wrong rows-per-thread count) would leave that row's accumulator
+    unscaled, off by 2^8 or more."""
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import AttnConfig, head_dim_pad
+
+    cfg = AttnConfig.from_tiles(tiles)
+    assert ka.vote_rows(cfg, head_dim_pad(head_dim)) > 0  # else this test would not reach the branch
+    scale = head_dim ** -0.5
+    for n_q, n_k in ((1000, 1500), (1500, 1000)):
+        q, k, v = _climbing_scores(2, 3, n_q, n_k, head_dim, torch.float16, device)
+        results = []
+        for branch in (True, False):
+            monkeypatch.setattr(ka, "_PLANS", {})
+            if not branch:
+                monkeypatch.setattr(ka, "vote_rows", lambda cfg, d_pad: 0)
+            results.append(ka.attention_fwd(q, k, v, causal, scale, None, config=cfg))
+        for name, a, b in zip(("out", "lse"), *results):
+            assert torch.equal(a, b), (name, n_q, n_k)
+
+
+def test_vote_rows_rule():
+    """vote_rows: the accumulator rows each thread holds where warps stack along the rows (block_m a
+    multiple of 16 * num_warps) and the rescale's 32-element asm blocks divide a thread's elements;
+    else 0 (lazy tiles multiply as usual). Lazy is refused with ws and in the backward."""
+    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention_configs import AttnConfig, BwdConfig
+
+    lazy = lambda *t: AttnConfig(*t, lazy=True)  # noqa: E731
+    assert ka.vote_rows(lazy(128, 64, 8, 3), 64) == 2
+    assert ka.vote_rows(lazy(64, 64, 4, 3), 128) == 2
+    assert ka.vote_rows(lazy(128, 64, 4, 2), 128) == 4
+    assert ka.vote_rows(lazy(64, 64, 8, 3), 64) == 0  # 8 warps on 64 rows: warps side by side along head_dim
+    assert ka.vote_rows(lazy(128, 64, 4, 3), 16) == 0  # 16 accumulator elements a thread
+    with pytest.raises(ValueError, match="lazy"):
+        AttnConfig(128, 64, 8, 2, tma=True, ws=True, lazy=True)
+    q = torch.zeros(1, 1, 8, 16)
+    with pytest.raises(ValueError, match="forward flag"):
+        ka.attention_bwd(q, None, q, q, q, q, q[..., 0], False, 1.0, None,
+                         config=BwdConfig(lazy(32, 32, 4, 1), AttnConfig(32, 32, 4, 1)))
 
 
 def test_host_descriptor_strides_are_aligned_where_sizes_are_one():

@@ -185,6 +185,74 @@ def _key_range(start_m, q_len, kv_len, causal_offset,
 
 
 # ----------------------------------------------------------------------------------------------------
+# Lazy rescaling (forward): a row's running max m moves only when a block's max passes it by more than
+# LAZY_SLACK (base 2), so p = exp2(s - m) <= 2^LAZY_SLACK, and a warp whose rows all kept theirs skips
+# the rescale of its accumulator (one multiply per accumulator element per key block) by a branch.
+# ----------------------------------------------------------------------------------------------------
+LAZY_SLACK: tl.constexpr = tl.constexpr(8.0)
+
+
+def _vote_asm(n: int) -> str:
+    """PTX for one thread's n row flags ($n..$2n-1, int32): every output ($0..$n-1) is 1 when any row
+    flag of any thread of the warp is set, else 0 (vote.sync.any: the same value in every lane)."""
+    ors = "".join(f"or.b32 %t, %t, ${n + i};\n" for i in range(1, n))
+    outs = "".join(f"mov.b32 ${i}, $0;\n" for i in range(1, n))
+    return ("{\n.reg .pred %p;\n.reg .b32 %t;\n"
+            f"mov.b32 %t, ${n};\n{ors}"
+            "setp.ne.b32 %p, %t, 0;\nvote.sync.any.pred %p, %p, 0xffffffff;\n"
+            f"selp.b32 $0, 1, 0, %p;\n{outs}}}")
+
+
+def _rescale_asm(n: int) -> str:
+    """PTX for n accumulator elements ($0..$n-1, tied to their inputs) times their row's alpha
+    ($2n..$3n-1), skipped by a branch when the warp's flag ($3n, warp-uniform) is 0."""
+    muls = "".join(f"mul.f32 ${i}, ${i}, ${2 * n + i};\n" for i in range(n))
+    return ("{\n.reg .pred %p;\n"
+            f"setp.eq.b32 %p, ${3 * n}, 0;\n@%p bra SKIP;\n{muls}SKIP:\n}}")
+
+
+VOTE_PACKS = (1, 2, 4)
+_RESCALE_N = 32  # accumulator elements per inline-asm block (a divisor of every lazy tile's per-thread count)
+RESCALE_PACK: tl.constexpr = tl.constexpr(_RESCALE_N)
+_VOTE_1: tl.constexpr = tl.constexpr(_vote_asm(1))
+_VOTE_2: tl.constexpr = tl.constexpr(_vote_asm(2))
+_VOTE_4: tl.constexpr = tl.constexpr(_vote_asm(4))
+_RESCALE: tl.constexpr = tl.constexpr(_rescale_asm(_RESCALE_N))
+_RESCALE_CONSTRAINTS: tl.constexpr = tl.constexpr(
+    ",".join(["=f"] * _RESCALE_N + [str(i) for i in range(_RESCALE_N)] + ["f"] * _RESCALE_N + ["r"] * _RESCALE_N))
+
+
+@triton.jit
+def _warp_any(flag, ROWS: tl.constexpr):
+    """flag: (BLOCK_M,) int32 of the rows' flags, in the accumulator's row layout, which gives each
+    thread ROWS rows. Returns, for every row, whether any row of its warp has its flag set."""
+    if ROWS == 1:
+        out = tl.inline_asm_elementwise(_VOTE_1, "=r,r", [flag], dtype=tl.int32, is_pure=True, pack=1)
+    elif ROWS == 2:
+        out = tl.inline_asm_elementwise(_VOTE_2, "=r,=r,r,r", [flag], dtype=tl.int32, is_pure=True, pack=2)
+    else:
+        tl.static_assert(ROWS == 4)
+        out = tl.inline_asm_elementwise(_VOTE_4, "=r,=r,=r,=r,r,r,r,r", [flag], dtype=tl.int32, is_pure=True,
+                                        pack=4)
+    return out
+
+
+@triton.jit
+def _rescale(acc, alpha, grew, VOTE_ROWS: tl.constexpr):
+    """acc * alpha[:, None]. VOTE_ROWS (compiled kernels with lazy rescaling: the rows each thread holds,
+    see _warp_any; 0 = a plain multiply): alpha is exactly 1 on every row that did not grow (`grew`), and
+    a warp none of whose rows grew skips the multiply by a branch, which gives the same bits."""
+    if VOTE_ROWS:
+        warp_grew = _warp_any(grew.to(tl.int32), VOTE_ROWS)
+        acc = tl.inline_asm_elementwise(_RESCALE, _RESCALE_CONSTRAINTS,
+                                        [acc, alpha[:, None], warp_grew[:, None]],
+                                        dtype=tl.float32, is_pure=True, pack=RESCALE_PACK)
+    else:
+        acc = acc * alpha[:, None]
+    return acc
+
+
+# ----------------------------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
@@ -196,7 +264,8 @@ def _attn_fwd_inner(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr,
     FOLD_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
-    WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, HOST_DESC: tl.constexpr,
+    WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, HOST_DESC: tl.constexpr, LAZY: tl.constexpr,
+    VOTE_ROWS: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MASKED blocks apply the causal mask, and the key-length
     mask unless EVEN_N (every key block full, so every key below hi <= kv_len is in range); unmasked
@@ -240,9 +309,14 @@ def _attn_fwd_inner(
             s = tl.where(visible, s, float("-inf"))
         # -- online softmax update --
         if FOLD_SCALE:
-            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_blk = tl.max(s, 1) * qk_scale
         else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_blk = tl.max(s, 1)
+        if LAZY:
+            grew = m_blk > m_i + LAZY_SLACK
+            m_new = tl.where(grew, m_blk, m_i)
+        else:
+            m_new = tl.maximum(m_i, m_blk)
         if MASKED:
             # a row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -253,6 +327,10 @@ def _attn_fwd_inner(
         else:
             p = tl.math.exp2(s - m_sub[:, None])
         alpha = tl.math.exp2(m_i - m_sub)
+        if LAZY:
+            alpha = tl.where(grew, alpha, 1.0)
+        else:
+            grew = None
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- accumulate p @ v --
         if HOST_DESC:
@@ -265,7 +343,7 @@ def _attn_fwd_inner(
             v = _load(v_at, None, UPCAST)
         else:
             v = _load(v_at, d_mask[None, :], UPCAST)
-        acc = acc * alpha[:, None]
+        acc = _rescale(acc, alpha, grew, VOTE_ROWS)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
         if not TMA and not ROWOFF:
@@ -289,7 +367,7 @@ def _attn_fwd_kernel(
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    HOST_DESC: tl.constexpr,
+    HOST_DESC: tl.constexpr, LAZY: tl.constexpr, VOTE_ROWS: tl.constexpr,
 ):
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
@@ -340,13 +418,14 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale, off_z, off_h,
         BLOCK_N, False, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32, HOST_DESC,
+        LAZY, VOTE_ROWS,
     )
     if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale, off_z, off_h,
             BLOCK_N, True, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
-            HOST_DESC,
+            HOST_DESC, False, 0,
         )
 
     # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf. A row
@@ -911,6 +990,20 @@ def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: i
                 EVEN_N=seq_lens is None and n_k % cfg.block_n == 0)
 
 
+def vote_rows(cfg: AttnConfig, d_pad: int) -> int:
+    """The accumulator rows each thread of a forward with these tiles holds (_warp_any's pack), or 0
+    where lazy rescaling cannot skip by a branch and multiplies as usual. On Hopper the (block_m,
+    head_dim) accumulator of a program of num_warps warps with block_m >= 16 * num_warps has its warps
+    stacked along the rows, 16 rows each, 2 of them per thread and m64 tile: block_m / (8 * num_warps)
+    rows a thread. The rescale's inline asm takes 32 accumulator elements a block. Tests
+    (test_lazy_rescaling_*) check on the GPU that every row's rescale is kept where it is needed."""
+    rows = cfg.block_m // (8 * cfg.num_warps)
+    per_thread = cfg.block_m * d_pad // (32 * cfg.num_warps)
+    if cfg.block_m % (16 * cfg.num_warps) or rows not in VOTE_PACKS or per_thread % _RESCALE_N:
+        return 0
+    return rows
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     # fp32 inputs must stay fp32-accurate: no TF32. fp16/bf16 ignore the setting.
     return "ieee" if dtype == torch.float32 else "tf32"
@@ -964,6 +1057,7 @@ def attention_fwd(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
         DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), HOST_DESC=host_desc,
+        LAZY=cfg.lazy, VOTE_ROWS=vote_rows(cfg, d_pad) if cfg.lazy and not INTERPRETED else 0,
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens")
@@ -1017,6 +1111,8 @@ def attention_bwd(
     z, h, _, d = q4.shape
     d_pad = head_dim_pad(d)
     cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    if any(c is not None and c.lazy for c in cfg):
+        raise ValueError(f"{cfg}: lazy (rescaling) is a forward flag; the backward keeps no running max")
     q_cfg = cfg.dq
     kv_passes = cfg.dkdv_passes()  # one pass for dk and dv, or (split) a dv pass then a dk pass
     # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles

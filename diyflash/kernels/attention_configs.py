@@ -64,8 +64,12 @@ class AttnConfig:
     # bench/results/attention_tiles_probe_h200.txt run 11) +3 % for the D128 causal forward at 64x64 w4
     # s3 and +1..5 % for the D64 backward's 4-warp tiles, against -5 % at 128x64 w8 (forward, D128)
     row64: bool = False
+    # forward only: lazy rescaling (kernels.attention, LAZY_SLACK): a row's running max moves only when a
+    # key block's max passes it by more than 2^8, and a warp whose rows all kept theirs skips rescaling
+    # its accumulator (a branch around one multiply per accumulator element and key block)
+    lazy: bool = False
 
-    FLAGS = ("split", "tma", "ws", "rowoff", "row64")  # the boolean fields, recorded by name in attention_tuned.py
+    FLAGS = ("split", "tma", "ws", "rowoff", "row64", "lazy")  # the boolean fields, recorded by name in attention_tuned.py
 
     def __post_init__(self):
         if not (0 < self.block_m <= MAX_BLOCK_ROWS and 0 < self.block_n <= MAX_BLOCK_ROWS):
@@ -77,6 +81,9 @@ class AttnConfig:
                              f"Triton miscompiles it with {self.num_warps}")
         if self.rowoff and self.tma:
             raise ValueError(f"{self}: rowoff addresses pointer loads; tma tiles have none")
+        if self.lazy and self.ws:
+            raise ValueError(f"{self}: lazy (rescaling) votes across a warp's rows, which warp-specialized loops "
+                             "(ws) split over other warps")
         if self.row64 and not self.rowoff:
             raise ValueError(f"{self}: row64 (64-bit row offsets) needs rowoff (row-offset addressing)")
 
@@ -157,6 +164,9 @@ DV_CANDIDATES = [
 # Warp-specialized main loops (TMA only, WS_WARPS): 128-row forward tiles, as Triton's tutorial runs its
 # Hopper path, and the backward's 8-warp TMA tiles.
 FWD_CANDIDATES += [AttnConfig(128, bn, WS_WARPS, s, tma=True, ws=True) for bn in (64, 128) for s in (2, 3)]
+# Lazy rescaling (forward only): the twin of every tile whose warps stack along the rows, where a warp can
+# vote on its rows' maxima (kernels.attention.vote_rows); not with ws
+FWD_CANDIDATES += [replace(c, lazy=True) for c in FWD_CANDIDATES if not c.ws and c.block_m % (16 * c.num_warps) == 0]
 # Each backward kernel's pointer tiles get their flagged twins, in this order: rowoff (with 64-bit offsets
 # it only paid with 4 warps; with 32-bit ones the D64 8-warp dq tiles gain 3 %), row64 for the 4-warp
 # rowoff ones, TMA for the pointer-advancing ones, then ws for the 8-warp TMA ones.
