@@ -3,6 +3,7 @@ and padded head_dim. Written by `python -m bench.attention_configs --write`: re-
 a hand edit adds a line below saying what and why.
 
 Sweeps behind these entries, newest first (an entry comes from the newest sweep that covered it):
+- 2026-11-22, by hand from bench.tiles_probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16; bench/results/attention_tiles_probe_h200.txt, runs 13-14): every D64/D128/D256 forward entry takes lazy rescaling (AttnConfig.lazy), the same tiles otherwise: D64 plain 128x64 w8 s3 rowoff N4096 406->409, N8192 417->429, N16384 419->431; D64 causal 128x64 w8 s3 N8192 397->417, N16384 404->423; D128 128x64 w4 s2 tma N4096 plain 483->502, N16384 causal 495->513; D128/D256 causal 64x64 w4 s3 tma N2048 389->403 / 375->378; D256 128x64 w8 s2 tma N16384 plain 520->549 TFLOPS. D16/D32 keep theirs (no gain at D32)
 - 2026-11-22, by hand from bench.tiles_probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16; bench/results/attention_tiles_probe_h200.txt, run 12), after the forward's TMA tiles read through host-built descriptors (without seq_lens): fwd plain D128 takes 128x64 w4 s2 tma at every length (N1024 395->416 TFLOPS), fwd causal D128 up to 2048 takes 64x64 w4 s3 tma (N1024 300->308, N2048 373->391)
 - 2026-11-22, by hand from bench.tiles_probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16; bench/results/attention_tiles_probe_h200.txt, run 11): the 4-warp rowoff entries, tuned with 64-bit row offsets and run with 32-bit ones since the ROW32 change, take row64 (64-bit again): fwd causal D128 up to 2048 (N1024 291->299, N2048 359->369 TFLOPS), dkdv plain D64 (whole backward N4096 347->365, N16384 368->374), dq causal D64 (N1024 225->228, N4096 319->322, N16384 352->361)
 - 2026-11-22, by hand from bench.attention_configs --n 1024 --head-dims 128 --causal plain --kinds fwd --confirm 6 (no --write; rows in bench/results/attention_configs_h200.jsonl) and bench.tiles_probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16; bench/results/attention_tiles_probe_h200.txt, run 10): fwd plain D128 up to 1024 takes 128x64 w8 s3 rowoff (sweep in turns 387->397, probe 388->396 TFLOPS)
@@ -29,6 +30,7 @@ Sweeps behind these entries, newest first (an entry comes from the newest sweep 
 """
 
 SWEEPS = [
+    '2026-11-22, by hand from bench.tiles_probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16; bench/results/attention_tiles_probe_h200.txt, runs 13-14): every D64/D128/D256 forward entry takes lazy rescaling (AttnConfig.lazy), the same tiles otherwise: D64 plain 128x64 w8 s3 rowoff N4096 406->409, N8192 417->429, N16384 419->431; D64 causal 128x64 w8 s3 N8192 397->417, N16384 404->423; D128 128x64 w4 s2 tma N4096 plain 483->502, N16384 causal 495->513; D128/D256 causal 64x64 w4 s3 tma N2048 389->403 / 375->378; D256 128x64 w8 s2 tma N16384 plain 520->549 TFLOPS. D16/D32 keep theirs (no gain at D32)',
     "2026-11-22, by hand from bench.tiles_probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16; bench/results/attention_tiles_probe_h200.txt, run 12), after the forward's TMA tiles read through host-built descriptors (without seq_lens): fwd plain D128 takes 128x64 w4 s2 tma at every length (N1024 395->416 TFLOPS), fwd causal D128 up to 2048 takes 64x64 w4 s3 tma (N1024 300->308, N2048 373->391)",
     '2026-11-22, by hand from bench.tiles_probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16; bench/results/attention_tiles_probe_h200.txt, run 11): the 4-warp rowoff entries, tuned with 64-bit row offsets and run with 32-bit ones since the ROW32 change, take row64 (64-bit again): fwd causal D128 up to 2048 (N1024 291->299, N2048 359->369 TFLOPS), dkdv plain D64 (whole backward N4096 347->365, N16384 368->374), dq causal D64 (N1024 225->228, N4096 319->322, N16384 352->361)',
     '2026-11-22, by hand from bench.attention_configs --n 1024 --head-dims 128 --causal plain --kinds fwd --confirm 6 (no --write; rows in bench/results/attention_configs_h200.jsonl) and bench.tiles_probe (NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, fp16; bench/results/attention_tiles_probe_h200.txt, run 10): fwd plain D128 up to 1024 takes 128x64 w8 s3 rowoff (sweep in turns 387->397, probe 388->396 TFLOPS)',
@@ -56,8 +58,8 @@ SWEEPS = [
 
 TUNED = {
     'fwd': {
-        'plain': {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 8, 3, 'rowoff'), 128: (128, 64, 4, 2, 'tma'), 256: (128, 64, 8, 2, 'tma')},
-        'causal': {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 8, 3), 128: {2048: (64, 64, 4, 3, 'tma'), None: (128, 64, 4, 2, 'tma')}, 256: {2048: (64, 64, 4, 3, 'tma'), None: (128, 64, 8, 2, 'tma')}},
+        'plain': {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 8, 3, 'rowoff', 'lazy'), 128: (128, 64, 4, 2, 'tma', 'lazy'), 256: (128, 64, 8, 2, 'tma', 'lazy')},
+        'causal': {16: (128, 64, 4, 3), 32: (128, 64, 4, 3), 64: (128, 64, 8, 3, 'lazy'), 128: {2048: (64, 64, 4, 3, 'tma', 'lazy'), None: (128, 64, 4, 2, 'tma', 'lazy')}, 256: {2048: (64, 64, 4, 3, 'tma', 'lazy'), None: (128, 64, 8, 2, 'tma', 'lazy')}},
     },
     'dkdv': {
         'plain': {16: (64, 64, 4, 3), 32: (64, 64, 4, 3), 64: (32, 64, 4, 3, 'rowoff', 'row64'), 128: (64, 128, 8, 3, 'tma'), 256: (32, 64, 4, 3, 'split', 'tma')},
