@@ -248,6 +248,7 @@ def test_probes_parse_tiles_and_compute_attention(device):
     for emu in range(4):  # the polynomial's relative error is 7.5e-5: within the fp16 tolerance
         torch.testing.assert_close(run(q, k, v, 64, 32, 4, 2, emu=emu), ref, atol=2e-3, rtol=2e-3)
     import bench.exp2_probe  # noqa: F401  (the probes import: their main()s need a GPU)
+    import bench.host_desc_probe  # noqa: F401
     import bench.prefetch_probe  # noqa: F401
 
 
