@@ -59,7 +59,9 @@ def _provenance_line(rows: list[dict]) -> str:
     return f"{r.get('gpu')} | torch {r.get('torch')} | triton {r.get('triton')} | diyflash {r.get('diyflash')}"
 
 
-COLORS = {"diyflash": "tab:blue", "sdpa-flash": "tab:green", "sdpa-cudnn": "tab:orange", "flex": "tab:purple"}
+# every provider a color of its own: one left to matplotlib's cycle would take its first color, diyflash's
+COLORS = {"diyflash": "tab:blue", "sdpa-flash": "tab:green", "sdpa-cudnn": "tab:orange", "flex": "tab:purple",
+          "tutorial": "tab:red"}
 
 
 def plot_attention(rows: list[dict], path) -> None:
@@ -70,12 +72,14 @@ def plot_attention(rows: list[dict], path) -> None:
         panels.setdefault(key, {}).setdefault(r["provider"], []).append((r["n"], r["tflops"]))
     keys = sorted(panels, key=lambda k: (k[2], k[0], k[1], k[3], k[4], k[5] != "fwd"))
     plt, fig, axes = _figure(len(keys), 4)
+    handles: dict = {}  # one legend entry per provider, from whichever panel has it (the tutorial: fp16 only)
     for ax, key in zip(axes, keys):
         b, h, d, dt, causal, mode = key
         for provider, pts in sorted(panels[key].items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=COLORS.get(provider),
-                    lw=2.2 if provider == "diyflash" else 1.2, label=provider)
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=COLORS.get(provider),
+                            lw=2.2 if provider == "diyflash" else 1.2, label=provider)
+            handles.setdefault(provider, line)
         ax.set_xscale("log", base=2)
         ax.set_title(f"B{b} H{h} D{d} {dt} {'causal' if causal else 'full'} {mode}", fontsize=8)
         ax.set_xlabel("sequence length", fontsize=7)
@@ -83,7 +87,7 @@ def plot_attention(rows: list[dict], path) -> None:
         ax.tick_params(labelsize=6)
         ax.grid(alpha=0.3)
     if keys:
-        axes[0].legend(fontsize=6)
+        axes[0].legend(list(handles.values()), list(handles), fontsize=6)
         fig.suptitle(f"attention: {_provenance_line(rows)}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

@@ -60,6 +60,15 @@ def test_jsonl_roundtrip_and_plots(tmp_path):
         assert blob.startswith(PNG_MAGIC) and len(blob) > 5_000
 
 
+def test_every_provider_has_a_color_of_its_own():
+    """The attention plot colors each provider bench.attention can run (a provider left to matplotlib's
+    cycle took diyflash's blue: the tutorial's line looked like ours in the first plots with it)."""
+    from bench.plots import COLORS
+
+    providers = {"diyflash", "sdpa-flash", "sdpa-cudnn", "flex", "tutorial"}
+    assert providers <= set(COLORS) and len({COLORS[p] for p in providers}) == len(providers)
+
+
 def test_readme_tables():
     table = attention_table(fake_attention_rows())
     assert table.splitlines()[2] == "| 4 16 64 | fp16 | no | 1024 | 120 | 100 / 150 | 1.20x / 0.80x | 120 | 100 / 150 | 1.20x / 0.80x |"
