@@ -205,7 +205,8 @@ def _vote_asm(n: int) -> str:
 
 def _rescale_asm(n: int) -> str:
     """PTX for n accumulator elements ($0..$n-1, tied to their inputs) times their row's alpha
-    ($2n..$3n-1), skipped by a branch when the warp's flag ($3n, warp-uniform) is 0."""
+    ($2n..$3n-1), skipped by a branch when the warp's flag ($3n, warp-uniform) is 0. A label inside a
+    { } block is local to it, so the block can be inlined any number of times into one kernel."""
     muls = "".join(f"mul.f32 ${i}, ${i}, ${2 * n + i};\n" for i in range(n))
     return ("{\n.reg .pred %p;\n"
             f"setp.eq.b32 %p, ${3 * n}, 0;\n@%p bra SKIP;\n{muls}SKIP:\n}}")
@@ -225,7 +226,10 @@ _RESCALE_CONSTRAINTS: tl.constexpr = tl.constexpr(
 @triton.jit
 def _warp_any(flag, ROWS: tl.constexpr):
     """flag: (BLOCK_M,) int32 of the rows' flags, in the accumulator's row layout, which gives each
-    thread ROWS rows. Returns, for every row, whether any row of its warp has its flag set."""
+    thread ROWS rows. Returns, for every row, whether any row of its warp has its flag set. ROWS must be
+    every row a thread holds (vote_rows): pack=ROWS hands them all to one asm block, which ORs them before
+    the vote; with fewer, each block would vote on part of them and a warp could skip a rescale one of its
+    rows needs (test_lazy_rescaling_skips_only_warps_that_kept_every_max would see it, bit for bit)."""
     if ROWS == 1:
         out = tl.inline_asm_elementwise(_VOTE_1, "=r,r", [flag], dtype=tl.int32, is_pure=True, pack=1)
     elif ROWS == 2:
