@@ -996,14 +996,13 @@ def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: i
 
 def vote_rows(cfg: AttnConfig, d_pad: int) -> int:
     """The accumulator rows each thread of a forward with these tiles holds (_warp_any's pack), or 0
-    where lazy rescaling cannot skip by a branch and multiplies as usual. On Hopper the (block_m,
-    head_dim) accumulator of a program of num_warps warps with block_m >= 16 * num_warps has its warps
-    stacked along the rows, 16 rows each, 2 of them per thread and m64 tile: block_m / (8 * num_warps)
-    rows a thread. The rescale's inline asm takes 32 accumulator elements a block. Tests
+    where lazy rescaling cannot skip by a branch and multiplies as usual: tiles whose warps do not stack
+    along the rows (AttnConfig.stacked_rows), a row count _warp_any has no vote for, or a thread's
+    accumulator elements not a multiple of the rescale's 32-element asm blocks. Tests
     (test_lazy_rescaling_*) check on the GPU that every row's rescale is kept where it is needed."""
-    rows = cfg.block_m // (8 * cfg.num_warps)
+    rows = cfg.stacked_rows
     per_thread = cfg.block_m * d_pad // (32 * cfg.num_warps)
-    if cfg.block_m % (16 * cfg.num_warps) or rows not in VOTE_PACKS or per_thread % _RESCALE_N:
+    if rows not in VOTE_PACKS or per_thread % _RESCALE_N:
         return 0
     return rows
 

@@ -87,6 +87,16 @@ class AttnConfig:
         if self.row64 and not self.rowoff:
             raise ValueError(f"{self}: row64 (64-bit row offsets) needs rowoff (row-offset addressing)")
 
+    @property
+    def stacked_rows(self) -> int:
+        """Rows of a (block_m, head_dim) accumulator each thread holds where the program's warps stack
+        along the rows (block_m a multiple of 16 * num_warps; on Hopper 16 rows a warp, 2 of them a thread
+        per m64 tile: block_m / (8 * num_warps)), else 0. Lazy rescaling votes over them
+        (kernels.attention.vote_rows)."""
+        if self.block_m % (16 * self.num_warps):
+            return 0
+        return self.block_m // (8 * self.num_warps)
+
     @classmethod
     def from_tiles(cls, tiles: tuple) -> AttnConfig:
         """(block_m, block_n, num_warps, num_stages, *flags) as attention_tuned.py records it, flags by
@@ -166,7 +176,7 @@ DV_CANDIDATES = [
 FWD_CANDIDATES += [AttnConfig(128, bn, WS_WARPS, s, tma=True, ws=True) for bn in (64, 128) for s in (2, 3)]
 # Lazy rescaling (forward only): the twin of every tile whose warps stack along the rows, where a warp can
 # vote on its rows' maxima (kernels.attention.vote_rows); not with ws
-FWD_CANDIDATES += [replace(c, lazy=True) for c in FWD_CANDIDATES if not c.ws and c.block_m % (16 * c.num_warps) == 0]
+FWD_CANDIDATES += [replace(c, lazy=True) for c in FWD_CANDIDATES if not c.ws and c.stacked_rows]
 # Each backward kernel's pointer tiles get their flagged twins, in this order: rowoff (with 64-bit offsets
 # it only paid with 4 warps; with 32-bit ones the D64 8-warp dq tiles gain 3 %), row64 for the 4-warp
 # rowoff ones, TMA for the pointer-advancing ones, then ws for the 8-warp TMA ones.
