@@ -320,6 +320,7 @@ def _attn_fwd_inner(
             grew = m_blk > m_i + LAZY_SLACK
             m_new = tl.where(grew, m_blk, m_i)
         else:
+            grew = None  # every row rescales: _rescale multiplies
             m_new = tl.maximum(m_i, m_blk)
         if MASKED:
             # a row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
@@ -333,8 +334,6 @@ def _attn_fwd_inner(
         alpha = tl.math.exp2(m_i - m_sub)
         if LAZY:
             alpha = tl.where(grew, alpha, 1.0)
-        else:
-            grew = None
         l_i = l_i * alpha + tl.sum(p, 1)
         # -- accumulate p @ v --
         if HOST_DESC:
