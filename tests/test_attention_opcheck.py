@@ -141,3 +141,33 @@ def test_backward_op_checks_its_inputs(device):
     out, lse = torch.ops.diyflash.attention_fwd(q, k, v, False, None, None)
     with pytest.raises(ValueError, match=r"dout must have shape \(1, 2, 8, 16\), got \(1, 2, 7, 16\)"):
         torch.ops.diyflash.attention_bwd(out[:, :, :7], None, q, k, v, out, lse, False, None, None)
+
+
+def _row_strided(t: torch.Tensor, how: str) -> torch.Tensor:
+    """The values of t, (..., heads, N) fp32, with another row stride: stored heads-last ((B, N, H) or
+    (N, BH) storage) or every other element of a wider buffer."""
+    if how == "heads-last":
+        return t.movedim(-2, -1).contiguous().movedim(-1, -2)
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+@pytest.mark.parametrize("how", ["heads-last", "every-other"])
+@pytest.mark.parametrize("layout", ["bhnd", "3d"])
+def test_backward_op_reads_lse_of_any_strides(device, layout, how):
+    """lse and dlse are torch.ops.diyflash.attention_bwd's inputs like any other: with a row stride
+    other than 1 it must give the same gradients, bit for bit. (The preprocessing kernel read lse as if
+    its rows were contiguous: gradients off by ~2, silently.)"""
+    q, k, v = make_qkv(2, 2, 40, 33, 16, torch.float16, device, layout=layout)
+    out, lse = torch.ops.diyflash.attention_fwd(q, k, v, True, None, None)
+    dout, dlse = random_like(out), random_like(lse, seed=2)
+    strided_lse, strided_dlse = _row_strided(lse, how), _row_strided(dlse, how)
+    assert strided_lse.stride(-1) != 1 and torch.equal(strided_lse, lse) and torch.equal(strided_dlse, dlse)
+    for dl, strided_dl in ((None, None), (dlse, strided_dlse)):
+        want = torch.ops.diyflash.attention_bwd(dout, dl, q, k, v, out, lse, True, None, None)
+        got = torch.ops.diyflash.attention_bwd(dout, strided_dl, q, k, v, out, strided_lse, True, None, None)
+        for name, w, g in zip(("dq", "dk", "dv"), want, got):
+            assert torch.equal(g, w), f"{name} differs by {(g.float() - w.float()).abs().max().item()}"
+    args = (dout, strided_dlse, q, k, v, out, strided_lse, True, None, None)
+    torch.library.opcheck(torch.ops.diyflash.attention_bwd.default, args, test_utils="ALL")

@@ -467,7 +467,7 @@ def _attn_bwd_preprocess_kernel(
     out_ptr, dout_ptr, lse_ptr, dlse_ptr, delta_ptr, lse2_ptr,
     stride_oz, stride_oh, stride_om, stride_od,
     stride_gz, stride_gh, stride_gm, stride_gd,
-    stride_lz, stride_lh,
+    stride_lz, stride_lh, stride_lm,
     stride_dlz, stride_dlh, stride_dlm,
     num_heads, seq_len_q,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -484,15 +484,16 @@ def _attn_bwd_preprocess_kernel(
     do = tl.load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
                  + offs_m.to(tl.int64)[:, None] * stride_gm + offs_d[None, :] * stride_gd, mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    # lse and dlse may have any strides: torch.ops.diyflash.attention_bwd takes them from its caller
     if HAS_DLSE:
         # d lse_i / d s_ij = p_ij, so a gradient on lse joins delta with the opposite sign
         dlse = tl.load(dlse_ptr + off_z.to(tl.int64) * stride_dlz + off_h.to(tl.int64) * stride_dlh
-                       + offs_m * stride_dlm, mask=row_in, other=0.0)
+                       + offs_m.to(tl.int64) * stride_dlm, mask=row_in, other=0.0)
         delta -= dlse.to(tl.float32)
     # the backward needs lse in base 2; a row that saw no key (lse = -inf) gets +inf so that
     # p = exp2(s - lse2) = 0 for it everywhere, masked block or not
-    lse = tl.load(lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m,
-                  mask=row_in, other=float("-inf"))
+    lse = tl.load(lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
+                  + offs_m.to(tl.int64) * stride_lm, mask=row_in, other=float("-inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # * log2(e)
     row_off = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q + offs_m
     tl.store(delta_ptr + row_off, delta, mask=row_in)
@@ -1126,7 +1127,7 @@ def attention_bwd(
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
                   DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype))
     pre_block = 64
-    pre_args = (*_strides(o4), *_strides(g4), lse3.stride(0), lse3.stride(1),
+    pre_args = (*_strides(o4), *_strides(g4), *lse3.stride(),
                 *((dlse3.stride(0), dlse3.stride(1), dlse3.stride(2)) if dlse3 is not None else (0, 0, 0)),
                 h, n_q)
     pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
