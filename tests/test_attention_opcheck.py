@@ -5,6 +5,8 @@ opcheck runs each op ~10 times (schema, autograd registration, fake tensor strid
 static and dynamic); on CPU that is the Triton interpreter, so shapes stay tiny.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -109,12 +111,11 @@ def test_unused_lse_gradient_is_not_materialized(device):
     ("dtype", TypeError, "dtypes must match, got q torch.float32, k torch.float16"),
     ("rank", ValueError, "of one rank, 3 or 4"),
     ("seq_lens", ValueError, "seq_lens must have shape (2,), got (3,)"),
+    ("device", ValueError, "inputs must be on one device, got q on {device}, k on meta, v on {device}"),
 ])
 def test_ops_check_their_inputs(device, case, exc, phrase):
     """Called by name (no API checks), the ops still say what is wrong instead of computing a silently
     wrong answer, eagerly and at trace time (their fakes)."""
-    import re
-
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     q, k, v = make_qkv(2, 2, 8, 8, 16, torch.float32, device)
@@ -127,6 +128,9 @@ def test_ops_check_their_inputs(device, case, exc, phrase):
         k = k.half()
     elif case == "rank":
         k = k[0]
+    elif case == "device":
+        k = k.to("meta")
+        phrase = phrase.format(device=q.device)
     else:
         seq_lens = torch.tensor([8, 8, 8], dtype=torch.int32, device=device)
     with pytest.raises(exc, match=re.escape(phrase)):
@@ -141,6 +145,9 @@ def test_backward_op_checks_its_inputs(device):
     out, lse = torch.ops.diyflash.attention_fwd(q, k, v, False, None, None)
     with pytest.raises(ValueError, match=r"dout must have shape \(1, 2, 8, 16\), got \(1, 2, 7, 16\)"):
         torch.ops.diyflash.attention_bwd(out[:, :, :7], None, q, k, v, out, lse, False, None, None)
+    phrase = f"inputs must be on one device, got q on {q.device}, dout on {q.device}, dlse on meta"
+    with pytest.raises(ValueError, match=re.escape(phrase)):
+        torch.ops.diyflash.attention_bwd(out, lse.to("meta"), q, k, v, out, lse, False, None, None)
 
 
 def _row_strided(t: torch.Tensor, how: str) -> torch.Tensor:

@@ -316,3 +316,18 @@ def test_op_checks_its_operands(device, shapes, dtypes, exc, phrase):
         torch.ops.diyflash.matmul(a, b)
     with FakeTensorMode() as mode, pytest.raises(exc, match=re.escape(phrase)):
         torch.ops.diyflash.matmul(mode.from_tensor(a), mode.from_tensor(b))
+
+
+def test_op_checks_its_operands_devices(device):
+    """Operands on two devices (here the test's device and meta) get an error naming each one's device,
+    eagerly and at trace time, instead of a kernel reading another device's memory (the interpreter
+    read the meta operand's missing data and returned a result)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a = torch.zeros(4, 5, dtype=torch.float16, device=device)
+    b = torch.zeros(5, 3, dtype=torch.float16, device="meta")
+    phrase = f"diyflash::matmul: inputs must be on one device, got a on {a.device}, b on meta"
+    with pytest.raises(ValueError, match=re.escape(phrase)):
+        torch.ops.diyflash.matmul(a, b)
+    with FakeTensorMode() as mode, pytest.raises(ValueError, match=re.escape(phrase)):
+        torch.ops.diyflash.matmul(mode.from_tensor(a), mode.from_tensor(b))

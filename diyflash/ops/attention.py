@@ -25,6 +25,7 @@ from torch.library import Library, custom_op
 
 from ..kernels import uses_triton
 from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked
+from .checks import one_device
 from .eager import dispatcher_free
 from .registry import NAMESPACE, entry
 
@@ -74,6 +75,7 @@ def _check_qkv(op: str, q, k, v, seq_lens) -> None:
                          "batch, heads and head_dim, and v must be shaped like k")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"diyflash::{op}: dtypes must match, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    one_device(op, q=q, k=k, v=v)  # seq_lens may live elsewhere: the op moves its few integers
     if seq_lens is not None and tuple(seq_lens.shape) != (q.shape[0],):
         raise ValueError(f"diyflash::{op}: seq_lens must have shape ({q.shape[0]},), got {tuple(seq_lens.shape)}")
 
@@ -94,6 +96,7 @@ def _attention_fwd_fake(q, k, v, causal, scale, seq_lens):
 
 def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens) -> None:
     _check_qkv("attention_bwd", q, k, v, seq_lens)
+    one_device("attention_bwd", q=q, dout=dout, dlse=dlse, out=out, lse=lse)
     for name, t, shape in (("dout", dout, q.shape), ("out", out, q.shape), ("lse", lse, q.shape[:-1]),
                            ("dlse", dlse, q.shape[:-1])):
         if t is not None and t.shape != shape:

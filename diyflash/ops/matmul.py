@@ -12,6 +12,7 @@ import torch
 from torch.library import custom_op
 
 from ..kernels import uses_triton
+from .checks import one_device
 from .eager import dispatcher_free
 from .registry import entry
 
@@ -47,6 +48,7 @@ def _check_operands(a, b):
                          f"(a.shape[1]={a.shape[1]} != b.shape[0]={b.shape[0]})")
     if a.dtype != b.dtype:
         raise TypeError(f"diyflash::matmul: dtypes must match, got a {a.dtype} and b {b.dtype}")
+    one_device("matmul", a=a, b=b)
 
 
 # The defaults repeat the schema's: a Python kernel receives only the arguments the caller passed.
