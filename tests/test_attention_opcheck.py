@@ -148,6 +148,17 @@ def test_backward_op_checks_its_inputs(device):
     phrase = f"inputs must be on one device, got q on {q.device}, dout on {q.device}, dlse on meta"
     with pytest.raises(ValueError, match=re.escape(phrase)):
         torch.ops.diyflash.attention_bwd(out, lse.to("meta"), q, k, v, out, lse, False, None, None)
+    # dtypes: a wider dout reached tl.dot as fp32 against fp16 tiles (a Triton compile error); a half
+    # lse was read as is, rounded
+    for args, phrase in (
+        ((out.double(), None, q, k, v, out, lse), "dout and out must have q's dtype torch.float32, got dout torch.float64"),
+        ((out, None, q, k, v, out.half(), lse), "got dout torch.float32, out torch.float16"),
+        ((out, None, q, k, v, out, lse.half()), "lse must have attention_fwd's lse dtype torch.float32 for "
+                                                "torch.float32 inputs, got torch.float16"),
+        ((out, lse.double(), q, k, v, out, lse), "dlse must have attention_fwd's lse dtype torch.float32"),
+    ):
+        with pytest.raises(TypeError, match=re.escape(phrase)):
+            torch.ops.diyflash.attention_bwd(*args, False, None, None)
 
 
 def _row_strided(t: torch.Tensor, how: str) -> torch.Tensor:

@@ -86,12 +86,16 @@ def attention_fwd(q, k, v, causal, scale, seq_lens):
     return _attention_fwd_impl(q, k, v, causal, scale, seq_lens)
 
 
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    # lse is fp32; fp64 only for fp64 inputs
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, seq_lens):
     _check_qkv("attention_fwd", q, k, v, seq_lens)
-    # the launchers' allocation list, nothing else (lse is fp32; fp64 only for fp64 inputs)
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=lse_dtype)
+    # the launchers' allocation list, nothing else
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
 
 
 def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens) -> None:
@@ -101,6 +105,13 @@ def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens) -> None:
                            ("dlse", dlse, q.shape[:-1])):
         if t is not None and t.shape != shape:
             raise ValueError(f"diyflash::attention_bwd: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if dout.dtype != q.dtype or out.dtype != q.dtype:
+        raise TypeError(f"diyflash::attention_bwd: dout and out must have q's dtype {q.dtype}, "
+                        f"got dout {dout.dtype}, out {out.dtype}")
+    for name, t in (("lse", lse), ("dlse", dlse)):
+        if t is not None and t.dtype != _lse_dtype(q.dtype):
+            raise TypeError(f"diyflash::attention_bwd: {name} must have attention_fwd's lse dtype "
+                            f"{_lse_dtype(q.dtype)} for {q.dtype} inputs, got {t.dtype}")
 
 
 def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
