@@ -1128,7 +1128,7 @@ def attention_bwd(
                   DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype))
     pre_block = 64
     pre_args = (*_strides(o4), *_strides(g4), *lse3.stride(),
-                *((dlse3.stride(0), dlse3.stride(1), dlse3.stride(2)) if dlse3 is not None else (0, 0, 0)),
+                *(dlse3.stride() if dlse3 is not None else (0, 0, 0)),
                 h, n_q)
     pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk4, dv4)
