@@ -117,6 +117,31 @@ def test_triton_required(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr
 
 
+def test_triton_installed_but_a_dependency_missing(tmp_path):
+    """triton present, numpy absent (a clean venv with torch and triton only): the error names numpy and
+    how to install it, not "triton is not installed" (issue 22: the main job failed that way)."""
+    script = tmp_path / "no_numpy.py"
+    script.write_text(
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'numpy' or name.startswith('numpy.'):\n"
+        "            raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n"
+        "sys.meta_path.insert(0, Hide())\n"
+        "import torch, diyflash\n"
+        "q = torch.randn(1, 2, 8, 16)\n"
+        "try:\n"
+        "    diyflash.flash_attention(q, q, q)\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print(e.name, '|', e)\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("numpy |"), done.stdout
+    assert "not installed" not in done.stdout and "pip install numpy" in done.stdout, done.stdout
+
+
 def test_empty_inputs_return_empty(device):
     for shape in ((0, 2, 16, 32), (2, 2, 0, 32), (0, 16, 32)):
         q, k, v = qkv(device, shape=shape)

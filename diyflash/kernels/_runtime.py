@@ -36,13 +36,23 @@ def uses_triton(t: torch.Tensor) -> bool:
 
 
 def require_triton():
-    """Import triton or raise the error table's ModuleNotFoundError ("triton is required")."""
+    """Import triton, or raise the error table's ModuleNotFoundError ("triton is required") when triton
+    itself is absent. When triton is installed but fails to import (e.g. its interpreter needs numpy,
+    which neither torch nor triton declares), the error names the real cause and how to fix it."""
     try:
         return importlib.import_module("triton")
     except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if missing == "triton" or missing.startswith("triton."):
+            raise ModuleNotFoundError(
+                "triton is required to run diyflash's kernels (on CUDA tensors, or on CPU tensors under "
+                "TRITON_INTERPRET=1), but it is not installed: pip install 'triton>=3.6'", name="triton"
+            ) from e
+        mode = " (TRITON_INTERPRET=1: Triton's interpreter imports it)" if interpreter_active() else ""
         raise ModuleNotFoundError(
-            "triton is required to run diyflash's kernels (on CUDA tensors, or on CPU tensors under "
-            "TRITON_INTERPRET=1), but it is not installed: pip install 'triton>=3.6'"
+            f"triton is installed but cannot be imported: it needs the module {missing!r}, which is missing"
+            f"{mode}. Install it (pip install {missing.split('.')[0]}), or reinstall diyflash, which "
+            "declares it", name=missing,
         ) from e
 
 
