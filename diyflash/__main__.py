@@ -19,6 +19,25 @@ import torch
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+def _head_dim(text: str) -> int:
+    value = _int_at_least(8)(text)
+    if value % 8 or value > 256:
+        raise argparse.ArgumentTypeError(f"Unsupported head_dim {value}: supported are multiples of 8 from 8 to 256")
+    return value
+
+
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m diyflash", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -29,13 +48,13 @@ def _parse(argv):
     p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=None,
                    help="dtypes to validate (default: fp16 bf16 fp32 on a GPU, fp16 fp32 on CPU)")
     p.add_argument("--causal", choices=["both", "true", "false"], default="both", help="attention masks")
-    p.add_argument("--head-dims", type=int, nargs="+", default=None,
+    p.add_argument("--head-dims", type=_head_dim, nargs="+", default=None,
                    help="attention head dims (default: 64 128 on a GPU, 32 on CPU)")
-    p.add_argument("--seq-len", type=int, default=None,
+    p.add_argument("--seq-len", type=_int_at_least(1), default=None,
                    help="attention validation length (default 1024 on a GPU, 67 on CPU)")
-    p.add_argument("--matmul-size", type=int, default=None,
-                   help="matmul validation size M=N=K-ish (default 1000 on a GPU, 70 on CPU)")
-    p.add_argument("--bench-seq-len", type=int, default=4096,
+    p.add_argument("--matmul-size", type=_int_at_least(4), default=None,
+                   help="matmul validation size M=N=K-ish, at least 4 (default 1000 on a GPU, 70 on CPU)")
+    p.add_argument("--bench-seq-len", type=_int_at_least(1), default=4096,
                    help="attention benchmark length (shorter calls at B=4, H=16 take less GPU time than an "
                         "eager call's ~0.1 ms of Python dispatch and measure that)")
     return p.parse_args(argv)

@@ -68,8 +68,10 @@ def _check_seq_lens(seq_lens, batch: int, seq_len_k: int, device: torch.device) 
         raise ValueError(f"seq_lens must have shape (batch,) = ({batch},), got {tuple(seq_lens.shape)}")
     if seq_lens.device != device:
         raise ValueError(f"seq_lens must be on the inputs' device {device}, got {seq_lens.device}")
-    if _tracing() or seq_lens.numel() == 0:
-        return  # values are data: checked eagerly only (the kernels clamp them, so tracing stays safe)
+    if _tracing() or seq_lens.numel() == 0 or (seq_lens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        # values are data: checked eagerly only. Compiling or exporting has none, and a CUDA graph being
+        # captured must not sync; the kernels clamp them to [0, N], so nothing is read out of bounds
+        return
     bad = (seq_lens <= 0) | (seq_lens > seq_len_k)
     if bool(bad.any()):
         idx = int(bad.nonzero()[0, 0])
@@ -77,6 +79,13 @@ def _check_seq_lens(seq_lens, batch: int, seq_len_k: int, device: torch.device) 
             f"seq_lens must satisfy 0 < seq_lens[i] <= seq_len ({seq_len_k}), "
             f"got seq_lens[{idx}] = {int(seq_lens[idx])}"
         )
+
+
+def _check_bool(name: str, value) -> bool:
+    # bool("no") is True: a string, None or a tensor given for a flag is refused, not read as truthy
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
 
 
 def flash_attention(
@@ -102,7 +111,8 @@ def flash_attention(
         seq_lens: optional (batch,) int32 valid lengths, batch = q.shape[0] (for 3-D inputs every
             row of the leading dim is its own sample). Keys at positions >= seq_lens[b] are ignored
             and query rows >= seq_lens[b] output 0. Requires 0 < seq_lens[b] <= seq_len_k; the values
-            are checked eagerly (one device sync), not while compiling or exporting.
+            are checked eagerly (one device sync), not while compiling, exporting or capturing a CUDA
+            graph (then the kernels clamp them to [0, seq_len], so nothing is read out of bounds).
 
     Returns:
         A tensor shaped like q, in q's dtype (fp16/bf16 computed natively with fp32 accumulation,
@@ -144,7 +154,7 @@ def flash_attention(
         sm_scale = float(sm_scale)
     if seq_lens is not None:
         _check_seq_lens(seq_lens, q.shape[0], k.shape[-2], q.device)
-    return call_attention(q, k, v, bool(causal), sm_scale, seq_lens)
+    return call_attention(q, k, v, _check_bool("causal", causal), sm_scale, seq_lens)
 
 
 def triton_matmul(
@@ -195,4 +205,4 @@ def triton_matmul(
         # validated here so the error names the arguments; the op validates the same way
         manual_config(block_m, block_n, block_k, a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
         blocks = [block_m, block_n, block_k]
-    return call_matmul(a, b, blocks, bool(use_autotune), bool(allow_tf32))
+    return call_matmul(a, b, blocks, _check_bool("use_autotune", use_autotune), _check_bool("allow_tf32", allow_tf32))

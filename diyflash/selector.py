@@ -60,6 +60,8 @@ class AdaptiveKernelSelector:
         """The forward and backward (dk/dv and dq kernels) tiles diyflash.flash_attention uses for this
         head_dim, dtype and causal setting, and sequences of seq_len (the longer of queries and keys;
         None: the tiles of long sequences)."""
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+            raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__} {head_dim!r}")
         if head_dim % 8 or not 8 <= head_dim <= 256:
             raise ValueError(f"Unsupported head_dim {head_dim}: supported are multiples of 8 from 8 to 256")
         pad = head_dim_pad(head_dim)
@@ -75,15 +77,31 @@ class AdaptiveKernelSelector:
                 "causal": causal, "seq_len": seq_len, "forward": fwd.as_dict(), "backward": bwd.as_dict()}
 
     def select_matmul_kernel(self) -> Callable:
-        """diyflash.triton_matmul where it runs (GPU, or CPU under the interpreter), else the op's PyTorch path."""
+        """diyflash.triton_matmul where it runs (GPU, or CPU under the interpreter), else a function with
+        its signature over the op's PyTorch path."""
         if self.on_gpu or interpreter_active():
             return triton_matmul
-        return torch.ops.diyflash.matmul
+        return _matmul_pytorch_path
 
     def select_attention_kernel(self) -> Callable:
+        """diyflash.flash_attention where it runs, else a function with its signature (sm_scale, not the
+        op's scale) over the op's PyTorch path."""
         if self.on_gpu or interpreter_active():
             return flash_attention
-        return torch.ops.diyflash.attention
+        return _attention_pytorch_path
+
+
+def _attention_pytorch_path(q, k, v, causal: bool = False, sm_scale: float | None = None, seq_lens=None):
+    """flash_attention's signature and semantics on a CPU-only machine without the interpreter:
+    torch.ops.diyflash.attention's PyTorch path (blocked over keys, the same algorithm)."""
+    return torch.ops.diyflash.attention(q, k, v, causal=causal, scale=sm_scale, seq_lens=seq_lens)
+
+
+def _matmul_pytorch_path(a, b, block_m=None, block_n=None, block_k=None, use_autotune: bool = True,
+                         allow_tf32: bool = False):
+    """triton_matmul's signature on a CPU-only machine without the interpreter: the op's PyTorch path
+    (torch.matmul), which has no tiles to pin."""
+    return torch.ops.diyflash.matmul(a, b, None, use_autotune, allow_tf32)
 
 
 def get_matmul_config(**kwargs) -> dict:

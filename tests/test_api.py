@@ -202,6 +202,43 @@ def test_public_names():
     assert seed_path is reference_attention
 
 
+def _fwd_ad_cases(device):
+    """(name, f) for every op and API function, each a function of its first tensor input."""
+    from diyflash import triton_matmul
+
+    q, k, v = make_qkv(1, 2, 17, 17, 16, torch.float32, device)
+    out, lse = torch.ops.diyflash.attention_fwd(q, k, v, False, None, None)
+    b = torch.randn(16, 24, device=device)
+    return [
+        ("attention_fwd", q, lambda x: torch.ops.diyflash.attention_fwd(x, k, v, False, None, None)[0]),
+        ("attention_bwd", out, lambda g: torch.ops.diyflash.attention_bwd(g, None, q, k, v, out, lse, False, None, None)[0]),
+        ("matmul", q[0, 0], lambda a: torch.ops.diyflash.matmul(a, b)),
+        ("triton_matmul", q[0, 0], lambda a: triton_matmul(a, b)),
+    ]
+
+
+@pytest.mark.parametrize("case", ["attention_fwd", "attention_bwd", "matmul", "triton_matmul"])
+def test_forward_mode_ad_refused_by_every_op(device, case):
+    """Issue 23: jvp through matmul or attention_fwd called by name gave an all-zero tangent, jacfwd an
+    all-zero Jacobian, a dual tensor no tangent. Every op (and triton_matmul's eager shortcut) refuses."""
+    import torch.autograd.forward_ad as forward_ad
+
+    _, x, f = next(c for c in _fwd_ad_cases(device) if c[0] == case)
+    message = "no forward-mode derivative"
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jvp(f, (x,), (torch.randn_like(x),))
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jacfwd(lambda t: f(t).sum())(x)
+    with forward_ad.dual_level(), pytest.raises(NotImplementedError, match=message):
+        f(forward_ad.make_dual(x, torch.randn_like(x)))
+    with forward_ad.dual_level():  # a dual level with no dual input: nothing to refuse
+        assert torch.equal(f(x), f(x))
+    if case != "attention_bwd":  # reverse mode still works (attention_bwd has no double backward)
+        t = x.detach().requires_grad_()
+        (grad,) = torch.autograd.grad(f(t).sum(), t)
+        assert grad.shape == x.shape and not grad.isnan().any()
+
+
 @pytest.mark.parametrize("via", ["api", "op"])
 def test_forward_mode_ad_is_refused_not_a_zero_tangent(device, via):
     """The attention has no forward-mode derivative. PyTorch would run it as if the inputs had no
@@ -228,3 +265,36 @@ def test_forward_mode_ad_is_refused_not_a_zero_tangent(device, via):
     x = q.detach().requires_grad_()
     (grad,) = torch.autograd.grad(f(x).sum(), x)
     assert grad.shape == q.shape and not grad.isnan().any()
+
+
+@pytest.mark.parametrize("call", ["causal", "use_autotune", "allow_tf32"])
+def test_flags_must_be_bools(device, call):
+    """Issue 23: causal="no" and use_autotune="no" were read as True (bool("no"))."""
+    q, k, v = make_qkv(1, 2, 8, 8, 16, torch.float32, device)
+    with pytest.raises(TypeError, match=f"{call} must be a bool, got str 'no'"):
+        if call == "causal":
+            flash_attention(q, k, v, causal="no")
+        else:
+            diyflash.triton_matmul(q[0, 0], k[0, 0].mT, **{call: "no"})
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPU suite only")
+def test_seq_lens_call_can_be_captured_in_a_cuda_graph(device):
+    """Issue 23: flash_attention(..., seq_lens=...) failed to capture ("operation failed due to a previous
+    error during capture"): its eager value check synced. While capturing it is skipped (the kernels
+    clamp); the replay equals the eager call."""
+    q, k, v = make_qkv(2, 2, 64, 64, 32, torch.float16, device)
+    seq_lens = torch.tensor([17, 64], dtype=torch.int32, device=device)
+    eager = flash_attention(q, k, v, causal=True, seq_lens=seq_lens)
+    static_out = None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
+        flash_attention(q, k, v, causal=True, seq_lens=seq_lens)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = flash_attention(q, k, v, causal=True, seq_lens=seq_lens)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_out, eager, rtol=0, atol=0)

@@ -112,6 +112,17 @@ def test_unused_lse_gradient_is_not_materialized(device):
     ("rank", ValueError, "of one rank, 3 or 4"),
     ("seq_lens", ValueError, "seq_lens must have shape (2,), got (3,)"),
     ("device", ValueError, "inputs must be on one device, got q on {device}, k on meta, v on {device}"),
+    # issue 23: each of these was computed (int, bool, complex truncated), crashed inside a kernel, or
+    # read a meta seq_lens' uninitialised memory as lengths
+    ("int dtype", TypeError, "Unsupported dtype torch.int32 for q"),
+    ("bool dtype", TypeError, "Unsupported dtype torch.bool for q"),
+    ("complex dtype", TypeError, "Unsupported dtype torch.complex64 for q"),
+    ("fp8 dtype", TypeError, "Unsupported dtype torch.float8_e4m3fn for q"),
+    ("head_dim 0", ValueError, "Unsupported head_dim 0"),
+    ("head_dim 12", ValueError, "Unsupported head_dim 12"),
+    ("head_dim 512", ValueError, "Unsupported head_dim 512"),
+    ("seq_lens meta", ValueError, "seq_lens must be on the inputs' device {device} (or on the CPU beside CUDA inputs), got meta"),
+    ("seq_lens float", TypeError, "seq_lens must be int32 (or int64), got torch.float32"),
 ])
 def test_ops_check_their_inputs(device, case, exc, phrase):
     """Called by name (no API checks), the ops still say what is wrong instead of computing a silently
@@ -131,13 +142,55 @@ def test_ops_check_their_inputs(device, case, exc, phrase):
     elif case == "device":
         k = k.to("meta")
         phrase = phrase.format(device=q.device)
+    elif case.endswith(" dtype"):
+        dtype = {"int": torch.int32, "bool": torch.bool, "complex": torch.complex64, "fp8": torch.float8_e4m3fn}[case.split()[0]]
+        q, k, v = (t.to(dtype) for t in (q, k, v))
+    elif case.startswith("head_dim"):
+        d = int(case.split()[1])
+        q, k, v = (torch.zeros(2, 2, 8, d, device=device) for _ in range(3))
+    elif case == "seq_lens meta":
+        seq_lens = torch.tensor([8, 8], dtype=torch.int32, device="meta")
+        phrase = phrase.format(device=q.device)
+    elif case == "seq_lens float":
+        seq_lens = torch.tensor([8.0, 8.0], device=device)
     else:
         seq_lens = torch.tensor([8, 8, 8], dtype=torch.int32, device=device)
     with pytest.raises(exc, match=re.escape(phrase)):
         torch.ops.diyflash.attention_fwd(q, k, v, False, None, seq_lens)
+    if case == "seq_lens meta":  # the backward op too
+        out, lse = torch.ops.diyflash.attention_fwd(q, k, v, False, None, None)
+        with pytest.raises(exc, match=re.escape(phrase)):
+            torch.ops.diyflash.attention_bwd(out, None, q, k, v, out, lse, False, None, seq_lens)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, pytest.raises(exc, match=re.escape(phrase)):
         fake = [mode.from_tensor(t) if t is not None else None for t in (q, k, v, seq_lens)]
         torch.ops.diyflash.attention_fwd(fake[0], fake[1], fake[2], False, None, fake[3])
+
+
+def test_matmul_op_checks_its_dtype(device):
+    for dtype in (torch.int64, torch.bool, torch.complex64):
+        a = torch.ones(4, 8, device=device).to(dtype)
+        with pytest.raises(TypeError, match=re.escape(f"Unsupported dtype {dtype} for a")):
+            torch.ops.diyflash.matmul(a, a.mT)
+
+
+def test_int64_seq_lens_beyond_int32_are_refused_not_wrapped(device):
+    """2^32 + 3 had been converted to int32 and read as 3."""
+    q, k, v = make_qkv(2, 2, 8, 8, 16, torch.float32, device)
+    seq_lens = torch.tensor([2**32 + 3, 8], dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match=re.escape("seq_lens[0] = 4294967299 does not fit in int32")):
+        torch.ops.diyflash.attention(q, k, v, seq_lens=seq_lens)
+    ok = torch.tensor([3, 8], dtype=torch.int64, device=device)
+    torch.testing.assert_close(torch.ops.diyflash.attention(q, k, v, seq_lens=ok),
+                               torch.ops.diyflash.attention(q, k, v, seq_lens=ok.int()), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a CPU seq_lens beside CUDA inputs: GPU suite only")
+def test_cpu_seq_lens_beside_cuda_inputs_are_moved(device):
+    """The one documented exception to "every tensor on one device": the op moves the few integers."""
+    q, k, v = make_qkv(2, 2, 8, 8, 16, torch.float16, device)
+    on_cpu = torch.tensor([3, 8], dtype=torch.int32)
+    torch.testing.assert_close(torch.ops.diyflash.attention(q, k, v, seq_lens=on_cpu),
+                               torch.ops.diyflash.attention(q, k, v, seq_lens=on_cpu.to(device)), rtol=0, atol=0)
 
 
 def test_backward_op_checks_its_inputs(device):

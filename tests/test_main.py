@@ -51,3 +51,16 @@ def test_main_exits_1_when_a_kernel_is_wrong(monkeypatch, capsys):
     assert "FAIL" in out and "validation: FAILED" in out and "attention" not in out
     monkeypatch.setattr(diyflash, "triton_matmul", real)
     assert main(["--parts", "matmul", "--dtypes", "fp32", "--matmul-size", "20", "--skip-bench"]) == 0
+
+
+def test_cli_rejects_bad_values():
+    """Issue 23: --head-dims 12 printed PASSED for a head_dim the API rejects, --seq-len 0 and --head-dims 0
+    fell back silently, --matmul-size 0/1 crashed. Each is now an argparse error naming the value."""
+    from diyflash.__main__ import _parse
+
+    for argv, phrase in ((["--head-dims", "12"], "Unsupported head_dim 12"), (["--head-dims", "0"], "at least 8"),
+                         (["--seq-len", "0"], "at least 1"), (["--matmul-size", "1"], "at least 4"),
+                         (["--matmul-size", "x"], "expected an integer")):
+        done = subprocess.run([sys.executable, "-m", "diyflash", *argv], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2 and phrase in done.stderr, (argv, done.stderr)
+    assert _parse(["--head-dims", "80", "--seq-len", "1", "--matmul-size", "4"]).head_dims == [80]

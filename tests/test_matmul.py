@@ -331,3 +331,37 @@ def test_op_checks_its_operands_devices(device):
         torch.ops.diyflash.matmul(a, b)
     with FakeTensorMode() as mode, pytest.raises(ValueError, match=re.escape(phrase)):
         torch.ops.diyflash.matmul(mode.from_tensor(a), mode.from_tensor(b))
+
+
+@pytest.mark.parametrize("blocks, autotune", [((32, 32, 32), True), ((128, 64, 64), True), (None, False)])
+def test_backward_takes_the_forwards_tile_choice(device, blocks, autotune):
+    """Issue 23: dA and dB autotuned even when the forward pinned its tiles or said use_autotune=False, so
+    pinned runs were not bit-exact in their gradients. The backward's products get the forward's tiles
+    where they fit the gradient's shapes, else the untuned default: never the tuner."""
+    from diyflash.kernels import matmul as km
+
+    seen = []
+
+    class Record(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.diyflash.matmul.default:
+                seen.append((tuple(args[0].shape), args[2], args[3]))
+            return func(*args, **(kwargs or {}))
+
+    a = torch.randn(96, 40, device=device, requires_grad=True)  # dA's N is 40: 128-wide tiles do not fit it
+    b = torch.randn(40, 200, device=device, requires_grad=True)
+    before = dict(km.tuning_cache())
+    kw = dict(block_m=blocks[0], block_n=blocks[1], block_k=blocks[2]) if blocks else dict(use_autotune=autotune)
+    c = diyflash.triton_matmul(a, b, **kw)
+    with Record():
+        c.square().sum().backward()
+    assert km.tuning_cache() == before, "the backward ran the autotuner"
+    assert len(seen) == 2
+    for shape, block_sizes, tune in seen:
+        assert tune is False
+        if blocks == (32, 32, 32):  # fits every gradient product
+            assert list(block_sizes) == [32, 32, 32]
+    if blocks == (128, 64, 64):
+        # dA = dC (96, 200) @ B^T (200, 40): 96 pads to 128, 40 to 64, so the tiles fit and are kept;
+        # dB = A^T (40, 96) @ dC (96, 200): block_m 128 exceeds M = 40 (padded: 64), so the default tiles
+        assert list(seen[0][1]) == [128, 64, 64] and seen[1][1] is None

@@ -153,3 +153,34 @@ def test_validators_pass_real_kernels_and_fail_wrong_ones(device):
     ok, _ = validate_attention(diyflash.flash_attention, 1, 2, 40, 32, dtype=torch.bfloat16, rtol=1e-2, atol=1e-2,
                                device=dev, verbose=True)
     assert ok
+
+
+def test_clear_errors_for_bad_arguments():
+    """Issue 23: these gave unrelated errors (a modulo on a str, an index past the list, ZeroDivisionError)."""
+    from diyflash.utils import BenchmarkRunner, benchmark_fn
+
+    with pytest.raises(TypeError, match="head_dim must be an int, got str '64'"):
+        diyflash.get_attention_config(head_dim="64")
+    with pytest.raises(ValueError, match=r"quantiles must be numbers in \[0, 1\], got \[1.5\]"):
+        benchmark_fn(lambda: None, quantiles=[1.5])
+    runner = BenchmarkRunner(device="cpu", warmup=0, rep=1)
+    runner_fn = benchmark_fn  # the runner times through benchmark_fn: make it report 0 ms
+    import diyflash.utils.benchmark as bm
+
+    try:
+        bm.benchmark_fn = lambda fn, **kw: (0.0, 0.0, 0.0)
+        with pytest.raises(ValueError, match="too short for the clock to resolve"):
+            runner._measure("x", (1,), 1.0, lambda: None)
+    finally:
+        bm.benchmark_fn = runner_fn
+
+
+def test_optimal_attention_has_the_api_signature(torch_path):
+    """Issue 23: on a CPU-only machine get_optimal_attention() returned the op, which takes `scale`, not the
+    API's `sm_scale` (and get_optimal_matmul() the op, with other arguments than triton_matmul's)."""
+    q = torch.randn(1, 2, 9, 16)
+    attention = diyflash.get_optimal_attention()
+    torch.testing.assert_close(attention(q, q, q, causal=True, sm_scale=0.5),
+                               torch.ops.diyflash.attention(q, q, q, causal=True, scale=0.5), rtol=0, atol=0)
+    matmul = diyflash.get_optimal_matmul()
+    torch.testing.assert_close(matmul(q[0, 0], q[0, 0].mT, use_autotune=False), q[0, 0] @ q[0, 0].mT)

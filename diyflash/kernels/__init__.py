@@ -4,6 +4,6 @@ Never imports torch.library, diyflash.ops or diyflash.api. Importing this packag
 triton; `diyflash.kernels.attention` does (and raises "triton is required" without it).
 """
 
-from ._runtime import interpreter_active, require_triton, uses_triton
+from ._runtime import device_guard, interpreter_active, require_triton, uses_triton
 
-__all__ = ["interpreter_active", "require_triton", "uses_triton"]
+__all__ = ["device_guard", "interpreter_active", "require_triton", "uses_triton"]

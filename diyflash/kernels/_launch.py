@@ -29,6 +29,8 @@ launch alone.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import triton
 from triton import knobs
@@ -60,6 +62,11 @@ def ensure_scratch_allocator() -> None:
     if unset:
         triton.set_allocator(_scratch)
 
+
+# Triton's interpreter keeps global state while it runs a grid (the program ids, the grid dimensions):
+# two threads interpreting at once raised InterpreterError('x >= grid_dim[0]') or gave other bits.
+# Interpreted launches take this lock, one at a time; compiled launches never do.
+INTERPRETER_LOCK = threading.Lock()
 
 MAX_SIGNATURES = 4096  # per kernel; a workload with ever-new shapes starts over instead of growing
 
@@ -130,6 +137,10 @@ class DirectLauncher:
         return BoundLaunch(self, compiled, tuple(grid), device, args, meta, tail)
 
     def _jit_launch(self, grid, args, meta) -> None:
+        if self.interpreted:
+            with INTERPRETER_LOCK:
+                self.kernel[grid](*args, **meta)
+            return
         compiled = self.kernel[grid](*args, **meta)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()

@@ -6,6 +6,7 @@ the PyTorch implementation. Triton is imported the first time a Triton kernel is
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -13,16 +14,30 @@ from typing import NamedTuple
 
 import torch
 
-# Triton decides interpreter-or-compiler when `@triton.jit` executes, from the same variable and with
-# the same spelling rules as triton.knobs' env_bool; for its own standard library (tl.max's combine
-# function, tl.cdiv, ...) that is when triton.language is first imported. So TRITON_INTERPRET must be
-# set before triton is imported (torch may import it), i.e. before the process imports torch.
-_TRUTHY = ("1", "true", "yes", "on", "y")
+# Triton decides interpreter-or-compiler when `@triton.jit` executes, from TRITON_INTERPRET read by its
+# own knob (triton.knobs.runtime.interpret); for its own standard library (tl.max's combine function,
+# tl.cdiv, ...) that is when triton.language is first imported. So TRITON_INTERPRET must be set before
+# triton is imported (torch may import it), i.e. before the process imports torch.
+_TRUTHY = ("1", "true", "yes", "on", "y")  # Triton's spelling rules, for machines where triton is missing
+
+
+@functools.cache
+def _triton_knobs():
+    """triton.knobs where triton imports, else None (the PyTorch path needs no triton)."""
+    try:
+        return importlib.import_module("triton.knobs")
+    except ImportError:
+        return None
 
 
 def interpreter_active() -> bool:
-    """True when TRITON_INTERPRET asks Triton to run kernels on CPU tensors through its interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUTHY
+    """True when TRITON_INTERPRET asks Triton to run kernels on CPU tensors through its interpreter,
+    read by Triton's own knob, so that diyflash and Triton never disagree (" yes " with spaces: Triton
+    says no, and so does this). Without triton, the same reading of the variable."""
+    knobs = _triton_knobs()
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUTHY
 
 
 def uses_triton(t: torch.Tensor) -> bool:
@@ -54,6 +69,16 @@ def require_triton():
             f"{mode}. Install it (pip install {missing.split('.')[0]}), or reinstall diyflash, which "
             "declares it", name=missing,
         ) from e
+
+
+def device_guard(t: torch.Tensor):
+    """A context that makes t's CUDA device the current one while kernels launch (Triton launches on the
+    current device, on its current stream): inputs on cuda:1 while cuda:0 is current ran on GPU 0, or
+    failed with "Pointer argument cannot be accessed from Triton" (issue 23). A no-op context where t
+    already is on the current device, or not on a GPU (~1 us)."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 class DeviceLimits(NamedTuple):

@@ -20,13 +20,14 @@ import functools
 import math
 
 import torch
-import torch.autograd.forward_ad as forward_ad
 from torch.library import Library, custom_op
 
-from ..kernels import uses_triton
+from ..kernels import device_guard, uses_triton
 from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked
-from .checks import one_device
+from .checks import INT32_MAX, check_dtype, check_head_dim, check_seq_lens, one_device
+from .autocast import register_autocast
 from .eager import dispatcher_free
+from .forward_ad import guard_autograd, refuse_forward_ad
 from .registry import NAMESPACE, entry
 
 
@@ -36,9 +37,21 @@ def _resolve_scale(scale: float | None, head_dim: int) -> float:
 
 
 def _prepare_seq_lens(seq_lens: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    # (B,) lengths: a handful of integers, so normalising dtype/layout here costs nothing
+    """(B,) lengths as the kernels read them: int32, contiguous, on the inputs' device (a handful of
+    integers, so this costs nothing). int64 values beyond int32 are refused, not wrapped (2^32 + 3 had
+    become 3), checked eagerly: one device sync, and only for int64 lengths. While a CUDA graph is being
+    captured the check would break the capture: there the values are clamped into int32 instead, and the
+    kernels clamp them to [0, N] as always."""
     if seq_lens is None:
         return None
+    if seq_lens.dtype == torch.int64:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            seq_lens = seq_lens.clamp(-INT32_MAX - 1, INT32_MAX)
+        elif seq_lens.numel() and not torch.compiler.is_compiling():
+            bad = (seq_lens > INT32_MAX) | (seq_lens < -INT32_MAX - 1)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                raise ValueError(f"diyflash::attention: seq_lens[{i}] = {int(seq_lens[i])} does not fit in int32")
     return seq_lens.to(device=device, dtype=torch.int32).contiguous()
 
 
@@ -59,7 +72,8 @@ def _attention_fwd_impl(q, k, v, causal, scale, seq_lens):
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     if uses_triton(q):
-        return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens)
+        with device_guard(q):
+            return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens)
     return attention_fwd_blocked(q, k, v, causal, scale, seq_lens)
 
 
@@ -73,11 +87,12 @@ def _check_qkv(op: str, q, k, v, seq_lens) -> None:
     if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or v.shape != k.shape:
         raise ValueError(f"diyflash::{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must share "
                          "batch, heads and head_dim, and v must be shaped like k")
+    check_dtype(op, q=q, k=k, v=v)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"diyflash::{op}: dtypes must match, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    one_device(op, q=q, k=k, v=v)  # seq_lens may live elsewhere: the op moves its few integers
-    if seq_lens is not None and tuple(seq_lens.shape) != (q.shape[0],):
-        raise ValueError(f"diyflash::{op}: seq_lens must have shape ({q.shape[0]},), got {tuple(seq_lens.shape)}")
+    check_head_dim(op, q.shape[-1])
+    one_device(op, q=q, k=k, v=v)
+    check_seq_lens(op, seq_lens, q.shape[0], q.device)
 
 
 @custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
@@ -120,7 +135,8 @@ def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     if uses_triton(q):
-        return _kernels().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens)
+        with device_guard(q):
+            return _kernels().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens)
     return attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens)
 
 
@@ -166,6 +182,10 @@ def _backward(ctx, dout, dlse):
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+guard_autograd(attention_fwd)
+guard_autograd(attention_bwd)  # no backward of its own: a tangent would vanish there too
+register_autocast(attention_fwd, cast=("q", "k", "v"))
+register_autocast(attention_bwd, cast=("dout", "q", "k", "v", "out"))  # lse and dlse stay fp32
 
 
 class _EagerAttention(torch.autograd.Function):
@@ -187,34 +207,13 @@ class _EagerAttention(torch.autograd.Function):
         return _backward(ctx, dout, None)
 
 
-def _refuse_forward_ad(q, k, v) -> None:
-    """The attention has no forward-mode derivative. Without this check PyTorch runs the op as if the
-    inputs had no tangents: torch.func.jvp (and jacfwd, hessian) got a zero tangent and a dual-tensor
-    forward (torch.autograd.forward_ad) an output without one, silently. Costs three cheap checks when
-    neither is in use. Code being compiled skips it (Dynamo would break the graph on the interpreter
-    stack; a compiled graph records the op, not this check)."""
-    if torch.compiler.is_compiling():
-        return
-    jvp = False
-    if torch._C._functorch.peek_interpreter_stack() is not None:
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
-        jvp = any(i.key() == torch._C._functorch.TransformType.Jvp for i in retrieve_all_functorch_interpreters())
-    if not jvp and forward_ad._current_level >= 0:
-        jvp = any(forward_ad.unpack_dual(t).tangent is not None for t in (q, k, v))
-    if jvp:
-        raise NotImplementedError(
-            "diyflash attention has no forward-mode derivative (torch.func.jvp, jacfwd, hessian, "
-            "torch.autograd.forward_ad): use reverse mode (.backward() or torch.autograd.grad)")
-
-
 # The op users call. Kept alive for the life of the process: dropping a Library deregisters its ops.
 _lib = Library(NAMESPACE, "FRAGMENT")
 _lib.define(_ATTN.schema)
 
 
 def _attention_composite(q, k, v, causal=False, scale=None, seq_lens=None):
-    _refuse_forward_ad(q, k, v)
+    refuse_forward_ad("attention", q, k, v)
     return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens)[0]
 
 
@@ -227,7 +226,7 @@ def call_attention(q, k, v, causal=False, scale=None, seq_lens=None):
     see it; with autograd, _EagerAttention (the autograd formula of attention_fwd, the op
     diyflash::attention lowers to, in a plain autograd.Function); else diyflash::attention through the
     dispatcher."""
-    _refuse_forward_ad(q, k, v)
+    refuse_forward_ad("attention", q, k, v)
     if dispatcher_free(q, k, v, seq_lens):
         return _attention_fwd_impl(q, k, v, causal, scale, seq_lens)[0]
     if dispatcher_free(q, k, v, seq_lens, autograd=True):

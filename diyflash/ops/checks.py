@@ -17,3 +17,39 @@ def one_device(op: str, **tensors: torch.Tensor | None) -> None:
         return
     listed = ", ".join(f"{name} on {t.device}" for name, t in tensors.items() if t is not None)
     raise ValueError(f"diyflash::{op}: inputs must be on one device, got {listed}")
+
+
+# What the ops compute: fp16, bf16 and fp32 on every path; fp64 on the PyTorch path (for gradcheck).
+OP_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MAX_HEAD_DIM = 256
+INT32_MAX = 2**31 - 1
+
+
+def check_dtype(op: str, **tensors: torch.Tensor) -> None:
+    """A dtype the kernels compute. Without it the PyTorch path computed int, bool, fp8 and complex
+    inputs and truncated them (complex lost its imaginary part), and the interpreter crashed."""
+    for name, t in tensors.items():
+        if t.dtype not in OP_DTYPES:
+            raise TypeError(f"diyflash::{op}: Unsupported dtype {t.dtype} for {name}: supported are "
+                            "torch.float16, torch.bfloat16, torch.float32 (and torch.float64, PyTorch path)")
+
+
+def check_head_dim(op: str, head_dim: int) -> None:
+    if head_dim % 8 != 0 or not 8 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"diyflash::{op}: Unsupported head_dim {head_dim}: supported are multiples of 8 "
+                         f"from 8 to {MAX_HEAD_DIM}")
+
+
+def check_seq_lens(op: str, seq_lens: torch.Tensor | None, batch: int, device: torch.device) -> None:
+    """seq_lens: (batch,) integers on the inputs' device, or on the CPU beside CUDA inputs (the op then
+    moves its few integers). Any other device was read as if it were the inputs' (a meta seq_lens gave
+    uninitialised memory as lengths)."""
+    if seq_lens is None:
+        return
+    if seq_lens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"diyflash::{op}: seq_lens must be int32 (or int64), got {seq_lens.dtype}")
+    if tuple(seq_lens.shape) != (batch,):
+        raise ValueError(f"diyflash::{op}: seq_lens must have shape ({batch},), got {tuple(seq_lens.shape)}")
+    if seq_lens.device != device and not (seq_lens.device.type == "cpu" and device.type == "cuda"):
+        raise ValueError(f"diyflash::{op}: seq_lens must be on the inputs' device {device} (or on the CPU "
+                         f"beside CUDA inputs), got {seq_lens.device}")

@@ -13,7 +13,8 @@ Nothing observes it when all of these hold (each check costs well under a micros
 - no torch-function or torch-dispatch mode (FakeTensorMode, FlopCounterMode, functionalization, ...)
   and no functorch transform (vmap, grad);
 - every tensor is a plain torch.Tensor or nn.Parameter (subclasses dispatch through the op);
-- the autograd profiler is off (a profile should show `diyflash::*`, not just the Triton kernel).
+- the autograd profiler is off (a profile should show `diyflash::*`, not just the Triton kernel);
+- autocast is off (under autocast the ops' autocast kernels cast the inputs first: ops/autocast.py).
 
 `torch.ops.diyflash.*` called by name always dispatches; only the Python API takes the shortcut, and
 the attention's autograd formula, whose eager backward calls the backward implementation the same way
@@ -39,6 +40,7 @@ def dispatcher_free(*tensors: torch.Tensor | None, autograd: bool = False) -> bo
         or torch._C._is_torch_function_mode_enabled()
         or torch._C._functorch.peek_interpreter_stack() is not None
         or torch.autograd._profiler_enabled()
+        or torch._C._is_any_autocast_enabled()  # the ops' autocast kernels cast the inputs (ops/autocast.py)
     ):
         return False
     grad = not autograd and torch.is_grad_enabled()

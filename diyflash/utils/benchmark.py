@@ -44,6 +44,10 @@ def benchmark_fn(fn: Callable, *args, warmup: int = 25, rep: int = 100,
     """
     if rep < 1:
         raise ValueError(f"rep must be at least 1, got {rep}")
+    if quantiles is not None:
+        bad = [q for q in quantiles if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1]
+        if bad:
+            raise ValueError(f"quantiles must be numbers in [0, 1], got {list(quantiles)}")
     on_cuda = torch.cuda.is_available() and any(
         isinstance(a, torch.Tensor) and a.is_cuda for a in (*args, *kwargs.values()))
     for _ in range(max(warmup, 0)):
@@ -90,6 +94,9 @@ class BenchmarkRunner:
 
     def _measure(self, name, size, flops, fn, block_config=None) -> BenchmarkResult:
         median, _, _ = benchmark_fn(fn, warmup=self.warmup, rep=self.rep)
+        if not median > 0:
+            raise ValueError(f"{name} {tuple(size)}: the measured median time is {median} ms, too short for the "
+                             "clock to resolve; no throughput can be computed (benchmark a larger size)")
         result = BenchmarkResult(name=name, size=tuple(size), time_ms=median, tflops=flops / median / 1e9,
                                  memory_mb=_peak_memory_mb(fn, self.device), block_config=block_config)
         self.results.append(result)
