@@ -18,7 +18,7 @@ from .selector import (
     supports_fp8,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "flash_attention",

@@ -6,6 +6,11 @@ DIYFLASH_TEST_DEVICE=cuda (the GPU machine): the same test files on CUDA tensors
 """
 
 import os
+import tempfile
+
+# The matmul tuner's disk cache (kernels/tuning_cache.py): a fresh one per test session, so that no test
+# reads choices a user's earlier runs left in ~/.cache/diyflash (subprocesses inherit it)
+os.environ.setdefault("DIYFLASH_CACHE_DIR", tempfile.mkdtemp(prefix="diyflash-test-cache-"))
 
 DEVICE = os.environ.get("DIYFLASH_TEST_DEVICE", "cpu")
 if DEVICE not in ("cpu", "cuda"):

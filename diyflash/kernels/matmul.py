@@ -30,6 +30,7 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+from . import tuning_cache as disk_cache  # noqa: E402
 from ._launch import DirectLauncher, cdiv  # noqa: E402
 
 
@@ -179,7 +180,7 @@ def run(a: torch.Tensor, b: torch.Tensor, p: Plan, allow_tf32: bool = False) -> 
 
 # ----------------------------------------------------------------------------------------------------
 # Autotuning: each candidate is timed once per key on the caller's own operands, the winner cached
-# for the life of the process (tuning_cache() shows what was chosen). Candidates are timed by CUDA
+# for the life of the process and on disk (kernels/tuning_cache.py; tuning_cache() shows what was chosen). Candidates are timed by CUDA
 # graph replay, i.e. GPU time only: timed eagerly, a 1024^3 product's ~10 us on the GPU hides under
 # ~50 us of host launch cost that every candidate pays alike, and the ranking was noise (a 32-tile
 # config won on a 132-SM GPU at 0.46x of cuBLAS).
@@ -217,9 +218,9 @@ def _tune(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool) -> tuple[MatmulCon
 
 
 def select_config(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool, autotune: bool) -> MatmulConfig:
-    """The config C = A @ B runs with: pinned under the interpreter, else tuned (once per key) or the
-    untuned default."""
-    if a.device.type == "cpu":
+    """The config C = A @ B runs with: pinned under the interpreter, else tuned (once per key: in this
+    process, or in an earlier one through the disk cache, tuning_cache.py) or the untuned default."""
+    if _KERNEL.interpreted:  # CPU tensors reach the kernel only under the interpreter
         return INTERPRETER_CONFIG
     m, k = a.shape
     n = b.shape[1]
@@ -227,11 +228,22 @@ def select_config(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool, autotune: 
         return default_config(a.dtype, m, n, k, a.device)
     key = tuning_key(a, b, allow_tf32)
     if key not in _TUNED:
-        if torch.cuda.is_current_stream_capturing():
+        env = _environment(a.device)
+        stored = disk_cache.load(env, key[1:], candidates(a.dtype, m, n, k, a.device))
+        if stored is not None:
+            _TUNED[key] = stored
+        elif a.is_cuda and torch.cuda.is_current_stream_capturing():
             # first seen inside a CUDA graph capture: timing would synchronize and break the capture
             return default_config(a.dtype, m, n, k, a.device)
-        _TUNED[key] = _tune(a, b, allow_tf32)
+        else:
+            _TUNED[key] = _tune(a, b, allow_tf32)
+            disk_cache.store(env, key[1:], *_TUNED[key])
     return _TUNED[key][0]
+
+
+@functools.cache
+def _environment(device: torch.device) -> dict:
+    return disk_cache.environment(device)
 
 
 # ----------------------------------------------------------------------------------------------------
