@@ -7,6 +7,7 @@ torch.compile(fullgraph=True) and torch.export.
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
 from .api import flash_attention, triton_matmul
+from .precompile import precompile
 from .reference import reference_attention
 from .selector import (
     AdaptiveKernelSelector,
@@ -24,6 +25,7 @@ __all__ = [
     "flash_attention",
     "triton_matmul",
     "reference_attention",
+    "precompile",
     "AdaptiveKernelSelector",
     "check_hopper_features",
     "get_attention_config",

@@ -6,6 +6,11 @@ On a GPU a short benchmark follows (diyflash vs SDPA flash/cuDNN and vs cuBLAS, 
 On a CPU-only machine it says so and runs the very same Triton kernels through Triton's interpreter on
 small shapes (re-executing itself with TRITON_INTERPRET=1, which must be set before triton is imported).
 Exit status 1 when any validation fails.
+
+On a GPU the kernels that validation and the benchmark will need are first compiled in parallel worker
+processes (diyflash/precompile.py), unless an earlier run already put them in Triton's disk cache; the
+matmul tuner's choices persist on disk too. Every step prints a status line with the elapsed time.
+`python -m diyflash precompile --help`: compile given shapes ahead of a job.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 
@@ -65,6 +71,18 @@ def _reexec_with_interpreter() -> None:
     os.execve(sys.executable, [sys.executable, "-m", "diyflash", *sys.argv[1:]], env)
 
 
+_START = time.perf_counter()
+
+
+def _stamp() -> str:
+    return f"[{time.perf_counter() - _START:6.1f}s]"
+
+
+def _begin(text: str) -> None:
+    # the status line goes out before the step runs (compiling, tuning): a long step never sits silent
+    print(f"  {_stamp()} {text}", end="", flush=True)
+
+
 def _cells(reports) -> str:
     return "  ".join(f"{r.name} {r.err:7.1e}/{r.bound:7.1e}" for r in reports)
 
@@ -78,16 +96,57 @@ def validate_attention_part(device, dtypes, head_dims, causals, n) -> bool:
     ok = True
     gen = torch.Generator(device="cpu").manual_seed(0)
     for dtype in dtypes:
-        for d in head_dims:
-            for causal in causals:
-                n_q, n_k = n, n + (n // 3 if causal else 0)  # bottom-right causal with N_q != N_k
-                q, k, v = (torch.randn(2, 2, m, d, generator=gen).to(device, dtype) for m in (n_q, n_k, n_k))
-                _, _, reports = attention_error_reports(op, q, k, v, causal)
-                good = all(r.ok for r in reports)
-                ok &= good
-                print(f"  attention {str(dtype)[6:]:<8} d={d:<3} causal={str(causal):<5} {n_q}x{n_k}:  "
-                      f"{_cells(reports)}  {'ok' if good else 'FAIL'}")
+        for d, causal, n_q, n_k in _attention_cells(head_dims, causals, n):  # causal: N_q != N_k (bottom-right)
+            q, k, v = (torch.randn(2, 2, m, d, generator=gen).to(device, dtype) for m in (n_q, n_k, n_k))
+            _begin(f"attention {str(dtype)[6:]:<8} d={d:<3} causal={str(causal):<5} {n_q}x{n_k}:  ")
+            _, _, reports = attention_error_reports(op, q, k, v, causal)
+            good = all(r.ok for r in reports)
+            ok &= good
+            print(f"{_cells(reports)}  {'ok' if good else 'FAIL'}", flush=True)
     return ok
+
+
+def _matmul_shapes(size: int) -> list[tuple[int, int, int]]:
+    return [(size, size + 17, size - 3), (size // 2 + 1, size, size + 31)]  # (m, k, n): odd edges on every side
+
+
+def _attention_cells(head_dims, causals, n) -> list[tuple[int, bool, int, int]]:
+    return [(d, causal, n, n + (n // 3 if causal else 0)) for d in head_dims for causal in causals]
+
+
+BENCH_ATTENTION = ((4, 16, 64), (4, 16, 128))  # (B, H, D), fp16, causal and not
+BENCH_MATMUL = ((4096, 4096, 4096), (8192, 4096, 11008), (8192, 11008, 4096))  # (M, K, N), fp16
+
+
+def precompile_part(args, dtypes, head_dims, causals, n, size) -> None:
+    """Compile what validation and the benchmark will launch, in parallel worker processes, unless an
+    earlier run did so into the same Triton cache."""
+    from diyflash.precompile import Job, is_precompiled, matmul_jobs, precompile_jobs
+
+    names = {v: k for k, v in DTYPES.items()}
+    jobs = []
+    if not args.skip_validate:
+        if "attention" in args.parts:
+            jobs += [Job("attention", names[dt], (2, 2, n_q, n_k, d), causal=c)
+                     for dt in dtypes for d, c, n_q, n_k in _attention_cells(head_dims, causals, n)]
+        if "matmul" in args.parts:
+            jobs += [Job("matmul", names[dt], shape, b_transposed=t)
+                     for dt in dtypes for shape in _matmul_shapes(size) for t in (False, True)]
+    tune = []
+    if not args.skip_bench:
+        if "attention" in args.parts:
+            jobs += [Job("attention", "fp16", (b, h, args.bench_seq_len, args.bench_seq_len, d), causal=c)
+                     for b, h, d in BENCH_ATTENTION for c in (False, True)]
+        if "matmul" in args.parts:
+            jobs += matmul_jobs(["fp16"], BENCH_MATMUL, autotune=True)
+            tune = [("fp16", shape, False) for shape in BENCH_MATMUL]
+    if not jobs:
+        return
+    if is_precompiled(jobs):
+        print(f"\n{_stamp()} kernels: compiled by an earlier run (Triton's disk cache), nothing to precompile")
+        return
+    print(f"\n{_stamp()} compiling the kernels this run needs in parallel (cold Triton cache)", flush=True)
+    precompile_jobs(jobs, tune=tune, log=lambda line: print(line, flush=True))
 
 
 def validate_matmul_part(device, dtypes, size) -> bool:
@@ -96,18 +155,20 @@ def validate_matmul_part(device, dtypes, size) -> bool:
 
     ok = True
     gen = torch.Generator(device="cpu").manual_seed(1)
-    shapes = [(size, size + 17, size - 3), (size // 2 + 1, size, size + 31)]  # odd edges on every side
+    shapes = _matmul_shapes(size)
     for dtype in dtypes:
         for m, k, n in shapes:
             for trans in (False, True):  # b given as the transposed view of (n, k) storage, read in place
                 a = torch.randn(m, k, generator=gen).to(device, dtype)
                 b = (torch.randn(n, k, generator=gen).to(device, dtype).mT if trans
                      else torch.randn(k, n, generator=gen).to(device, dtype))
-                _, _, reports = matmul_error_reports(diyflash.triton_matmul, a, b)
+                _begin(f"matmul    {str(dtype)[6:]:<8} {m}x{k} @ {k}x{n}{' (b = view.mT)' if trans else ''}:  ")
+                # the untuned default tiles (and, as the backward takes the forward's choice, for dA and
+                # dB too): tuning every bucket here cost most of a run; the benchmark below autotunes
+                _, _, reports = matmul_error_reports(lambda a, b: diyflash.triton_matmul(a, b, use_autotune=False), a, b)
                 good = all(r.ok for r in reports)
                 ok &= good
-                print(f"  matmul    {str(dtype)[6:]:<8} {m}x{k} @ {k}x{n}{' (b = view.mT)' if trans else ''}:  "
-                      f"{_cells(reports)}  {'ok' if good else 'FAIL'}")
+                print(f"{_cells(reports)}  {'ok' if good else 'FAIL'}", flush=True)
     return ok
 
 
@@ -134,10 +195,10 @@ def bench_attention(n: int) -> None:
 
     providers = {"diyflash": lambda q, k, v, causal: diyflash.flash_attention(q, k, v, causal=causal),
                  "flash": sdpa(SDPBackend.FLASH_ATTENTION), "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
-    print("\nAttention, fp16 (TFLOPS: fwd 4*B*H*N^2*D, halved when causal; bwd 2.5x fwd, timed alone)")
-    print(f"  {'B H N D':<16} {'causal':>6} {'pass':>4} {'diyflash':>9} {'SDPA flash':>11} {'SDPA cuDNN':>11} "
+    print(f"\n{_stamp()} Attention, fp16 (TFLOPS: fwd 4*B*H*N^2*D, halved when causal; bwd 2.5x fwd, timed alone)")
+    print(f"  {'':9}{'B H N D':<16} {'causal':>6} {'pass':>4} {'diyflash':>9} {'SDPA flash':>11} {'SDPA cuDNN':>11} "
           f"{'vs flash':>9} {'vs cuDNN':>9}")
-    for b, h, d in ((4, 16, 64), (4, 16, 128)):
+    for b, h, d in BENCH_ATTENTION:
         for causal in (False, True):
             q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
             for mode in ("fwd", "bwd"):
@@ -159,9 +220,9 @@ def bench_attention(n: int) -> None:
 def bench_matmul() -> None:
     import diyflash
 
-    print("\nMatmul, fp16 (TFLOPS = 2*M*N*K / time; diyflash autotunes on its first call per shape bucket)")
-    print(f"  {'M x K x N':<16} {'':>11} {'diyflash':>9} {'cuBLAS':>11} {'':>11} {'vs cuBLAS':>9}")
-    for m, k, n in ((4096, 4096, 4096), (8192, 4096, 11008), (8192, 11008, 4096)):
+    print(f"\n{_stamp()} Matmul, fp16 (TFLOPS = 2*M*N*K / time; diyflash autotuned per shape bucket, choices kept on disk)")
+    print(f"  {'':9}{'M x K x N':<16} {'':>11} {'diyflash':>9} {'cuBLAS':>11} {'':>11} {'vs cuBLAS':>9}")
+    for m, k, n in BENCH_MATMUL:
         a = torch.randn(m, k, device="cuda", dtype=torch.float16)
         b = torch.randn(k, n, device="cuda", dtype=torch.float16)
         tf = {name: 2.0 * m * n * k / _time(fn) / 1e9
@@ -175,11 +236,16 @@ def _row(label, middle, tf, baselines) -> None:
     ratio = lambda base: f"{mine / tf[base]:.2f}x" if mine and tf.get(base) else "-"  # noqa: E731
     cols = [f"{show(tf.get(base)):>11}" for base in baselines] + [" " * 11] * (2 - len(baselines))
     ratios = [f"{ratio(base):>9}" for base in baselines]
-    print(f"  {label:<16} {middle} {show(mine):>9} {' '.join(cols)} {' '.join(ratios)}")
+    print(f"  {_stamp()} {label:<16} {middle} {show(mine):>9} {' '.join(cols)} {' '.join(ratios)}", flush=True)
 
 
 def main(argv=None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["precompile"]:
+        from diyflash.precompile import main as precompile_main
+
+        return precompile_main(argv[1:])
+    args = _parse(argv)
     from diyflash.kernels import interpreter_active
 
     on_gpu = torch.cuda.is_available()
@@ -205,21 +271,27 @@ def main(argv=None) -> int:
     dtypes = [DTYPES[d] for d in (args.dtypes or (["fp16", "bf16", "fp32"] if on_gpu else ["fp16", "fp32"]))]
     causals = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
 
+    head_dims = args.head_dims or ([64, 128] if on_gpu else [32])
+    n = args.seq_len or (1024 if on_gpu else 67)
+    size = args.matmul_size or (1000 if on_gpu else 70)
+    if on_gpu:
+        precompile_part(args, dtypes, head_dims, causals, n, size)
+
     ok = True
     if not args.skip_validate:
-        print("\nValidation vs a float64 oracle: each cell is kernel error / allowed bound "
+        print(f"\n{_stamp()} Validation vs a float64 oracle: each cell is kernel error / allowed bound "
               "(2 x plain PyTorch error in the same dtype + rounding band)")
         if "attention" in args.parts:
-            ok &= validate_attention_part(device, dtypes, args.head_dims or ([64, 128] if on_gpu else [32]),
-                                          causals, args.seq_len or (1024 if on_gpu else 67))
+            ok &= validate_attention_part(device, dtypes, head_dims, causals, n)
         if "matmul" in args.parts:
-            ok &= validate_matmul_part(device, dtypes, args.matmul_size or (1000 if on_gpu else 70))
-        print("validation:", "PASSED" if ok else "FAILED")
+            ok &= validate_matmul_part(device, dtypes, size)
+        print(f"{_stamp()} validation:", "PASSED" if ok else "FAILED", flush=True)
     if on_gpu and not args.skip_bench:
         if "attention" in args.parts:
             bench_attention(args.bench_seq_len)
         if "matmul" in args.parts:
             bench_matmul()
+    print(f"\n{_stamp()} done", flush=True)
     return 0 if ok else 1
 
 

@@ -45,7 +45,7 @@ def test_main_exits_1_when_a_kernel_is_wrong(monkeypatch, capsys):
     from diyflash.__main__ import main
 
     real = diyflash.triton_matmul
-    monkeypatch.setattr(diyflash, "triton_matmul", lambda a, b: real(a, b) * 1.01)
+    monkeypatch.setattr(diyflash, "triton_matmul", lambda a, b, **kw: real(a, b, **kw) * 1.01)
     assert main(["--parts", "matmul", "--dtypes", "fp32", "--matmul-size", "20", "--skip-bench"]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "validation: FAILED" in out and "attention" not in out

@@ -1,0 +1,76 @@
+"""diyflash.precompile and `python -m diyflash precompile` (issue 22): the calls a job will make, run once
+in parallel worker processes so that Triton's disk cache holds their kernels. On CPU the same calls run
+through the interpreter (nothing is compiled there), which tests the job list, the worker pool and the
+progress lines; the GPU suite and bench/coldstart.py measure what it saves."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import diyflash
+from diyflash.precompile import Job, attention_jobs, matmul_jobs, precompile_jobs
+from helpers import ON_GPU
+
+
+def test_jobs_cover_each_variant():
+    jobs = attention_jobs(["fp16", "bf16"], [64, 80], [False, True], [(2, 4, 100), (1, 2, 17, 33)])
+    assert len(jobs) == 2 * 2 * 2 * 2
+    assert Job("attention", "bf16", (1, 2, 17, 33, 80), causal=True) in jobs
+    assert matmul_jobs(["fp16"], [(30, 40, 50)], autotune=False) == [Job("matmul", "fp16", (30, 40, 50))]
+    assert "causal +bwd" in jobs[2].label() and "2x4x100x100x64" in jobs[0].label()
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU: the interpreter runs the calls (the GPU suite compiles for real below)")
+def test_precompile_runs_every_call_in_worker_processes(device):
+    lines = []
+    seconds = diyflash.precompile(dtypes=("fp16",), head_dims=(16,), causal=(True,), shapes=((1, 2, 20),),
+                                  matmul_shapes=((20, 16, 24),), workers=2, device="cpu", log=lines.append)
+    assert seconds > 0
+    assert lines[0] == "precompile: 2 calls in 2 processes"
+    assert len(lines) == 3 and all("s] " in line for line in lines[1:]), lines
+    assert any("attention fp16 1x2x20x20x16 causal +bwd" in line for line in lines)
+
+
+def test_a_failing_call_names_its_job(device):
+    bad = Job("attention", "fp16", (1, 1, 8, 8, 12))  # head_dim 12: refused by the API
+    with pytest.raises(RuntimeError, match="precompile: attention fp16 1x1x8x8x12 full \\+bwd failed"):
+        precompile_jobs([bad], workers=1, device=device.type, log=None)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiles CUDA kernels")
+def test_precompile_fills_the_cache_a_fresh_process_uses(tmp_path):
+    """Compiled in workers into an empty Triton cache, then a fresh process's first call compiles nothing:
+    its kernels load from the disk cache (seconds, against compiling)."""
+    import os
+
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "DIYFLASH_CACHE_DIR": str(tmp_path / "dyf")}
+    code = ("import diyflash, torch\n"
+            "diyflash.precompile(dtypes=('fp16',), head_dims=(64,), causal=(True,), shapes=((1, 2, 300),), workers=2)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    cached = {p.name for p in (tmp_path / "triton").rglob("*.cubin")}
+    assert cached, "nothing was compiled"
+    code = ("import diyflash, torch\n"
+            "q = torch.randn(1, 2, 300, 64, device='cuda', dtype=torch.float16, requires_grad=True)\n"
+            "o = diyflash.flash_attention(q, q, q, causal=True)\n"
+            "o.sum().backward()\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert {p.name for p in (tmp_path / "triton").rglob("*.cubin")} == cached, "the fresh process compiled"
+
+
+def test_cli():
+    done = subprocess.run([sys.executable, "-m", "diyflash", "precompile", "--help"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "--shapes" in done.stdout
+    for argv, phrase in ((["--shapes", "4x16"], "BxHxN"), (["--shapes", "4xax2"], "expected a shape"),
+                         (["--head-dims", "12"], "Unsupported head_dim 12")):
+        done = subprocess.run([sys.executable, "-m", "diyflash", "precompile", *argv], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 2 and phrase in done.stderr, done.stderr
+    if not torch.cuda.is_available():
+        done = subprocess.run([sys.executable, "-m", "diyflash", "precompile"], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0 and "nothing to compile" in done.stdout
