@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: GPU test suite, config sweep and benchmark; full logs under $OUT.
-#   bash bench/device_run.sh [tests] [sweep] [groups] [bench] [short] [overhead] [matmul]   (default: tests sweep bench)
+#   bash bench/device_run.sh [tests] [sweep] [groups] [bench] [short] [overhead] [matmul] [coldstart]
+#   (default: tests sweep bench)
 # The GPU's SM clock, power and temperature are logged every 500 ms to $OUT/clocks.csv throughout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ if [[ $parts == *sweep* ]]; then  # re-tunes diyflash/kernels/attention_tuned.py
   cp diyflash/kernels/attention_tuned.py "$OUT/"
 fi
 if [[ $parts == *groups* ]]; then
-  python3 -m bench.attention_groups --out "$OUT/groups.jsonl" ${GROUPS_ARGS:-} 2>&1 | tee "$OUT/groups.log"
+  python3 -m bench.probes.attention_groups --out "$OUT/groups.jsonl" ${GROUPS_ARGS:-} 2>&1 | tee "$OUT/groups.log"
 fi
 if [[ $parts == *bench* ]]; then
   python3 -m bench.attention --out "$OUT/attention.jsonl" --plot "$OUT/attention.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
@@ -37,6 +38,9 @@ if [[ $parts == *overhead* ]]; then
 fi
 if [[ $parts == *matmul* ]]; then
   python3 -m bench.matmul --ablation --out "$OUT/matmul.jsonl" --plot "$OUT/matmul.png" 2>&1 | tee "$OUT/matmul.log" | tail -60
+fi
+if [[ $parts == *coldstart* ]]; then
+  python3 -m bench.coldstart --out "$OUT/coldstart.jsonl" ${COLDSTART_ARGS:-} 2>&1 | tee "$OUT/coldstart.log"
 fi
 echo "tests exit status: $status"
 exit $status

@@ -232,13 +232,13 @@ def test_dv_pass_tiles_apply_only_to_a_split_backward(monkeypatch):
 
 
 def test_probes_parse_tiles_and_compute_attention(device):
-    """bench.ncu_probe reads KIND=tiles runners and bench.tiles_probe its cells; the minimal forward of
-    bench.prefetch_probe and bench.exp2_probe computes attention in every variant they time: both loop
+    """bench.probes.ncu_probe reads KIND=tiles runners and bench.probes.tiles_probe its cells; the minimal forward of
+    bench.probes.prefetch_probe and bench.probes.exp2_probe computes attention in every variant they time: both loop
     orders (scores of the next key block issued before this block's softmax, or not) and the exp2
     split between the MUFU and a polynomial (none, 1/2, 1/4, 1/8 of the columns)."""
-    from bench.minimal_attention import run
-    from bench.ncu_probe import parse_tiles
-    from bench.tiles_probe import parse_cell
+    from bench.probes.minimal_attention import run
+    from bench.probes.ncu_probe import parse_tiles
+    from bench.probes.tiles_probe import parse_cell
     from diyflash.kernels.attention_configs import AttnConfig
 
     assert parse_tiles("dv=32,128,8,4,tma") == ("dv", AttnConfig(32, 128, 8, 4, tma=True))
@@ -256,9 +256,9 @@ def test_probes_parse_tiles_and_compute_attention(device):
         torch.testing.assert_close(run(q, k, v, 64, 32, 4, 2, prefetch=prefetch), ref, atol=2e-3, rtol=2e-3)
     for emu in range(4):  # the polynomial's relative error is 7.5e-5: within the fp16 tolerance
         torch.testing.assert_close(run(q, k, v, 64, 32, 4, 2, emu=emu), ref, atol=2e-3, rtol=2e-3)
-    import bench.exp2_probe  # noqa: F401  (the probes import: their main()s need a GPU)
-    import bench.host_desc_probe  # noqa: F401
-    import bench.prefetch_probe  # noqa: F401
+    import bench.probes.exp2_probe  # noqa: F401  (the probes import: their main()s need a GPU)
+    import bench.probes.host_desc_probe  # noqa: F401
+    import bench.probes.prefetch_probe  # noqa: F401
 
 
 def test_overhead_launch_rows_take_every_tuned_forward_entry():

@@ -34,3 +34,15 @@ def test_wheel_carries_registry_and_registers_ops(tmp_path):
                           cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("diyflash::attention(Tensor q, Tensor k, Tensor v")
+
+
+def test_ci_runs_the_readme_commands_verbatim():
+    """Issue 22: .ci/run proves both README commands in a fresh venv; the two files must not drift."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    ci = (root / ".ci" / "run").read_text()
+    block = readme.split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.strip() for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert commands == ["pip install -e . && python -m diyflash", 'pip install -e ".[test]" && python -m pytest']
+    assert "(pip install -e . && python -m diyflash)" in ci and 'pip install -e ".[test]" && python -m pytest' in ci
+    assert "python -m venv" in ci and "--system-site-packages" not in ci and "validation: PASSED" in ci

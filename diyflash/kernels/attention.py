@@ -1005,7 +1005,7 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
 
 
 # Tiles a head group of a causal kernel holds, per SM: two, about one wave of resident programs.
-# Measured on the H200 (bench/attention_groups.py, bench/results/attention_groups_h200.jsonl): with
+# Measured on the H200 (bench/probes/attention_groups.py, bench/results/attention_groups_h200.jsonl): with
 # head groups of 1..128 at D 64/128/256 and N 2048..16384, the fastest group held 128-512 tiles in
 # every shape, and ~256 was within noise of the best everywhere. A group of one wave starts its heads'
 # heavy tiles together and drains on light ones while the next group starts; larger groups spread

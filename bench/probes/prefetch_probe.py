@@ -2,9 +2,9 @@
 tensor cores with the exp2s? (FlashAttention-3's intra-warpgroup overlap, written as a loop whose
 scores are carried one iteration ahead.)
 
-    python -m bench.prefetch_probe      (H200 answer: bench/results/attention_prefetch_probe_h200.txt)
+    python -m bench.probes.prefetch_probe      (H200 answer: bench/results/attention_prefetch_probe_h200.txt)
 
-bench/minimal_attention.py's forward (no masks, lengths a multiple of the tiles) in two loop
+bench/probes/minimal_attention.py's forward (no masks, lengths a multiple of the tiles) in two loop
 orders: PREFETCH=False (scores of block j, then its softmax and p @ v) and PREFETCH=True (scores of
 block j+1 issued, then block j's softmax and p @ v). Both are timed in turns with diyflash's forward,
 and the compiled main loop's order of HGMMA, wgmma waits and MUFU.EX2 is printed for one tile each.
@@ -18,7 +18,7 @@ import sys
 import torch
 
 from bench.common import attention_flops, interleaved_tflops
-from bench.minimal_attention import run, sass
+from bench.probes.minimal_attention import run, sass
 
 
 def sass_summary(q, tiles, prefetch) -> str:

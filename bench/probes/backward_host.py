@@ -1,6 +1,6 @@
 """Where the host time of the attention backward goes, for short sequences where it exceeds the GPU's.
 
-    python -m bench.backward_host      (one line per shape, then a profiler table of one shape; the
+    python -m bench.probes.backward_host      (one line per shape, then a profiler table of one shape; the
                                         Chrome trace goes to $OUT/bwd_trace.json, else /tmp)
 
 Per shape (fp16, microseconds, medians): host time of torch.autograd.grad (`grad`: 20 calls enqueued

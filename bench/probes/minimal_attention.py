@@ -1,6 +1,6 @@
 """The probes' minimal FlashAttention forward, in one place: no masks, lengths a multiple of the tiles,
 head_dim a power of two, (B, H, N, D) inputs with a contiguous head_dim. Not part of diyflash: the
-measured variants of its main loop that bench/prefetch_probe.py and bench/exp2_probe.py time against
+measured variants of its main loop that bench/probes/prefetch_probe.py and bench/probes/exp2_probe.py time against
 diyflash's forward.
 
 - PREFETCH: the scores of key block j+1 are issued before block j's softmax and p @ v

@@ -1,6 +1,6 @@
 """How the order of a causal kernel's tiles pays: the attention kernels timed with each head group.
 
-    python -m bench.attention_groups [--head-dims 64 128 256] [--n 2048 4096 8192 16384] [--dtype fp16]
+    python -m bench.probes.attention_groups [--head-dims 64 128 256] [--n 2048 4096 8192 16384] [--dtype fp16]
                                      [--groups 1 2 4 8 16 32 64 128] [--out rows.jsonl]
 
 A causal forward (or dq) tile's work grows with its query block, a dk/dv tile's falls with its key

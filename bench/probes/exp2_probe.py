@@ -1,13 +1,13 @@
 """Probe: does computing part of the forward's exp2s on the FMA pipe (a polynomial) instead of the MUFU
 pay on Hopper? (FlashAttention-4's exp2 emulation, in plain Triton.)
 
-    python -m bench.exp2_probe      (H200 answer: bench/results/attention_exp2_probe_h200.txt)
+    python -m bench.probes.exp2_probe      (H200 answer: bench/results/attention_exp2_probe_h200.txt)
 
 At head_dim 64 the forward's exp2s (MUFU.EX2, 16 per clock per SM) take about as long as its matmuls
-at peak rate, and Triton 3.6 does not overlap the two (bench/prefetch_probe.py). A share of the score
+at peak rate, and Triton 3.6 does not overlap the two (bench/probes/prefetch_probe.py). A share of the score
 columns is split off (a register-local reshape of the wgmma accumulator) and raised to 2^x with
 FADD/FFMA/integer ops; the rest stays on the MUFU. EMU = 0: none; 1, 2, 3: a half, a quarter, an
-eighth of the columns. Timed in turns with diyflash's forward on bench/minimal_attention.py's kernel
+eighth of the columns. Timed in turns with diyflash's forward on bench/probes/minimal_attention.py's kernel
 (no masks, lengths a multiple of the tiles), with the max error against an fp32 reference for each
 variant. A measured dead end on Hopper with Triton 3.6, kept so that it can be re-run.
 """
@@ -19,7 +19,7 @@ import sys
 import torch
 
 from bench.common import attention_flops, interleaved_tflops
-from bench.minimal_attention import run, sass
+from bench.probes.minimal_attention import run, sass
 
 OPS = ("MUFU", "FFMA", "FADD", "FMUL", "FMNMX", "IMAD", "SHF", "IADD3", "LEA", "F2FP", "HGMMA", "STS", "LDS", "SHFL",
        "BAR")

@@ -1,6 +1,6 @@
 """Probe: where do host-built TMA descriptors start to pay? (kernels.attention.HOST_DESC_MIN_WORK)
 
-    python -m bench.host_desc_probe [--head-dims 128 256] [--ns 128 256 384 512 768 1024] [--rounds 5]
+    python -m bench.probes.host_desc_probe [--head-dims 128 256] [--ns 128 256 384 512 768 1024] [--rounds 5]
         (H200 answer: bench/results/attention_host_desc_probe_h200.txt)
 
 Host descriptors cost host time on every call (~18 us on the H200 host for three of them) and save each

@@ -1,8 +1,8 @@
 """Probe: diyflash's forward at chosen tiles against the seed's Triton tutorial at the same tiles.
 
-    python -m bench.tiles_probe --cells 64:1024:causal 128:2048:causal \\
+    python -m bench.probes.tiles_probe --cells 64:1024:causal 128:2048:causal \\
         --tiles 64,64,4,3 64,64,4,3,rowoff 128,64,8,3      (H200 answer: bench/results/attention_tiles_probe_h200.txt)
-    python -m bench.tiles_probe --mode bwd --cells 64:16384:causal --tiles dkdv=64,64,4,3,rowoff dq=128,64,4,3,rowoff
+    python -m bench.probes.tiles_probe --mode bwd --cells 64:16384:causal --tiles dkdv=64,64,4,3,rowoff dq=128,64,4,3,rowoff
 
 For each cell (head_dim:N:plain|causal, fp16, B x H as bench.attention_configs sweeps them: 4x32 at
 D64, 4x16 at D128, 2x8 otherwise) it times in turns: diyflash with its tuned tiles, diyflash at each
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     import triton
 
     from bench.attention_configs import SHAPES
-    from bench.ncu_probe import parse_tiles
+    from bench.probes.ncu_probe import parse_tiles
     from bench.tutorial import load_tutorial
     from diyflash.kernels import attention as ka
     from diyflash.kernels.attention_configs import fwd_config, head_dim_pad
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
 
 def _backward(args) -> int:
     from bench.attention_configs import SHAPES
-    from bench.ncu_probe import parse_tiles, runner
+    from bench.probes.ncu_probe import parse_tiles, runner
     from diyflash.kernels.attention_configs import bwd_config, head_dim_pad
 
     for spec in args.tiles:

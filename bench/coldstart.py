@@ -1,0 +1,187 @@
+"""Cold start: how long a user waits for the first call, each case in a fresh process (issue 22).
+
+    python -m bench.coldstart --out bench/results/coldstart_h200.jsonl
+
+Every case runs twice in new processes that share fresh cache directories: first COLD (empty Triton
+cache, empty Inductor cache, empty diyflash tuning cache: what a fresh machine sees), then WARM (the
+caches the cold run left). A case reports the process's wall time from start to exit, and the time of
+its first call alone (from the call to its results on the GPU, after `import torch` and the inputs).
+
+Cases (fp16):
+- diyflash-attention: the first flash_attention forward + backward, B4 H16 N4096 D128 causal;
+- diyflash-attention-precompiled: the same, after `python -m diyflash precompile` for that shape ran
+  into the same (cold) cache directories, as a serving or CI image would at build time; the
+  precompile's own time is its cold row;
+- diyflash-matmul: the first triton_matmul at 4096^3 (it autotunes: every candidate compiles);
+- main-job: `python -m diyflash` end to end;
+- flex: FlexAttention's first torch.compile'd call (forward + backward) of the same attention with a
+  causal block mask (building the mask included);
+- tutorial: the seed's Triton tutorial's first call (forward + backward; its autotuner times its
+  forward configs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+B, H, N, D = 4, 16, 4096, 128
+
+_PRELUDE = f"""
+import json, sys, time
+t_start = time.perf_counter()
+import torch
+B, H, N, D = {B}, {H}, {N}, {D}
+def inputs():
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=g).requires_grad_() for _ in range(3)]
+def timed(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+def report(first, second):
+    print("COLDSTART " + json.dumps({{"first_call_s": first, "second_call_s": second,
+                                      "in_process_s": time.perf_counter() - t_start}}))
+"""
+
+CASES = {
+    "diyflash-attention": """
+import diyflash
+q, k, v = inputs()
+def step():
+    out = diyflash.flash_attention(q, k, v, causal=True)
+    out.backward(torch.ones_like(out))
+report(timed(step), timed(step))
+""",
+    "diyflash-matmul": """
+import diyflash
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+report(timed(lambda: diyflash.triton_matmul(a, b)), timed(lambda: diyflash.triton_matmul(a, b)))
+""",
+    "flex": """
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+flex = torch.compile(flex_attention)
+q, k, v = inputs()
+def step():
+    mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, N, N, device="cuda")
+    out = flex(q, k, v, block_mask=mask)
+    out.backward(torch.ones_like(out))
+report(timed(step), timed(step))
+""",
+    "tutorial": """
+from bench.tutorial import load_tutorial
+tut = load_tutorial()
+q, k, v = inputs()
+def step():
+    out = tut.attention(q, k, v, True, D ** -0.5)
+    out.backward(torch.ones_like(out))
+report(timed(step), timed(step))
+""",
+}
+
+
+def _run(argv: list[str], env: dict, timeout: float) -> dict:
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    row = {"process_s": wall, "returncode": done.returncode}
+    for line in done.stdout.splitlines():
+        if line.startswith("COLDSTART "):
+            row.update(json.loads(line[len("COLDSTART "):]))
+    if done.returncode != 0:
+        row["error"] = (done.stderr or done.stdout)[-2000:]
+    if "validation:" in done.stdout:
+        row["validation"] = "PASSED" if "validation: PASSED" in done.stdout else "FAILED"
+    return row
+
+
+def _env(root: Path) -> dict:
+    env = dict(os.environ)
+    for name, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                      ("DIYFLASH_CACHE_DIR", "diyflash")):
+        env[name] = str(root / sub)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def measure(case: str, root: Path, timeout: float) -> list[dict]:
+    """The case's cold and warm rows, run in fresh processes over the cache directories under root."""
+    env = _env(root)
+    rows = []
+    if case == "main-job":
+        argv = [sys.executable, "-m", "diyflash"]
+    elif case == "diyflash-attention-precompiled":
+        pre = [sys.executable, "-m", "diyflash", "precompile", "--dtypes", "fp16", "--head-dims", str(D),
+               "--causal", "true", "--shapes", f"{B}x{H}x{N}"]
+        rows.append({"case": "precompile", "cache": "cold", **_run(pre, env, timeout)})
+        argv = [sys.executable, "-c", _PRELUDE + CASES["diyflash-attention"]]
+        rows.append({"case": case, "cache": "warm", **_run(argv, env, timeout)})
+        return rows
+    else:
+        argv = [sys.executable, "-c", _PRELUDE + CASES[case]]
+    for cache in ("cold", "warm"):
+        rows.append({"case": case, "cache": cache, **_run(argv, env, timeout)})
+    return rows
+
+
+ALL = ["diyflash-attention", "diyflash-attention-precompiled", "diyflash-matmul", "main-job", "flex", "tutorial"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", nargs="+", choices=ALL, default=ALL)
+    p.add_argument("--out", type=Path, default=None, help="JSONL rows with provenance")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per process")
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench.coldstart needs a GPU (it measures compilation)")
+        return 1
+    from bench.common import provenance
+
+    prov = provenance()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="coldstart-") as tmp:
+        for case in args.cases:
+            for row in measure(case, Path(tmp) / case, args.timeout):
+                row.update(prov)
+                rows.append(row)
+                first = row.get("first_call_s")
+                print(f"{row['case']:<32} {row['cache']:<5} process {row['process_s']:7.1f} s"
+                      + (f"   first call {first:7.2f} s   second {row['second_call_s']:.3f} s" if first else "")
+                      + (f"   validation {row['validation']}" if "validation" in row else "")
+                      + (f"   ERROR {row['error'][-300:]!r}" if "error" in row else ""), flush=True)
+                if args.out:
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+    print("\n" + readme_table(rows))
+    return 0
+
+
+def readme_table(rows: list[dict]) -> str:
+    """The README's cold-start table: one line per case, cold and warm side by side."""
+    by = {(r["case"], r["cache"]): r for r in rows}
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    fmt = lambda r, k: f"{r[k]:.1f} s" if r and r.get(k) is not None else "-"  # noqa: E731
+    lines = ["| case | cold: process | cold: first call | warm: process | warm: first call |",
+             "|---|---|---|---|---|"]
+    for case in cases:
+        cold, warm = by.get((case, "cold")), by.get((case, "warm"))
+        lines.append(f"| {case} | {fmt(cold, 'process_s')} | {fmt(cold, 'first_call_s')} | "
+                     f"{fmt(warm, 'process_s')} | {fmt(warm, 'first_call_s')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
