@@ -33,10 +33,11 @@ def _triton_knobs():
 def interpreter_active() -> bool:
     """True when TRITON_INTERPRET asks Triton to run kernels on CPU tensors through its interpreter,
     read by Triton's own knob, so that diyflash and Triton never disagree (" yes " with spaces: Triton
-    says no, and so does this). Without triton, the same reading of the variable."""
-    knobs = _triton_knobs()
-    if knobs is not None:
-        return bool(knobs.runtime.interpret)
+    says no, and so does this). Without triton, and while Dynamo traces, the same rules applied here."""
+    if not torch.compiler.is_compiling():  # Dynamo cannot trace the import: there, the same rules by hand
+        knobs = _triton_knobs()
+        if knobs is not None:
+            return bool(knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUTHY
 
 
