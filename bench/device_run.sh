@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: GPU test suite, config sweep and benchmark; full logs under $OUT.
-#   bash bench/device_run.sh [tests] [sweep] [groups] [bench] [short] [overhead] [matmul] [clamp] [coldstart]
+#   bash bench/device_run.sh [tests] [sweep] [groups] [bench] [short] [overhead] [matmul] [coldstart]
 #   (default: tests sweep bench)
 # The GPU's SM clock, power and temperature are logged every 500 ms to $OUT/clocks.csv throughout.
 set -uo pipefail
@@ -38,9 +38,6 @@ if [[ $parts == *overhead* ]]; then
 fi
 if [[ $parts == *matmul* ]]; then
   python3 -m bench.matmul --ablation --out "$OUT/matmul.jsonl" --plot "$OUT/matmul.png" 2>&1 | tee "$OUT/matmul.log" | tail -60
-fi
-if [[ $parts == *clamp* ]]; then
-  python3 -m bench.probes.clamp_probe ${CLAMP_ARGS:-} 2>&1 | tee "$OUT/clamp_probe.txt"
 fi
 if [[ $parts == *coldstart* ]]; then
   python3 -m bench.coldstart --out "$OUT/coldstart.jsonl" ${COLDSTART_ARGS:-} 2>&1 | tee "$OUT/coldstart.log"

@@ -139,9 +139,9 @@ class DirectLauncher:
     def _jit_launch(self, grid, args, meta) -> None:
         if self.interpreted:
             with INTERPRETER_LOCK:
-                self.kernel[grid](*args, **meta)
-            return
-        compiled = self.kernel[grid](*args, **meta)
+                compiled = self.kernel[grid](*args, **meta)
+        else:
+            compiled = self.kernel[grid](*args, **meta)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
         if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):

@@ -13,9 +13,6 @@ Semantics shared by all kernels (and by the PyTorch path in attention_torch.py):
   L is clamped to [0, N] inside the kernels, so a bad value can never read out of bounds.
 - a row that sees no key outputs 0 and has lse = -inf; no NaN from finite inputs.
 - lse is the natural-log log-sum-exp of the scaled scores, fp32, shape (Z, H, N_q).
-- scores beyond the fp32 range (bf16 and fp32 inputs can reach them: q.k of 1e20-sized entries) saturate
-  at the largest finite score (CLAMP, _scores) instead of becoming inf - inf = NaN; fp16 inputs cannot
-  reach them at any sane scale, and their kernels carry no clamp.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ from typing import NamedTuple
 import torch
 
 from ._runtime import device_limits, require_triton
-from .attention_torch import FLT_SAFE_HOST, clamp_scores
 from .attention_configs import MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad
 
 triton = require_triton()
@@ -53,42 +49,6 @@ def _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS: tl.c
         q_len = tl.minimum(q_len, valid)
         kv_len = tl.minimum(kv_len, valid)
     return q_len, kv_len
-
-
-# Largest score the clamped kernels let through, a little below fp32's max (3.4028e38), so that rounding
-# the clamped dot times the scale cannot reach inf.
-FLT_SAFE: tl.constexpr = tl.constexpr(FLT_SAFE_HOST)
-
-
-@triton.jit
-def _scores(dot, qk_scale, FOLD_SCALE: tl.constexpr, CLAMP: tl.constexpr):
-    """A key block's scores from its raw dot q.k, in the units the loops use. FOLD_SCALE (qk_scale > 0):
-    the raw dot itself (the scale rides in the exponent's FMA: s * qk_scale is the base-2 score), else the
-    base-2 score dot * qk_scale. CLAMP: bounded above so that the base-2 score stays finite (a raw dot
-    can overflow fp32 to inf for bf16/fp32 inputs, and inf - inf made NaN); the forward and both backward
-    kernels clamp at the same point, so they see the same scores."""
-    if FOLD_SCALE:
-        s = dot
-        if CLAMP:
-            s = tl.minimum(s, FLT_SAFE / tl.maximum(qk_scale, 1.0))
-    else:
-        s = dot * qk_scale
-        if CLAMP:
-            s = tl.minimum(s, FLT_SAFE)
-    return s
-
-
-@triton.jit
-def _probs(dot, qk_scale, lse2, FOLD_SCALE: tl.constexpr, CLAMP: tl.constexpr):
-    """The backward's p = exp2(s - lse2) of a block, from its raw dot, its row lse2 broadcast to the dot's
-    shape. CLAMP: p <= 1, which it is in exact arithmetic; near the clamped scores' range lse2's rounding
-    (~1e-7 relative) would otherwise make p inf."""
-    s2 = _scores(dot, qk_scale, FOLD_SCALE, CLAMP)
-    if FOLD_SCALE:
-        s2 = s2 * qk_scale
-    if CLAMP:
-        return tl.math.exp2(tl.minimum(s2 - lse2, 0.0))
-    return tl.math.exp2(s2 - lse2)
 
 
 @triton.jit
@@ -309,7 +269,7 @@ def _attn_fwd_inner(
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr,
     FOLD_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
     WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, HOST_DESC: tl.constexpr, LAZY: tl.constexpr,
-    VOTE_ROWS: tl.constexpr, CLAMP: tl.constexpr,
+    VOTE_ROWS: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MASKED blocks apply the causal mask, and the key-length
     mask unless EVEN_N (every key block full, so every key below hi <= kv_len is in range); unmasked
@@ -340,7 +300,9 @@ def _attn_fwd_inner(
             k = _load(k_at, d_mask[:, None], UPCAST)
         # -- scores, base 2. FOLD_SCALE (qk_scale > 0): the row max of the raw dot scales to the max
         # of the scaled scores, so the scale rides in the exponent's FMA: one op per score saved --
-        s = _scores(tl.dot(q, k, input_precision=DOT_PRECISION), qk_scale, FOLD_SCALE, CLAMP)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if not FOLD_SCALE:
+            s = s * qk_scale
         if MASKED:
             if CAUSAL:
                 visible = cols[None, :] <= offs_m[:, None] + causal_offset
@@ -363,9 +325,6 @@ def _attn_fwd_inner(
         if MASKED:
             # a row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        elif CLAMP:
-            # every score of the row so far -inf (a raw dot below -3.4e38): exp2(-inf - m_sub) must be 0, not NaN
-            m_sub = tl.maximum(m_new, -FLT_SAFE)
         else:
             m_sub = m_new
         if FOLD_SCALE:
@@ -411,9 +370,9 @@ def _attn_fwd_kernel(
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    HOST_DESC: tl.constexpr, LAZY: tl.constexpr, VOTE_ROWS: tl.constexpr, CLAMP: tl.constexpr,
+    HOST_DESC: tl.constexpr, LAZY: tl.constexpr, VOTE_ROWS: tl.constexpr,
 ):
-    """CLAMP: scores saturate below fp32's max (_scores). TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
+    """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
     without seq_lens): q_ptr, k_ptr and v_ptr are descriptors the launcher built over the whole tensors
     (host_descriptor) instead of pointers each program builds its slice's descriptors from. WS: the
@@ -462,14 +421,14 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale, off_z, off_h,
         BLOCK_N, False, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32, HOST_DESC,
-        LAZY, VOTE_ROWS, CLAMP,
+        LAZY, VOTE_ROWS,
     )
     if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale, off_z, off_h,
             BLOCK_N, True, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
-            HOST_DESC, False, 0, CLAMP,
+            HOST_DESC, False, 0,
         )
 
     # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf. A row
@@ -551,7 +510,6 @@ def _attn_bwd_dkdv_inner(
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    FOLD_SCALE: tl.constexpr, CLAMP: tl.constexpr,
 ):
     """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
     (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
@@ -585,7 +543,8 @@ def _attn_bwd_dkdv_inner(
             if DO_DK:
                 delta = tl.load(delta_ptrs)
         # -- p^T (keys x queries) from the saved statistics --
-        p_t = _probs(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION), qk_scale, lse2[None, :], FOLD_SCALE, CLAMP)
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        p_t = tl.math.exp2(s_t - lse2[None, :])
         if MASKED:
             visible = (offs_n < kv_len)[:, None] & row_mask[None, :]
             if CAUSAL:
@@ -622,7 +581,7 @@ def _attn_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-    ROWOFF: tl.constexpr, ROW32: tl.constexpr, FOLD_SCALE: tl.constexpr, CLAMP: tl.constexpr,
+    ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """dk and dv of one key block (DO_DK and DO_DV), or one of them: a split backward launches this
     kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
@@ -681,20 +640,17 @@ def _attn_bwd_dkdv_kernel(
             dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
             offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
             BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
-            FOLD_SCALE, CLAMP,
         )
     dk, dv = _attn_bwd_dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
         offs_m, offs_n, d_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
         BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
-        FOLD_SCALE, CLAMP,
     )
     if not EVEN_M:  # else full_end = q_len: no tail
         dk, dv = _attn_bwd_dkdv_inner(
             dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
             offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
             BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
-            FOLD_SCALE, CLAMP,
         )
 
     key_in = kv_mask if EVEN_N else (offs_n < seq_len_k)[:, None] & d_mask[None, :]
@@ -718,7 +674,7 @@ def _attn_bwd_dq_inner(
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    ROWOFF: tl.constexpr, ROW32: tl.constexpr, FOLD_SCALE: tl.constexpr, CLAMP: tl.constexpr,
+    ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """Accumulate dq of one query block over the key blocks [lo, hi). TMA: k_ptrs and v_ptrs are
     tensor descriptors. ROWOFF: as in _attn_fwd_inner."""
@@ -739,7 +695,8 @@ def _attn_bwd_dq_inner(
         else:
             k_t = _load(k_at, None if EVEN_D else d_mask[:, None], UPCAST)
             v_t = _load(v_at, None if EVEN_D else d_mask[:, None], UPCAST)
-        p = _probs(tl.dot(q, k_t, input_precision=DOT_PRECISION), qk_scale, lse2[:, None], FOLD_SCALE, CLAMP)
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse2[:, None])
         if MASKED:
             visible = kv_mask[None, :]
             if CAUSAL:
@@ -769,7 +726,6 @@ def _attn_bwd_dq_kernel(
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    FOLD_SCALE: tl.constexpr, CLAMP: tl.constexpr,
 ):
     """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors.
     WS: the unmasked key loop is warp-specialized. EVEN_M / EVEN_N: as in the forward."""
@@ -813,13 +769,13 @@ def _attn_bwd_dq_kernel(
     dq = _attn_bwd_dq_inner(
         dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32, FOLD_SCALE, CLAMP,
+        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
     )
     if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-            BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32, FOLD_SCALE, CLAMP,
+            BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
         )
     dq *= scale
 
@@ -1104,7 +1060,6 @@ def attention_fwd(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
         DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), HOST_DESC=host_desc,
-        CLAMP=clamp_scores(q.dtype, d, scale),
         LAZY=cfg.lazy, VOTE_ROWS=vote_rows(cfg, d_pad) if cfg.lazy and not INTERPRETED else 0,
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
@@ -1170,8 +1125,7 @@ def attention_bwd(
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3, "delta": delta3,
            "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens}
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
-                  DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
-                  FOLD_SCALE=scale > 0, CLAMP=clamp_scores(q.dtype, d, scale))
+                  DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype))
     pre_block = 64
     pre_args = (*_strides(o4), *_strides(g4), *lse3.stride(),
                 *(dlse3.stride() if dlse3 is not None else (0, 0, 0)),

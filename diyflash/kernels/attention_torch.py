@@ -11,30 +11,6 @@ from __future__ import annotations
 import torch
 
 BLOCK_N = 128
-LOG2E = 1.4426950408889634  # 1 / ln(2)
-# Largest base-2 score the clamped kernels let through (attention.py's FLT_SAFE), a little below fp32's max
-FLT_SAFE_HOST = 3.0e38
-_MAX_ABS = {torch.float16: 65504.0}  # fp16's largest value; bf16 and fp32 reach ~3.4e38
-
-
-def clamp_scores(dtype: torch.dtype, head_dim: int, scale: float) -> bool:
-    """Whether scores must be clamped (attention.py's CLAMP and _scores; _clamped_scores here): whenever a
-    raw dot of these inputs times the scale could pass fp32's range. bf16 and fp32 entries of ~1e19
-    already overflow q.k, and inf - inf made NaN; fp16's largest dot (65504^2 * head_dim) overflows only
-    at scales beyond ~1e26, so fp16 kernels stay as they were (no extra instruction per score). float64
-    (this path only) never needs it."""
-    if dtype == torch.float64:
-        return False
-    big = _MAX_ABS.get(dtype)
-    return big is None or big * big * head_dim * abs(scale) * LOG2E >= FLT_SAFE_HOST
-
-
-def _clamped_scores(dot: torch.Tensor, scale: float) -> torch.Tensor:
-    """The kernels' _scores with CLAMP, in natural-log units: scale * q.k with the base-2 score bounded by
-    FLT_SAFE, at the same point as the kernels (the raw dot when scale > 0, else the scaled score)."""
-    if scale > 0:
-        return dot.clamp(max=FLT_SAFE_HOST / max(scale * LOG2E, 1.0)) * scale
-    return (dot * scale).clamp(max=FLT_SAFE_HOST / LOG2E)
 
 
 def _as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -64,14 +40,13 @@ def _visible(rows, cols, q_len, kv_len, causal: bool, causal_offset: int) -> tor
     return vis
 
 
-def _key_block(q4, k4, v4, n0: int, block_n: int, acc_t, scale: float, clamp: bool):
+def _key_block(q4, k4, v4, n0: int, block_n: int, acc_t, scale: float):
     """Keys [n0, n0 + block_n): their k and v in the accumulation dtype, their positions (1, 1, 1, n)
-    and the scaled scores q k^T (Z, H, N_q, n), clamped below fp32's max when `clamp` (clamp_scores)."""
+    and the scaled scores q k^T (Z, H, N_q, n)."""
     kb = k4[:, :, n0 : n0 + block_n].to(acc_t)
     vb = v4[:, :, n0 : n0 + block_n].to(acc_t)
     cols = torch.arange(n0, n0 + kb.shape[2], device=q4.device).view(1, 1, 1, -1)
-    dot = torch.matmul(q4, kb.transpose(-1, -2))
-    return kb, vb, cols, _clamped_scores(dot, scale) if clamp else dot * scale
+    return kb, vb, cols, torch.matmul(q4, kb.transpose(-1, -2)) * scale
 
 
 def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n: int = BLOCK_N):
@@ -85,13 +60,12 @@ def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n
     n_k = k4.shape[2]
     q_len, kv_len = _limits(seq_lens, z, n_q, n_k, q.device)
     rows = torch.arange(n_q, device=q.device).view(1, 1, n_q, 1)
-    clamp = clamp_scores(q.dtype, q.shape[-1], scale)
 
     m = torch.full((z, h, n_q), float("-inf"), dtype=acc_t, device=q.device)
     l = torch.zeros((z, h, n_q), dtype=acc_t, device=q.device)
     acc = torch.zeros(q4.shape, dtype=acc_t, device=q.device)
     for n0 in range(0, n_k, block_n):
-        kb, vb, cols, s = _key_block(q4, k4, v4, n0, block_n, acc_t, scale, clamp)
+        kb, vb, cols, s = _key_block(q4, k4, v4, n0, block_n, acc_t, scale)
         s = s.masked_fill(~_visible(rows, cols, q_len, kv_len, causal, n_k - n_q), float("-inf"))
         # -- online softmax update (a row with no visible key keeps m = -inf and gets p = 0) --
         m_new = torch.maximum(m, s.amax(-1))
@@ -125,15 +99,13 @@ def attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal: bool, scale: fl
     lse4 = torch.where(lse4 == float("-inf"), float("inf"), lse4)  # rows that saw no key: p = 0
     q_len, kv_len = _limits(seq_lens, z, n_q, n_k, q.device)
     rows = torch.arange(n_q, device=q.device).view(1, 1, n_q, 1)
-    clamp = clamp_scores(q.dtype, q.shape[-1], scale)
 
     dq4 = torch.zeros(q4.shape, dtype=acc_t, device=q.device)
     dk4 = torch.zeros(k4.shape, dtype=acc_t, device=q.device)
     dv4 = torch.zeros(v4.shape, dtype=acc_t, device=q.device)
     for n0 in range(0, n_k, block_n):
-        kb, vb, cols, s = _key_block(q4, k4, v4, n0, block_n, acc_t, scale, clamp)
-        # clamped: p <= 1, as in exact arithmetic (the kernels' _probs)
-        p = torch.exp((s - lse4.unsqueeze(-1)).clamp(max=0.0) if clamp else s - lse4.unsqueeze(-1))
+        kb, vb, cols, s = _key_block(q4, k4, v4, n0, block_n, acc_t, scale)
+        p = torch.exp(s - lse4.unsqueeze(-1))
         p = torch.where(_visible(rows, cols, q_len, kv_len, causal, n_k - n_q), p, 0.0)
         dv4[:, :, n0 : n0 + block_n] = torch.matmul(p.transpose(-1, -2), g4)
         ds = p * (torch.matmul(g4, vb.transpose(-1, -2)) - delta.unsqueeze(-1))
