@@ -17,6 +17,7 @@ shares A and B tiles in L2. With PERSISTENT the grid is one program per SM, each
 from __future__ import annotations
 
 import functools
+import threading
 from typing import NamedTuple
 
 import torch
@@ -200,14 +201,44 @@ def tuning_cache() -> dict[tuple, dict]:
     return {(str(key[0]), str(key[1]), *key[2:]): {**cfg.as_dict(), "ms": ms} for key, (cfg, ms) in _TUNED.items()}
 
 
+def graph_ms(fn, device: torch.device, rep_ms: float = 20.0, replays: int = 10) -> float:
+    """GPU time of fn (ms, median over `replays` replays of a CUDA graph holding enough calls for ~rep_ms),
+    as triton.testing.do_bench_cudagraph measures it, but captured on a stream of the tensors' device in
+    thread-local capture mode. do_bench_cudagraph captured on torch.cuda.graph's default stream, created
+    once per process on whichever device was current then: tuning for tensors on another GPU failed
+    ("operation not permitted when stream is capturing"; seen on the 2-GPU H200), and its global capture
+    mode broke launches from other threads while one thread tuned."""
+    stream = torch.cuda.Stream(device=device)
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        fn()  # compiles (and loads) the kernel, outside the capture
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        end.synchronize()
+        calls = max(1, min(1000, int(rep_ms / max(start.elapsed_time(end) / 5, 1e-3))))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            for _ in range(calls):
+                fn()
+        times = []
+        for _ in range(replays):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
+
+
 def _tune(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool) -> tuple[MatmulConfig, float]:
     m, k = a.shape
     n = b.shape[1]
     best: tuple[MatmulConfig, float] | None = None
     for cfg in candidates(a.dtype, m, n, k, a.device):
         try:
-            ms = triton.testing.do_bench_cudagraph(lambda: matmul(a, b, cfg, allow_tf32), rep=20,
-                                                   return_mode="median")
+            ms = graph_ms(lambda: matmul(a, b, cfg, allow_tf32), a.device)
         except triton.runtime.errors.OutOfResources:  # the estimate let through a config that fails
             continue
         if best is None or ms < best[1]:
@@ -215,6 +246,11 @@ def _tune(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool) -> tuple[MatmulCon
     if best is None:
         raise RuntimeError(f"no matmul config runs on {a.device} for {m}x{k} @ {k}x{n} {a.dtype}")
     return best
+
+
+# First calls from several threads: one tunes a key, the others wait for its choice (timing in parallel
+# on one GPU would also rank candidates by each other's load)
+_TUNE_LOCK = threading.Lock()
 
 
 def select_config(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool, autotune: bool) -> MatmulConfig:
@@ -227,7 +263,11 @@ def select_config(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool, autotune: 
     if not autotune:
         return default_config(a.dtype, m, n, k, a.device)
     key = tuning_key(a, b, allow_tf32)
-    if key not in _TUNED:
+    if key in _TUNED:
+        return _TUNED[key][0]
+    with _TUNE_LOCK:
+        if key in _TUNED:  # tuned by another thread meanwhile
+            return _TUNED[key][0]
         env = _environment(a.device)
         stored = disk_cache.load(env, key[1:], candidates(a.dtype, m, n, k, a.device))
         if stored is not None:
