@@ -12,9 +12,9 @@ from .ops.attention import call_attention
 from .ops.matmul import call_matmul
 from .kernels import interpreter_active
 from .kernels.matmul_configs import manual_config
+from .ops.checks import MAX_HEAD_DIM
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
 
 
 def _tracing() -> bool:

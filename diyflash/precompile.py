@@ -130,11 +130,6 @@ def run_job(job: Job, device: str = "cuda") -> float:
     return time.perf_counter() - start
 
 
-def _worker_init() -> None:
-    # compile, do not tune: a worker's GPU timings would race with the other workers' launches
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-
-
 def _fingerprint(jobs: list[Job], device: str) -> str:
     from .kernels.tuning_cache import environment
 
@@ -181,7 +176,8 @@ def precompile_jobs(jobs: list[Job], workers: int | None = None, device: str = "
             finished(job, run_job(job, device))
     else:
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked once initialised
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
+        # workers only compile (and run each call once); tuning times the GPU, so it happens here, after
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             futures = {pool.submit(run_job, job, device): job for job in jobs}
             for fut in cf.as_completed(futures):
                 job = futures[fut]
