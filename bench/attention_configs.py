@@ -81,7 +81,7 @@ def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIR
     in interleaved rounds: their rows gain confirm_ms."""
     import triton
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import bwd_config, fwd_config
 
     b, h = SHAPES.get(d, (2, 8))
@@ -232,7 +232,7 @@ def _sweep_line(prov, args) -> str:
 def _write(table, sweeps) -> None:
     import importlib
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels import attention_configs, attention_tuned
 
     Path(attention_tuned.__file__).write_text(render_tuned(table, sweeps))

@@ -161,7 +161,7 @@ def test_split_dkdv_passes_match_one_pass(device, causal):
     pass has tiles of its own."""
     from dataclasses import replace
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import AttnConfig, BwdConfig, bwd_config
 
     q, k, v = make_qkv(2, 2, 45, 70, 24, torch.float16, device)
@@ -199,7 +199,7 @@ def test_full_blocks_skip_masks_bit_for_bit(device, causal, n_q, n_k):
     bit for bit. Every tile size of the tuned table is a multiple of 32, so 128 and 256 fill the tiles
     of every kernel; n_q != n_k moves the causal diagonal both ways (with n_q > n_k, rows that see no
     key)."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
 
     q, k, v = make_qkv(2, 2, n_q, n_k, 32, torch.float16, device)
     dout = random_like(q)
@@ -222,7 +222,7 @@ def test_row_offset_addressing_gives_the_same_bits(device, causal, layout):
     head_dim (80), seq_lens and strided inputs. rowoff is a pointer-path flag: with TMA it is refused."""
     from dataclasses import replace
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig, BwdConfig
 
     tiles = INTERPRETER_CONFIG if ka.INTERPRETED else AttnConfig(64, 64, 4, 3)
@@ -264,7 +264,7 @@ def test_tile_flags_that_cannot_work_are_refused():
 def test_row64_tiles_keep_64_bit_row_offsets():
     """row64 tiles launch with ROW32 off even where the launcher's check allows 32 bits; other tiles
     follow the check."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import AttnConfig
 
     rowoff = AttnConfig(64, 64, 4, 3, rowoff=True)
@@ -301,7 +301,7 @@ def test_int32_row_offsets_give_the_same_bits(device, causal, monkeypatch):
     layout."""
     from dataclasses import replace
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig, BwdConfig
 
     tiles = INTERPRETER_CONFIG if ka.INTERPRETED else AttnConfig(64, 64, 4, 3)
@@ -330,7 +330,7 @@ def test_row_offsets_past_int32(device, rowoff):
     """k and v rows 2^21 elements apart: the last key rows lie past 2^31 elements from their slice's
     start, so the launcher keeps 64-bit row offsets (rows_fit_int32 is false) and nothing wraps. Forward
     and backward against float64, on the pointer path (tiles advanced or rowoff)."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import AttnConfig, BwdConfig
 
     n, d, stride = 1100, 64, 2**21  # (n - 1) * stride > 2^31
@@ -356,10 +356,10 @@ def test_row_offsets_past_int32(device, rowoff):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_groups_deal_out_every_tile_once(device, causal):
-    """The order programs take their tiles in (kernels.attention._tile, dealt over groups of heads)
+    """The order programs take their tiles in (kernels.attention.semantics._tile, dealt over groups of heads)
     changes nothing in the results: groups of 1, 3 (the last one short), 7 and every head give the same
     out, lse, dq, dk and dv bit for bit, and those match float64. 10 heads, tail blocks, n_q != n_k."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
 
     q, k, v = make_qkv(2, 5, 77, 50, 32, torch.float16, device)
     dout = random_like(q)
@@ -380,7 +380,7 @@ def test_head_groups_deal_out_every_tile_once(device, causal):
 def test_head_group_rule():
     """Causal kernels deal tiles over the most heads that divide the batch's heads and hold at most
     about one wave of tiles (GROUP_TILES_PER_SM per SM); other kernels, and no GPU, go head after head."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels._runtime import DeviceLimits
 
     cuda = torch.device("cuda", 0)
@@ -410,7 +410,7 @@ def test_tma_path_matches_pointer_path(device, dtype, causal, layout):
     (ws; compiled on Hopper, a plain loop under the interpreter)."""
     from dataclasses import replace
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import WS_WARPS, BwdConfig, bwd_config, fwd_config
 
     q, k, v = make_qkv(2, 2, 113, 70, 80, dtype, device, layout=layout)
@@ -447,7 +447,7 @@ def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeyp
     short call, bound by host time), the per-program descriptors serve."""
     from dataclasses import replace
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import fwd_config
 
     built = []
@@ -514,7 +514,7 @@ def test_lazy_rescaling_meets_the_error_rule(device, dtype, causal, n_q, n_k):
     rounding."""
     from dataclasses import replace
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig
 
     tiles = INTERPRETER_CONFIG if ka.INTERPRETED else AttnConfig(128, 64, 8, 3, rowoff=True)
@@ -547,7 +547,7 @@ def test_lazy_rescaling_skips_only_warps_that_kept_every_max(device, causal, til
     every warp rescales at some blocks and skips at others, with tails and n_q != n_k. A vote that
     missed a row of its warp (a wrong rows-per-thread count) would leave that row's accumulator
     unscaled, off by 2^8 or more."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import AttnConfig, head_dim_pad
 
     cfg = AttnConfig.from_tiles(tiles)
@@ -569,7 +569,7 @@ def test_vote_rows_rule():
     """vote_rows: the accumulator rows each thread holds where warps stack along the rows (block_m a
     multiple of 16 * num_warps) and the rescale's 32-element asm blocks divide a thread's elements;
     else 0 (lazy tiles multiply as usual). Lazy is refused with ws and in the backward."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import AttnConfig, BwdConfig
 
     lazy = lambda *t: AttnConfig(*t, lazy=True)  # noqa: E731
@@ -603,7 +603,7 @@ def test_host_descriptor_strides_are_aligned_where_sizes_are_one():
 def test_tma_ok_only_for_what_descriptors_can_read(device):
     """TMA needs fp16/bf16, a contiguous head_dim and 16-byte aligned strides and base; other inputs
     run the pointer path (and still give the right answer: test_layouts)."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
 
     q, _, _ = make_qkv(2, 3, 40, 40, 64, torch.float16, device)
     assert ka.tma_ok(q) == (device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9)
@@ -700,7 +700,7 @@ def test_64bit_offsets(device):
 
 def test_grid_z_chunking_path(device, monkeypatch):
     """The sliced launches behind the 65535 grid limit, exercised with a limit of 2 (batch 5, 3-D)."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
 
     monkeypatch.setattr(ka, "MAX_GRID_Z", 2)
     q, k, v = make_qkv(5, 1, 19, 23, 16, torch.float16, device, layout="3d", requires_grad=True)

@@ -192,7 +192,7 @@ def test_matmul_direct_launch_matches_and_respects_alignment(dtype):
 
 @gpu
 def test_attention_direct_launches_match():
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 3, 113, 80, device="cuda", dtype=torch.float16, generator=gen).requires_grad_()
@@ -214,7 +214,7 @@ def test_attention_plans_replay_and_match():
     """A repeated attention call replays its plan (the launches of its first call, bound to their
     compiled kernels): bit-identical results; a misaligned input of the same shape and strides, a 3-D
     layout and an lse gradient get plans of their own and stay right."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.reference import attention_ref
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -259,7 +259,7 @@ def test_attention_plans_keep_explicit_tiles_apart():
     each runs the tiles it names, not those of the plan of the tuned call, and gives the same result."""
     from dataclasses import replace
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import BwdConfig, bwd_config, fwd_config
 
     gen = torch.Generator(device="cuda").manual_seed(0)

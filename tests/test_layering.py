@@ -41,7 +41,7 @@ RULES = {
 
 @pytest.mark.parametrize("layer", sorted(RULES))
 def test_layer_imports(layer):
-    files = sorted((PKG / layer).glob("*.py"))
+    files = sorted((PKG / layer).rglob("*.py"))
     assert files, layer
     for f in files:
         for name in imported_modules(f):

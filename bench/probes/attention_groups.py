@@ -4,7 +4,7 @@
                                      [--groups 1 2 4 8 16 32 64 128] [--out rows.jsonl]
 
 A causal forward (or dq) tile's work grows with its query block, a dk/dv tile's falls with its key
-block. The kernels deal tiles out over groups of heads (kernels.attention._tile): rank r of every head
+block. The kernels deal tiles out over groups of heads (kernels.attention.semantics._tile): rank r of every head
 in a group before rank r + 1, so the heavy tiles start first and the grid ends on light ones; a group
 of 1 goes head after head, each head heavy to light, and the grid ends on whatever the last heads
 left. Larger groups balance better and share L2 less. For each shape (the benchmark's B and H per
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         print("attention_groups: needs a CUDA GPU", file=sys.stderr)
         return 2
 
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
 
     dtype = DTYPES[args.dtype]
     prov = provenance()

@@ -46,7 +46,7 @@ def main() -> int:
     import triton
 
     import diyflash
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
 
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     launcher = ka.attention_bwd

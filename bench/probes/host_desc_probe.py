@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     import diyflash
     from bench.attention_configs import SHAPES
     from bench.overhead import per_call_us
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import fwd_config, head_dim_pad
 
     now = ka.HOST_DESC_MIN_WORK

@@ -36,7 +36,7 @@ def parse_tiles(spec: str):
 
 def runner(spec: str, q, k, v, causal: bool, mode: str):
     """The callable for one --run entry (the backward: the backward alone, the forward done once)."""
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import bwd_config
 
     scale = q.shape[-1] ** -0.5

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from bench.attention_configs import SHAPES
     from bench.probes.ncu_probe import parse_tiles
     from bench.tutorial import load_tutorial
-    from diyflash.kernels import attention as ka
+    from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import fwd_config, head_dim_pad
 
     if args.mode == "bwd":

@@ -1,0 +1,45 @@
+"""FlashAttention-2 forward and backward in Triton, and their launchers.
+
+Ladder: `_attn_fwd_kernel` (jit, forward.py) -> `attention_fwd` (launcher, launch.py) ->
+`diyflash::attention_fwd` (op, in diyflash/ops) -> `diyflash.flash_attention` (public). This package
+knows nothing of torch.library.
+
+Layout: every tensor is addressed through four strides (batch z, head h, row, dim), so any
+permutation or slice of storage is read in place. A 3-D (BH, N, D) input is viewed as (BH, 1, N, D).
+
+Semantics shared by all kernels (and by the PyTorch path in attention_torch.py):
+- scores are s = (q . k) * scale; the kernels work in base 2: qk_scale = scale * log2(e).
+- causal: query i sees key j iff j <= i + (seq_len_k - seq_len_q) (bottom-right alignment).
+- seq_lens[z] = L (optional): keys j >= L are ignored and query rows i >= L output 0 (lse = -inf).
+  L is clamped to [0, N] inside the kernels, so a bad value can never read out of bounds.
+- a row that sees no key outputs 0 and has lse = -inf; no NaN from finite inputs.
+- lse is the natural-log log-sum-exp of the scaled scores, fp32, shape (Z, H, N_q).
+
+Package layout (each file one part of the structure; the kernels know nothing of torch.library):
+- semantics.py: which keys a query sees and which tiles a program computes (masks, key ranges, tile order);
+- tiles.py: how tiles are read (pointer loads, TMA descriptors, row offsets);
+- lazy.py: the forward's lazy rescaling (warp vote and predicated rescale);
+- forward.py, backward.py: the kernels;
+- launch.py: the launchers and their plans (attention_fwd, attention_bwd).
+"""
+
+from ..attention_configs import MAX_BLOCK_ROWS
+from .launch import (
+    GROUP_TILES_PER_SM,
+    HOST_DESC_MIN_WORK,
+    INTERPRETED,
+    LOG2E,
+    MAX_GRID_Z,
+    attention_bwd,
+    attention_fwd,
+    head_group,
+    host_descriptor,
+    host_descriptors_ok,
+    rows_fit_int32,
+    tma_ok,
+    vote_rows,
+)
+
+__all__ = ["GROUP_TILES_PER_SM", "HOST_DESC_MIN_WORK", "INTERPRETED", "LOG2E", "MAX_BLOCK_ROWS", "MAX_GRID_Z",
+           "attention_bwd", "attention_fwd", "head_group", "host_descriptor", "host_descriptors_ok",
+           "rows_fit_int32", "tma_ok", "vote_rows"]

@@ -1,0 +1,338 @@
+"""The backward kernels: delta = rowsum(dout * out) - dlse, then a dk/dv kernel (one program per key
+block) and a dq kernel (one program per query block). Each output element is written by exactly one
+program in a fixed loop order: no atomics, so gradients are bitwise deterministic."""
+
+from __future__ import annotations
+
+from .._runtime import require_triton
+
+triton = require_triton()
+import triton.language as tl  # noqa: E402  (after the friendly import check above)
+
+from .semantics import _key_range, _tile, _valid_lengths  # noqa: E402
+from .tiles import _desc_load, _load, _rows, _stepped, _streamed  # noqa: E402
+
+
+@triton.jit
+def _attn_bwd_preprocess_kernel(
+    out_ptr, dout_ptr, lse_ptr, dlse_ptr, delta_ptr, lse2_ptr,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_gz, stride_gh, stride_gm, stride_gd,
+    stride_lz, stride_lh, stride_lm,
+    stride_dlz, stride_dlh, stride_dlm,
+    num_heads, seq_len_q,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    HAS_DLSE: tl.constexpr,
+):
+    off_h = tl.program_id(1)
+    off_z = tl.program_id(2)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    row_in = offs_m < seq_len_q
+    mask = row_in[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o = tl.load(out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+                + offs_m.to(tl.int64)[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
+    do = tl.load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+                 + offs_m.to(tl.int64)[:, None] * stride_gm + offs_d[None, :] * stride_gd, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    # lse and dlse may have any strides: torch.ops.diyflash.attention_bwd takes them from its caller
+    if HAS_DLSE:
+        # d lse_i / d s_ij = p_ij, so a gradient on lse joins delta with the opposite sign
+        dlse = tl.load(dlse_ptr + off_z.to(tl.int64) * stride_dlz + off_h.to(tl.int64) * stride_dlh
+                       + offs_m.to(tl.int64) * stride_dlm, mask=row_in, other=0.0)
+        delta -= dlse.to(tl.float32)
+    # the backward needs lse in base 2; a row that saw no key (lse = -inf) gets +inf so that
+    # p = exp2(s - lse2) = 0 for it everywhere, masked block or not
+    lse = tl.load(lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
+                  + offs_m.to(tl.int64) * stride_lm, mask=row_in, other=float("-inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # * log2(e)
+    row_off = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q + offs_m
+    tl.store(delta_ptr + row_off, delta, mask=row_in)
+    tl.store(lse2_ptr + row_off, lse2, mask=row_in)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(
+    dk, dv, k, v,
+    q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, step_q, step_do,
+    offs_m, offs_n, d_mask,
+    lo, hi, q_len, kv_len, causal_offset, qk_scale,
+    BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+):
+    """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
+    (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
+    two this pass accumulates (a split pass skips the other's dots and loads). TMA: q_ptrs and
+    do_ptrs are tensor descriptors. ROWOFF: as in _attn_fwd_inner."""
+    if not TMA and not ROWOFF:
+        q_ptrs += tl.cast(lo, tl.int64) * step_q
+        do_ptrs += tl.cast(lo, tl.int64) * step_do
+    lse2_ptrs += lo
+    delta_ptrs += lo
+    for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WS):
+        rows = start_m + offs_m
+        if MASKED:
+            row_mask = rows < q_len
+        q_at, do_at = _stepped(q_ptrs, do_ptrs, start_m, step_q, step_do, ROWOFF, ROW32)
+        if TMA:
+            q = _desc_load(q_ptrs, start_m, UPCAST)
+            do = _desc_load(do_ptrs, start_m, UPCAST)
+        elif MASKED:
+            q = _load(q_at, row_mask[:, None] & d_mask[None, :], UPCAST)
+            do = _load(do_at, row_mask[:, None] & d_mask[None, :], UPCAST)
+        else:
+            q = _load(q_at, None if EVEN_D else d_mask[None, :], UPCAST)
+            do = _load(do_at, None if EVEN_D else d_mask[None, :], UPCAST)
+        if MASKED:
+            lse2 = tl.load(lse2_ptrs, mask=row_mask, other=float("inf"))
+            if DO_DK:
+                delta = tl.load(delta_ptrs, mask=row_mask, other=0.0)
+        else:
+            lse2 = tl.load(lse2_ptrs)
+            if DO_DK:
+                delta = tl.load(delta_ptrs)
+        # -- p^T (keys x queries) from the saved statistics --
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        p_t = tl.math.exp2(s_t - lse2[None, :])
+        if MASKED:
+            visible = (offs_n < kv_len)[:, None] & row_mask[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[:, None] <= rows[None, :] + causal_offset)
+            p_t = tl.where(visible, p_t, 0.0)
+        if DO_DV:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+        if DO_DK:
+            # -- ds^T = p^T * (dp^T - delta) --
+            dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+        if not TMA and not ROWOFF:
+            q_ptrs += BLOCK_M * step_q
+            do_ptrs += BLOCK_M * step_do
+        lse2_ptrs += BLOCK_M
+        delta_ptrs += BLOCK_M
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
+def _attn_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, seq_lens_ptr,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_gz, stride_gh, stride_gm, stride_gd,
+    stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+    num_heads, seq_len_q, seq_len_k,
+    qk_scale, scale, head_group,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+):
+    """dk and dv of one key block (DO_DK and DO_DV), or one of them: a split backward launches this
+    kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
+    TMA: the streamed q and dout tiles come through tensor descriptors. WS: the unmasked query loop is
+    warp-specialized. EVEN_M / EVEN_N: as in the forward; full query blocks leave no masked tail loop,
+    full key blocks of a non-causal kernel no masked first loop."""
+    EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
+    pid_n, off_h, off_z = _tile(head_group, CAUSAL, False)  # causal: the first key blocks see the most queries
+    q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
+    causal_offset = seq_len_k - seq_len_q
+
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+    if EVEN_N:
+        kv_mask = None if EVEN_D else d_mask[None, :]
+    else:
+        kv_mask = (offs_n < kv_len)[:, None] & d_mask[None, :]
+
+    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    k = _load(k_base + _rows(offs_n, ROW32)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kv_mask, UPCAST)
+    if DO_DK:  # dv alone never reads v
+        v = _load(v_base + _rows(offs_n, ROW32)[:, None] * stride_vn + offs_d[None, :] * stride_vd, kv_mask, UPCAST)
+    else:
+        v = k
+
+    q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    do_base = dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+    q_ptrs = _streamed(q_base, q_len, stride_qm, stride_qd, offs_m, offs_d, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, False, TMA)
+    do_ptrs = _streamed(do_base, q_len, stride_gm, stride_gd, offs_m, offs_d, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, False, TMA)
+    row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
+    lse2_ptrs = lse2_ptr + row_base + offs_m
+    delta_ptrs = delta_ptr + row_base + offs_m
+
+    # -- query range: [lo, mid) masked (causal diagonal), [mid, full_end) unmasked, rest masked tail --
+    if CAUSAL:
+        lo = tl.maximum(start_n - causal_offset, 0) // BLOCK_M * BLOCK_M
+        # rows i >= start_n + BLOCK_N - 1 - causal_offset see every key of this block
+        mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0), BLOCK_M) * BLOCK_M
+        mid = tl.maximum(mid, lo)
+    else:
+        lo = 0
+        mid = 0
+    # a partial key block masks every query block; a block of padding keys sees none (dk = dv = 0)
+    mid = tl.where(start_n + BLOCK_N > kv_len, tl.cdiv(q_len, BLOCK_M) * BLOCK_M, mid)
+    lo = tl.where(start_n >= kv_len, mid, lo)
+    full_end = q_len // BLOCK_M * BLOCK_M
+
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    if CAUSAL or not EVEN_N:  # else lo = mid = 0: nothing to mask before the unmasked loop
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+            offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
+            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
+        )
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+        offs_m, offs_n, d_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
+        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
+    )
+    if not EVEN_M:  # else full_end = q_len: no tail
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+            offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
+            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
+        )
+
+    key_in = kv_mask if EVEN_N else (offs_n < seq_len_k)[:, None] & d_mask[None, :]
+    if DO_DK:
+        dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
+        dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_h.to(tl.int64) * stride_dkh
+                   + _rows(offs_n, ROW32)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+        tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=key_in)
+    if DO_DV:
+        dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_h.to(tl.int64) * stride_dvh
+                   + _rows(offs_n, ROW32)[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
+        tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=key_in)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq, q, do, lse2, delta,
+    k_ptrs, v_ptrs, step_k, step_v,
+    offs_m, offs_n, d_mask,
+    lo, hi, kv_len, causal_offset, qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+):
+    """Accumulate dq of one query block over the key blocks [lo, hi). TMA: k_ptrs and v_ptrs are
+    tensor descriptors. ROWOFF: as in _attn_fwd_inner."""
+    if not TMA and not ROWOFF:
+        k_ptrs += tl.cast(lo, tl.int64) * step_k
+        v_ptrs += tl.cast(lo, tl.int64) * step_v
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        cols = start_n + offs_n
+        if MASKED:
+            kv_mask = cols < kv_len
+        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, ROWOFF, ROW32)
+        if TMA:
+            k_t = _desc_load(k_ptrs, start_n, UPCAST).T  # (D, BLOCK_N)
+            v_t = _desc_load(v_ptrs, start_n, UPCAST).T
+        elif MASKED:
+            k_t = _load(k_at, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
+            v_t = _load(v_at, kv_mask[None, :] & d_mask[:, None], UPCAST)
+        else:
+            k_t = _load(k_at, None if EVEN_D else d_mask[:, None], UPCAST)
+            v_t = _load(v_at, None if EVEN_D else d_mask[:, None], UPCAST)
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse2[:, None])
+        if MASKED:
+            visible = kv_mask[None, :]
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)
+        if not TMA and not ROWOFF:
+            k_ptrs += BLOCK_N * step_k
+            v_ptrs += BLOCK_N * step_v
+    return dq
+
+
+@triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
+def _attn_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_ptr, seq_lens_ptr,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_gz, stride_gh, stride_gm, stride_gd,
+    stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+    num_heads, seq_len_q, seq_len_k,
+    qk_scale, scale, head_group,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+):
+    """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors.
+    WS: the unmasked key loop is warp-specialized. EVEN_M / EVEN_N: as in the forward."""
+    EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
+    pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
+    q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
+    causal_offset = seq_len_k - seq_len_q
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+    if EVEN_M:
+        row_mask = None
+        qd_mask = None if EVEN_D else d_mask[None, :]
+    else:
+        row_mask = offs_m < q_len
+        qd_mask = row_mask[:, None] & d_mask[None, :]
+
+    q = _load(q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+              + _rows(offs_m, ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd, qd_mask, UPCAST)
+    do = _load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+               + _rows(offs_m, ROW32)[:, None] * stride_gm + offs_d[None, :] * stride_gd, qd_mask, UPCAST)
+    row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
+    if EVEN_M:
+        lse2 = tl.load(lse2_ptr + row_base + offs_m)
+        delta = tl.load(delta_ptr + row_base + offs_m)
+    else:
+        lse2 = tl.load(lse2_ptr + row_base + offs_m, mask=row_mask, other=float("inf"))
+        delta = tl.load(delta_ptr + row_base + offs_m, mask=row_mask, other=0.0)
+
+    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
+    v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
+
+    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N)
+
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
+        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
+    )
+    if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
+        dq = _attn_bwd_dq_inner(
+            dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+            offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
+            BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
+        )
+    dq *= scale
+
+    dq_ptrs = (dq_ptr + off_z.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh
+               + _rows(offs_m, ROW32)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
+    if EVEN_M:
+        tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=qd_mask)
+    else:
+        tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=(offs_m < seq_len_q)[:, None] & d_mask[None, :])

@@ -1,0 +1,210 @@
+"""The forward kernel: online softmax over key blocks, one program per (query block, head, batch)."""
+
+from __future__ import annotations
+
+from .._runtime import require_triton
+
+triton = require_triton()
+import triton.language as tl  # noqa: E402  (after the friendly import check above)
+
+from .lazy import LAZY_SLACK, _rescale  # noqa: E402
+from .semantics import _key_range, _tile, _valid_lengths  # noqa: E402
+from .tiles import _desc_load, _desc_load4, _load, _rows, _rows_desc, _stepped, _streamed  # noqa: E402
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, q,
+    k_ptrs, v_ptrs, step_k, step_v,
+    offs_m, offs_n, d_mask,
+    lo, hi, kv_len, causal_offset, qk_scale, off_z, off_h,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr,
+    FOLD_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, HOST_DESC: tl.constexpr, LAZY: tl.constexpr,
+    VOTE_ROWS: tl.constexpr,
+):
+    """Online softmax over key blocks [lo, hi). MASKED blocks apply the causal mask, and the key-length
+    mask unless EVEN_N (every key block full, so every key below hi <= kv_len is in range); unmasked
+    blocks are fully in range and fully visible to every row of this query block.
+    TMA: k_ptrs and v_ptrs are tensor descriptors (_rows_desc) instead of pointer tiles; HOST_DESC: built
+    on the host over the whole tensors, read at slice (off_z, off_h) (_desc_load4).
+    WS: Triton's automatic warp specialization of the loop (loads, dots and softmax in separate warps).
+    ROWOFF: each pointer tile is the first tile plus a row offset (_stepped), instead of pointer tiles
+    advanced block by block (AttnConfig.rowoff: the same loads, which ptxas schedules differently)."""
+    KEY_MASK: tl.constexpr = MASKED and not EVEN_N
+    if not TMA and not ROWOFF:
+        k_ptrs += tl.cast(lo, tl.int64) * step_k
+        v_ptrs += tl.cast(lo, tl.int64) * step_v
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        cols = start_n + offs_n
+        if KEY_MASK:
+            kv_mask = cols < kv_len
+        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, ROWOFF, ROW32)
+        if HOST_DESC:
+            k = _desc_load4(k_ptrs, off_z, off_h, start_n, UPCAST).T  # (D, BLOCK_N)
+        elif TMA:
+            k = _desc_load(k_ptrs, start_n, UPCAST).T
+        elif KEY_MASK:
+            k = _load(k_at, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
+        elif EVEN_D:
+            k = _load(k_at, None, UPCAST)
+        else:
+            k = _load(k_at, d_mask[:, None], UPCAST)
+        # -- scores, base 2. FOLD_SCALE (qk_scale > 0): the row max of the raw dot scales to the max
+        # of the scaled scores, so the scale rides in the exponent's FMA: one op per score saved --
+        s = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if not FOLD_SCALE:
+            s = s * qk_scale
+        if MASKED:
+            if CAUSAL:
+                visible = cols[None, :] <= offs_m[:, None] + causal_offset
+                if KEY_MASK:
+                    visible = visible & kv_mask[None, :]
+            else:
+                visible = kv_mask[None, :]
+            s = tl.where(visible, s, float("-inf"))
+        # -- online softmax update --
+        if FOLD_SCALE:
+            m_blk = tl.max(s, 1) * qk_scale
+        else:
+            m_blk = tl.max(s, 1)
+        if LAZY:
+            grew = m_blk > m_i + LAZY_SLACK
+            m_new = tl.where(grew, m_blk, m_i)
+        else:
+            grew = None  # every row rescales: _rescale multiplies
+            m_new = tl.maximum(m_i, m_blk)
+        if MASKED:
+            # a row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        if FOLD_SCALE:
+            p = tl.math.exp2(s * qk_scale - m_sub[:, None])
+        else:
+            p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        if LAZY:
+            alpha = tl.where(grew, alpha, 1.0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- accumulate p @ v --
+        if HOST_DESC:
+            v = _desc_load4(v_ptrs, off_z, off_h, start_n, UPCAST)
+        elif TMA:
+            v = _desc_load(v_ptrs, start_n, UPCAST)
+        elif KEY_MASK:
+            v = _load(v_at, kv_mask[:, None] & d_mask[None, :], UPCAST)
+        elif EVEN_D:
+            v = _load(v_at, None, UPCAST)
+        else:
+            v = _load(v_at, d_mask[None, :], UPCAST)
+        acc = _rescale(acc, alpha, grew, VOTE_ROWS)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+        if not TMA and not ROWOFF:
+            k_ptrs += BLOCK_N * step_k
+            v_ptrs += BLOCK_N * step_v
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
+def _attn_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seq_lens_ptr,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_lz, stride_lh,
+    num_heads, seq_len_q, seq_len_k,
+    qk_scale, head_group,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+    HOST_DESC: tl.constexpr, LAZY: tl.constexpr, VOTE_ROWS: tl.constexpr,
+):
+    """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
+    tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
+    without seq_lens): q_ptr, k_ptr and v_ptr are descriptors the launcher built over the whole tensors
+    (host_descriptor) instead of pointers each program builds its slice's descriptors from. WS: the
+    unmasked key loop is warp-specialized (the launcher sets it only with TMA). ROWOFF: see _attn_fwd_inner.
+    ROW32: row offsets inside a (batch, head) slice are computed in 32 bits (rows_fit_int32).
+    EVEN_M / EVEN_N: every query / key block is full (no seq_lens, the length a multiple of the block):
+    rows need no masks, and a non-causal kernel with full key blocks has no masked key loop."""
+    EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
+    pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
+    q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
+    causal_offset = seq_len_k - seq_len_q
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_mask = offs_d < HEAD_DIM
+
+    if HOST_DESC:
+        q = _desc_load4(q_ptr, off_z, off_h, start_m, UPCAST)
+        k_ptrs = k_ptr
+        v_ptrs = v_ptr
+    else:
+        # 64-bit base offsets: z * stride_z alone can pass 2^31 elements
+        q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+        k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+        v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+        if TMA:
+            q = _desc_load(_rows_desc(q_base, q_len, stride_qm, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD), start_m, UPCAST)
+        else:
+            q_ptrs = q_base + _rows(offs_m, ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd
+            if EVEN_M:
+                q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
+            else:
+                q = _load(q_ptrs, (offs_m < q_len)[:, None] & d_mask[None, :], UPCAST)
+        # k is read as k^T tiles (D, BLOCK_N) by pointers; a descriptor's (BLOCK_N, D) tile is transposed in the loop
+        k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
+        v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, False, TMA)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+
+    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N)
+
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale, off_z, off_h,
+        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32, HOST_DESC,
+        LAZY, VOTE_ROWS,
+    )
+    if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+            offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale, off_z, off_h,
+            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
+            HOST_DESC, False, 0,
+        )
+
+    # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf. A row
+    # that saw no key has acc == 0 exactly (each of its p was 0), so only seq_lens' padding rows, which
+    # a block computes with its valid rows, need their output zeroed --
+    if HAS_SEQ_LENS:
+        row_live = (l_i > 0) & (offs_m < q_len)
+    else:
+        row_live = l_i > 0
+    l_safe = tl.where(row_live, l_i, 1.0)
+    if HAS_SEQ_LENS:
+        out = tl.where(row_live[:, None], acc / l_safe[:, None], 0.0)
+    else:
+        out = acc / l_safe[:, None]
+    lse = tl.where(row_live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # * ln(2)
+
+    o_ptrs = (out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+              + _rows(offs_m, ROW32)[:, None] * stride_om + offs_d[None, :] * stride_od)
+    l_ptrs = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m
+    if EVEN_M:
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=None if EVEN_D else d_mask[None, :])
+        tl.store(l_ptrs, lse)
+    else:
+        row_in = offs_m < seq_len_q
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & d_mask[None, :])
+        tl.store(l_ptrs, lse, mask=row_in)

@@ -1,0 +1,393 @@
+"""The launchers: tiles, TMA and offset choices per call, host descriptors, head groups, and the plans
+that replay a call's launches (attention_fwd, attention_bwd)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .._launch import BoundLaunch, DirectLauncher, cdiv, ensure_scratch_allocator, runtime_key
+from .._runtime import device_limits, require_triton
+from ..attention_configs import MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad
+
+require_triton()
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from .backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel  # noqa: E402
+from .forward import _attn_fwd_kernel  # noqa: E402
+from .lazy import _RESCALE_N, VOTE_PACKS  # noqa: E402
+
+LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
+MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
+
+
+# Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
+# the compiled kernel directly (~20 us less host time per launch; _launch.py). On top of that, a call
+# whose inputs were seen before (same dtypes, shapes, strides, 16-byte alignment, options) replays a
+# plan: the launches it made the first time, bound to their compiled kernels, fed this call's tensors.
+# That skips choosing tiles, checking TMA, computing strides and every launch's signature: the host
+# cost that dominates a short sequence (a backward is four launches).
+_FWD = DirectLauncher(_attn_fwd_kernel)
+_BWD_PRE = DirectLauncher(_attn_bwd_preprocess_kernel)
+_BWD_DKDV = DirectLauncher(_attn_bwd_dkdv_kernel)
+_BWD_DQ = DirectLauncher(_attn_bwd_dq_kernel)
+INTERPRETED = _FWD.interpreted  # fixed when the kernels were decorated, as Triton decides it
+
+
+class _Launch(NamedTuple):
+    """One kernel launch of a call: its leading pointer arguments by name (looked up in the call's
+    tensors), then every other argument."""
+
+    launcher: DirectLauncher
+    grid: tuple
+    pointers: tuple[str, ...]
+    args: tuple
+    meta: dict
+
+
+class _Plan(NamedTuple):
+    launches: tuple[tuple[BoundLaunch, tuple[str, ...]], ...]
+    tma: bool  # some launch builds TMA descriptors on the device: Triton needs a scratch allocator
+    descs: tuple = ()  # (name, block_rows, block_cols): tensors the launches read through host descriptors
+
+
+_PLANS: dict[tuple, _Plan] = {}
+MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
+
+
+def _layout(t: torch.Tensor | None):
+    # everything a launch specializes on per tensor (Triton: dtype, alignment; ours: shape, strides)
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+
+
+def _plan_key(kind: str, inputs: tuple, causal: bool, scale: float, overrides: tuple = (None, None)) -> tuple | None:
+    """The key of a call's plan, or None where there is no plan: under the interpreter (no compiled
+    kernels) and for batches that need more than one grid (MAX_GRID_Z). `overrides`: the call's
+    explicit (config, group), so that a benchmark of given tiles replays a plan as users' calls do and
+    times the kernels, not the host path that picks tiles."""
+    if INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
+        return None
+    return (kind, causal, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs),
+            *overrides)
+
+
+def _aligned(*outputs: torch.Tensor) -> bool:
+    # fresh allocations: the caching allocator's blocks are 512-byte aligned, but a plan assumes nothing
+    return all(t.data_ptr() % 16 == 0 for t in outputs)
+
+
+def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = ()) -> None:
+    """Run each chunk's launches ([(tensors by name, [_Launch, ...]), ...]) through the launchers, and
+    remember them as the plan of `key` when there was one chunk and every launch has a compiled kernel.
+    descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptor),
+    which each chunk's tensors become here."""
+    if tma:
+        ensure_scratch_allocator()
+    if descs:
+        chunks = [(_with_descriptors(env, descs), launches) for env, launches in chunks]
+    for env, launches in chunks:
+        for lc in launches:
+            lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
+    if key is None or len(chunks) != 1:
+        return
+    env, launches = chunks[0]
+    bound = []
+    for lc in launches:
+        b = lc.launcher.bind(lc.grid, tuple(env[name] for name in lc.pointers), lc.args, lc.meta)
+        if b is None:
+            return
+        bound.append((b, lc.pointers))
+    if len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = _Plan(tuple(bound), tma, descs)
+
+
+def _replay(plan: _Plan, env: dict) -> None:
+    if plan.tma:
+        ensure_scratch_allocator()  # per thread: autograd's backward thread starts without one
+    if plan.descs:
+        env = _with_descriptors(env, plan.descs)
+    for bound, names in plan.launches:
+        bound(*(env[name] for name in names))
+
+
+def _as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(BH, N, D) -> (BH, 1, N, D) view; 4-D passes through. Never copies."""
+    return t.unsqueeze(1) if t.dim() == 3 else t
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    return tuple(t.stride())  # type: ignore[return-value]
+
+
+def _z_chunks(z: int, env: dict) -> list[tuple[int, dict]]:
+    """CUDA caps a grid's z dimension at 65535: launch larger batches in slices along dim 0 (views,
+    no copy). Returns [(z_count, tensors by name, sliced), ...]; a single chunk keeps the tensors."""
+    if z <= MAX_GRID_Z:
+        return [(z, env)]
+    return [(min(z, z0 + MAX_GRID_Z) - z0,
+             {name: t[z0:z0 + MAX_GRID_Z] if t is not None else None for name, t in env.items()})
+            for z0 in range(0, z, MAX_GRID_Z)]
+
+
+def rows_fit_int32(*tensors: torch.Tensor) -> bool:
+    """Whether every offset inside one (batch, head) slice of these (Z, H, N, D) tensors that a tile can
+    form fits in int32: row * row_stride + col * col_stride for rows up to N + MAX_BLOCK_ROWS (a last
+    block's padding rows have addresses too, masked) and columns up to the padded head_dim. The kernels
+    then compute row offsets in 32 bits (ROW32, _rows); the (batch, head) offsets are 64-bit either way."""
+    return all((t.shape[2] + MAX_BLOCK_ROWS) * abs(t.stride(2)) + head_dim_pad(t.shape[3]) * abs(t.stride(3)) < 2**31
+               for t in tensors)
+
+
+def host_descriptor(t: torch.Tensor, block_rows: int, block_cols: int) -> TensorDescriptor:
+    """A TMA descriptor over a whole (Z, H, N, D) tensor (a (Z*H, N, D) one as (Z*H, 1, N, D)) in
+    (1, 1, block_rows, block_cols) blocks; the kernels load slice (z, h)'s tile at row r as [z, h, r, 0]
+    (_desc_load4). Built once per launch on the host, where each program would otherwise build its
+    slice's descriptor in global memory (tl.make_tensor_descriptor): D128 N1024 forward in a minimal
+    kernel, 400 -> 424 TFLOPS on the H200. The hardware needs every stride 16-byte aligned: a size-1
+    dimension's stride never moves the address, so it is given a dense one. Needs tma_ok and
+    host_descriptors_ok."""
+    if t.dim() == 3:
+        (z, n, d), (sz, sn, _) = t.shape, t.stride()
+        h, sh = 1, 0
+    else:
+        (z, h, n, d), (sz, sh, sn, _) = t.shape, t.stride()
+    sn = sn if n > 1 else d
+    sh = sh if h > 1 else n * sn
+    sz = sz if z > 1 else h * sh
+    return TensorDescriptor(t, [z, h, n, d], [sz, sh, sn, 1], [1, 1, block_rows, block_cols])
+
+
+# Host descriptors cost host time, per launch: three TensorDescriptor objects and Triton's encoding of
+# each (cuTensorMapEncodeTiled), ~18 us on the H200 host (bench/overhead.py: a D128 TMA launch 42 against
+# 24 us). They save each program building its own (D128 N1024: ~4.5 us of an 84 us kernel). Calls with
+# less work than this (Z*H*N_q*N_k*padded head_dim; 2^32 is a ~40 us kernel) keep the per-program ones:
+# a short call is bound by host time, and short-sequence cells measured 30 -> 45 us with host descriptors.
+HOST_DESC_MIN_WORK = 1 << 32
+
+
+def host_descriptors_ok(*tensors: torch.Tensor) -> bool:
+    """Whether host_descriptor can describe these tma_ok tensors: no stride 0 where a dimension has
+    more than one element (an expanded, broadcast view: TMA strides must be positive). Such inputs read
+    through the per-program descriptors instead."""
+    return all(stride != 0 or size == 1 for t in tensors for size, stride in zip(t.shape, t.stride()))
+
+
+def _with_descriptors(env: dict, descs: tuple) -> dict:
+    return {**env, **{name: host_descriptor(env[name], rows, cols) for name, rows, cols in descs}}
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """Whether TMA descriptors can read these (Z, H, N, D) tensors in place: fp16/bf16, head_dim
+    contiguous, every other stride and the base address 16-byte aligned (strides of size-1 dims
+    never move the address), on a GPU of compute capability 9.0 or newer. Under Triton's interpreter
+    (CPU tensors) the descriptors are emulated, so tests run the TMA path there too."""
+    for t in tensors:
+        if t.dtype not in (torch.float16, torch.bfloat16) or t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any(size > 1 and stride * t.element_size() % 16 for size, stride in zip(t.shape[:-1], t.stride()[:-1])):
+            return False
+    device = tensors[0].device
+    return device_limits(device).tma if device.type == "cuda" else INTERPRETED
+
+
+# Tiles a head group of a causal kernel holds, per SM: two, about one wave of resident programs.
+# Measured on the H200 (bench/probes/attention_groups.py, bench/results/attention_groups_h200.jsonl): with
+# head groups of 1..128 at D 64/128/256 and N 2048..16384, the fastest group held 128-512 tiles in
+# every shape, and ~256 was within noise of the best everywhere. A group of one wave starts its heads'
+# heavy tiles together and drains on light ones while the next group starts; larger groups spread
+# over more heads than L2 holds, groups that do not divide the heads leave a short group for the end.
+GROUP_TILES_PER_SM = 2
+
+
+def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) -> int:
+    """How many heads a kernel's tiles are dealt over at once (_tile): for causal kernels, whose tiles
+    differ in work, the most heads that divide the batch's heads evenly and hold at most
+    GROUP_TILES_PER_SM tiles (`num_tiles` per head) per SM together; other kernels go head after head."""
+    sms = device_limits(device).sms
+    if not causal or not sms:
+        return 1
+    group = max(1, min(num_bh, GROUP_TILES_PER_SM * sms // num_tiles))
+    while num_bh % group:
+        group -= 1
+    return group
+
+
+def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int, row32: bool) -> dict:
+    """A kernel's launch options from its tiles: blocks, warps, stages, TMA (where the inputs allow it,
+    `tma`), warp specialization (with TMA only) and EVEN_M / EVEN_N: every query / key block of these
+    tiles is full, so rows and keys need no masks (never with seq_lens, whose valid lengths are only
+    known on the device); ROWOFF (the tiles' rowoff) and ROW32 (`row32`: rows_fit_int32 of the launch's
+    tensors, so row offsets are computed in 32 bits, unless the tiles ask for 64: row64)."""
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                TMA=tma, WS=tma and cfg.ws, ROWOFF=cfg.rowoff, ROW32=row32 and not cfg.row64,
+                EVEN_M=seq_lens is None and n_q % cfg.block_m == 0,
+                EVEN_N=seq_lens is None and n_k % cfg.block_n == 0)
+
+
+def vote_rows(cfg: AttnConfig, d_pad: int) -> int:
+    """The accumulator rows each thread of a forward with these tiles holds (_warp_any's pack), or 0
+    where lazy rescaling cannot skip by a branch and multiplies as usual: tiles whose warps do not stack
+    along the rows (AttnConfig.stacked_rows), a row count _warp_any has no vote for, or a thread's
+    accumulator elements not a multiple of the rescale's 32-element asm blocks. Tests
+    (test_lazy_rescaling_*) check on the GPU that every row's rescale is kept where it is needed."""
+    rows = cfg.stacked_rows
+    per_thread = cfg.block_m * d_pad // (32 * cfg.num_warps)
+    if rows not in VOTE_PACKS or per_thread % _RESCALE_N:
+        return 0
+    return rows
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs must stay fp32-accurate: no TF32. fp16/bf16 ignore the setting.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _upcast(dtype: torch.dtype) -> bool:
+    # the interpreter's bf16 tl.dot is wrong (triton-lang/triton#11584): widen the tiles there
+    return dtype == torch.bfloat16 and INTERPRETED
+
+
+def attention_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    seq_lens: torch.Tensor | None,
+    config: AttnConfig | None = None,
+    group: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k, v: same with N_k. Returns
+    (out, lse): out = torch.empty_like(q) (so q's memory layout), lse fp32 (..., N_q) contiguous.
+    config and group (the head group, see head_group) override the tuned choices, for benchmarks."""
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens}
+    key = _plan_key("fwd", (q, k, v, seq_lens), causal, scale, (config, group))
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None and _aligned(out, lse):
+        _replay(plan, env)
+        return out, lse
+
+    q4, k4, v4, o4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out)
+    lse3 = lse.unsqueeze(1) if q.dim() == 3 else lse
+    z, h, n_q, d = q4.shape
+    n_k = k4.shape[2]
+    d_pad = head_dim_pad(d)
+    cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    tma = cfg.tma and tma_ok(q4, k4, v4)
+    # descriptors built on the host where one per tensor serves every program: not with seq_lens, whose
+    # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
+    host_desc = (tma and seq_lens is None and z * h * n_q * n_k * d_pad >= HOST_DESC_MIN_WORK
+                 and host_descriptors_ok(q4, k4, v4))
+    env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens}
+    group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
+    args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), lse3.stride(0), lse3.stride(1),
+            h, n_q, n_k, scale * LOG2E, group)
+    meta = dict(
+        HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
+        CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
+        DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), HOST_DESC=host_desc,
+        LAZY=cfg.lazy, VOTE_ROWS=vote_rows(cfg, d_pad) if cfg.lazy and not INTERPRETED else 0,
+        **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
+    )
+    pointers = ("q", "k", "v", "out", "lse", "seq_lens")
+    chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, meta)])
+              for zc, env_ in _z_chunks(z, env)]
+    descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, d_pad)) if host_desc else ()
+    # the interpreter emulates descriptors without scratch memory; host descriptors need none
+    _launch(chunks, key if _aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs)
+    return out, lse
+
+
+def attention_bwd(
+    dout: torch.Tensor,
+    dlse: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+    seq_lens: torch.Tensor | None,
+    config: BwdConfig | None = None,
+    group: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
+    Returns (dq, dk, dv) allocated with empty_like(q/k/v). config and group (the head group of both
+    kernels, see head_group) override the tuned choices, for benchmarks."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    if n_q == 0 or n_k == 0 or q.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
+    delta = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
+           "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens}
+    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens), causal, scale, (config, group))
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is not None and _aligned(dq, dk, dv, delta, lse2):
+        _replay(plan, env)
+        return dq, dk, dv
+
+    q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
+    o4, g4 = _as_4d(out), _as_4d(dout)
+    dq4, dk4, dv4 = _as_4d(dq), _as_4d(dk), _as_4d(dv)
+    lse3 = lse.unsqueeze(1) if q.dim() == 3 else lse
+    dlse3 = None if dlse is None else dlse.unsqueeze(1) if q.dim() == 3 else dlse
+    delta3 = delta.unsqueeze(1) if q.dim() == 3 else delta
+    lse23 = lse2.unsqueeze(1) if q.dim() == 3 else lse2
+    z, h, _, d = q4.shape
+    d_pad = head_dim_pad(d)
+    cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    if any(c is not None and c.lazy for c in cfg):
+        raise ValueError(f"{cfg}: lazy (rescaling) is a forward flag; the backward keeps no running max")
+    q_cfg = cfg.dq
+    kv_passes = cfg.dkdv_passes()  # one pass for dk and dv, or (split) a dv pass then a dk pass
+    # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles
+    kv_tma_ok = any(kv_cfg.tma for kv_cfg, _, _ in kv_passes) and tma_ok(q4, g4)
+    kv_tma = [kv_cfg.tma and kv_tma_ok for kv_cfg, _, _ in kv_passes]
+    q_tma = q_cfg.tma and tma_ok(k4, v4)
+    env = {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3, "delta": delta3,
+           "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens}
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
+                  DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype))
+    pre_block = 64
+    pre_args = (*_strides(o4), *_strides(g4), *lse3.stride(),
+                *(dlse3.stride() if dlse3 is not None else (0, 0, 0)),
+                h, n_q)
+    pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
+    row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk4, dv4)
+    kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4))
+    kv_launches = [  # (tiles, args, meta) of each dk/dv pass
+        (kv_cfg,
+         (*kv_strides, h, n_q, n_k, scale * LOG2E, scale,
+          group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h, q.device)),
+         dict(DO_DK=do_dk, DO_DV=do_dv, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32), **common))
+        for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
+    ]
+    q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
+    q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
+              h, n_q, n_k, scale * LOG2E, scale, q_group)
+    q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k, row32), **common)
+
+    def launches(zc: int) -> list[_Launch]:
+        return [
+            _Launch(_BWD_PRE, (cdiv(n_q, pre_block), h, zc), ("out", "dout", "lse", "dlse", "delta", "lse2"),
+                    pre_args, pre_meta),
+            *(_Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h, zc),
+                      ("q", "k", "v", "dout", "lse2", "delta", "dk", "dv", "seq_lens"), kv_args, kv_meta)
+              for kv_cfg, kv_args, kv_meta in kv_launches),
+            _Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
+                    ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens"), q_args, q_meta),
+        ]
+
+    chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
+    _launch(chunks, key if _aligned(dq, dk, dv, delta, lse2) else None, (any(kv_tma) or q_tma) and q.is_cuda)
+    return dq, dk, dv
