@@ -7,12 +7,13 @@ from typing import NamedTuple
 
 import torch
 
-from .._launch import BoundLaunch, DirectLauncher, cdiv, ensure_scratch_allocator, runtime_key
 from .._runtime import device_limits, require_triton
 from ..attention_configs import MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad
 
-require_triton()
+require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from .._launch import BoundLaunch, DirectLauncher, cdiv, ensure_scratch_allocator, runtime_key  # noqa: E402
 
 from .backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel  # noqa: E402
 from .forward import _attn_fwd_kernel  # noqa: E402
