@@ -38,9 +38,11 @@ def _int_at_least(low: int):
 
 
 def _head_dim(text: str) -> int:
+    from diyflash.ops.checks import head_dim_error
+
     value = _int_at_least(8)(text)
-    if value % 8 or value > 256:
-        raise argparse.ArgumentTypeError(f"Unsupported head_dim {value}: supported are multiples of 8 from 8 to 256")
+    if head_dim_error(value):
+        raise argparse.ArgumentTypeError(head_dim_error(value))
     return value
 
 

@@ -12,7 +12,7 @@ from .ops.attention import call_attention
 from .ops.matmul import call_matmul
 from .kernels import interpreter_active
 from .kernels.matmul_configs import manual_config
-from .ops.checks import MAX_HEAD_DIM
+from .ops.checks import head_dim_error
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -141,11 +141,9 @@ def flash_attention(
             f"Incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected {layout} "
             "with equal batch, heads and head_dim, and v shaped like k"
         )
-    head_dim = q.shape[-1]
-    if head_dim % 8 != 0 or not 8 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"Unsupported head_dim {head_dim}: supported are multiples of 8 from 8 to {MAX_HEAD_DIM}"
-        )
+    head_dim_problem = head_dim_error(q.shape[-1])
+    if head_dim_problem:
+        raise ValueError(head_dim_problem)
     if sm_scale is not None:
         if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
             raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")

@@ -261,9 +261,11 @@ def main(argv: list[str]) -> int:
         mm = [_shape(s) for s in args.matmul]
     except ValueError as e:
         p.error(str(e))
+    from .ops.checks import head_dim_error
+
     for d in args.head_dims:
-        if d % 8 or not 8 <= d <= 256:
-            p.error(f"Unsupported head_dim {d}: supported are multiples of 8 from 8 to 256")
+        if head_dim_error(d):
+            p.error(head_dim_error(d))
     if any(len(s) not in (3, 4) for s in shapes) or any(len(s) != 3 for s in mm):
         p.error("attention shapes are BxHxN or BxHxNqxNk, matmul shapes MxKxN")
     if not torch.cuda.is_available():

@@ -17,6 +17,7 @@ from .kernels.attention_configs import bwd_config, fwd_config, head_dim_pad
 from .kernels.attention_torch import BLOCK_N as TORCH_PATH_BLOCK_N
 from .kernels.matmul_configs import INTERPRETER_CONFIG as MATMUL_INTERPRETER_CONFIG
 from .kernels.matmul_configs import tma_layout
+from .ops.checks import head_dim_error
 from .utils.gpu import check_hopper_features, detect_gpu, supports_fp8
 
 
@@ -62,8 +63,8 @@ class AdaptiveKernelSelector:
         None: the tiles of long sequences)."""
         if isinstance(head_dim, bool) or not isinstance(head_dim, int):
             raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__} {head_dim!r}")
-        if head_dim % 8 or not 8 <= head_dim <= 256:
-            raise ValueError(f"Unsupported head_dim {head_dim}: supported are multiples of 8 from 8 to 256")
+        if head_dim_error(head_dim):
+            raise ValueError(head_dim_error(head_dim))
         pad = head_dim_pad(head_dim)
         interpret = not self.on_gpu and interpreter_active()
         if not self.on_gpu and not interpret:

@@ -34,10 +34,18 @@ def check_dtype(op: str, **tensors: torch.Tensor) -> None:
                             "torch.float16, torch.bfloat16, torch.float32 (and torch.float64, PyTorch path)")
 
 
-def check_head_dim(op: str, head_dim: int) -> None:
+def head_dim_error(head_dim: int) -> str | None:
+    """The one head_dim rule (the ops, the API, the selector and the CLIs say it alike): None when the
+    kernels support head_dim, else the sentence saying why not."""
     if head_dim % 8 != 0 or not 8 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"diyflash::{op}: Unsupported head_dim {head_dim}: supported are multiples of 8 "
-                         f"from 8 to {MAX_HEAD_DIM}")
+        return f"Unsupported head_dim {head_dim}: supported are multiples of 8 from 8 to {MAX_HEAD_DIM}"
+    return None
+
+
+def check_head_dim(op: str, head_dim: int) -> None:
+    error = head_dim_error(head_dim)
+    if error:
+        raise ValueError(f"diyflash::{op}: {error}")
 
 
 def check_seq_lens(op: str, seq_lens: torch.Tensor | None, batch: int, device: torch.device) -> None:
