@@ -7,9 +7,16 @@ knows nothing of torch.library.
 Layout: every tensor is addressed through four strides (batch z, head h, row, dim), so any
 permutation or slice of storage is read in place. A 3-D (BH, N, D) input is viewed as (BH, 1, N, D).
 
-Semantics shared by all kernels (and by the PyTorch path in attention_torch.py):
-- scores are s = (q . k) * scale; the kernels work in base 2: qk_scale = scale * log2(e).
-- causal: query i sees key j iff j <= i + (seq_len_k - seq_len_q) (bottom-right alignment).
+Semantics shared by all kernels (and by the PyTorch path in attention_torch.py), written once in
+semantics.py as @triton.jit helpers that every kernel calls:
+- scores are s = (q . k) * scale; the kernels work in base 2: qk_scale = scale * log2(e). Softcap
+  (s = cap * tanh(s / cap)) and ALiBi (s -= slope * |i + off - j|) follow, in that order (_scores).
+- causal: query i sees key j iff j <= i + (seq_len_k - seq_len_q) (bottom-right alignment); a window
+  (left, right) bounds it to i + off - left <= j <= i + off + right (_visible); blocks outside are
+  never visited (_band, _query_band).
+- GQA: q head h reads kv head h // (H / H_kv); the dk/dv kernel sums a kv head's group in a fixed order.
+- sinks: one more logit per head in each row's denominator (the forward's running max and sum start
+  from it); the backward needs nothing more than the lse that includes it.
 - seq_lens[z] = L (optional): keys j >= L are ignored and query rows i >= L output 0 (lse = -inf).
   L is clamped to [0, N] inside the kernels, so a bad value can never read out of bounds.
 - a row that sees no key outputs 0 and has lse = -inf; no NaN from finite inputs.

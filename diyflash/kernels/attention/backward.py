@@ -9,7 +9,7 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import _key_range, _tile, _valid_lengths  # noqa: E402
+from .semantics import _band, _inv, _query_band, _scores, _slope, _tile, _valid_lengths, _visible  # noqa: E402
 from .tiles import _desc_load, _load, _rows, _stepped, _streamed  # noqa: E402
 
 
@@ -55,12 +55,14 @@ def _attn_bwd_preprocess_kernel(
 def _attn_bwd_dkdv_inner(
     dk, dv, k, v,
     q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, step_q, step_do,
-    offs_m, offs_n, d_mask,
+    offs_m, offs_n, d_mask, dv_mask,
     lo, hi, q_len, kv_len, causal_offset, qk_scale,
+    win_left, win_right, cap2, inv_cap2, slope2,
     BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
     """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
     (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
@@ -81,10 +83,10 @@ def _attn_bwd_dkdv_inner(
             do = _desc_load(do_ptrs, start_m, UPCAST)
         elif MASKED:
             q = _load(q_at, row_mask[:, None] & d_mask[None, :], UPCAST)
-            do = _load(do_at, row_mask[:, None] & d_mask[None, :], UPCAST)
+            do = _load(do_at, row_mask[:, None] & dv_mask[None, :], UPCAST)
         else:
             q = _load(q_at, None if EVEN_D else d_mask[None, :], UPCAST)
-            do = _load(do_at, None if EVEN_D else d_mask[None, :], UPCAST)
+            do = _load(do_at, None if EVEN_DV else dv_mask[None, :], UPCAST)
         if MASKED:
             lse2 = tl.load(lse2_ptrs, mask=row_mask, other=float("inf"))
             if DO_DK:
@@ -94,12 +96,12 @@ def _attn_bwd_dkdv_inner(
             if DO_DK:
                 delta = tl.load(delta_ptrs)
         # -- p^T (keys x queries) from the saved statistics --
-        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        s_t, t_t = _scores(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION), rows[None, :], offs_n[:, None],
+                           causal_offset, qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
         p_t = tl.math.exp2(s_t - lse2[None, :])
         if MASKED:
-            visible = (offs_n < kv_len)[:, None] & row_mask[None, :]
-            if CAUSAL:
-                visible = visible & (offs_n[:, None] <= rows[None, :] + causal_offset)
+            visible = _visible(rows[None, :], offs_n[:, None], kv_len, causal_offset, win_left, win_right,
+                               True, CAUSAL, WINDOW) & row_mask[None, :]
             p_t = tl.where(visible, p_t, 0.0)
         if DO_DV:
             dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
@@ -107,6 +109,8 @@ def _attn_bwd_dkdv_inner(
             # -- ds^T = p^T * (dp^T - delta) --
             dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             ds_t = p_t * (dp_t - delta[None, :])
+            if SOFTCAP:  # d(cap * tanh(x / cap)) / dx = 1 - tanh^2
+                ds_t = ds_t * (1.0 - t_t * t_t)
             dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
         if not TMA and not ROWOFF:
             q_ptrs += BLOCK_M * step_q
@@ -116,31 +120,91 @@ def _attn_bwd_dkdv_inner(
     return dk, dv
 
 
+@triton.jit
+def _attn_bwd_dkdv_head(
+    dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_gz, stride_gh, stride_gm, stride_gd,
+    off_z, off_h, num_heads, seq_len_q, q_len, kv_len, causal_offset, start_n,
+    offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask,
+    qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+    EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
+    TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+):
+    """Add query head off_h's contribution to one key block's dk and dv: the query rows that see the
+    block (_query_band), masked where some row-key pair is not visible."""
+    q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    do_base = dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+    q_ptrs = _streamed(q_base, q_len, stride_qm, stride_qd, offs_m, offs_d, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, False, TMA)
+    do_ptrs = _streamed(do_base, q_len, stride_gm, stride_gd, offs_m, offs_dv, HEAD_DIM_V, BLOCK_M, HEAD_DIM_V_PAD,
+                        False, TMA)
+    row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
+    lse2_ptrs = lse2_ptr + row_base + offs_m
+    delta_ptrs = delta_ptr + row_base + offs_m
+
+    lo, mid, full_end, hi = _query_band(start_n, q_len, kv_len, causal_offset, win_left, win_right,
+                                        BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+    if CAUSAL or WINDOW or not EVEN_N:  # else lo = mid = 0: nothing to mask before the unmasked loop
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+            offs_m, offs_n, d_mask, dv_mask, lo, tl.minimum(mid, hi), q_len, kv_len, causal_offset, qk_scale,
+            win_left, win_right, cap2, inv_cap2, slope2,
+            BLOCK_M, True, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
+            WINDOW, SOFTCAP, ALIBI,
+        )
+    dk, dv = _attn_bwd_dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+        offs_m, offs_n, d_mask, dv_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
+        win_left, win_right, cap2, inv_cap2, slope2,
+        BLOCK_M, False, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
+        WINDOW, SOFTCAP, ALIBI,
+    )
+    if WINDOW or not EVEN_M:  # else full_end = hi = q_len: no tail
+        dk, dv = _attn_bwd_dkdv_inner(
+            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
+            offs_m, offs_n, d_mask, dv_mask, tl.maximum(mid, full_end), hi, q_len, kv_len, causal_offset, qk_scale,
+            win_left, win_right, cap2, inv_cap2, slope2,
+            BLOCK_M, True, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
+            WINDOW, SOFTCAP, ALIBI,
+        )
+    return dk, dv
+
+
 @triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, seq_lens_ptr,
+    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, seq_lens_ptr, alibi_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_gz, stride_gh, stride_gm, stride_gd,
     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+    stride_az,
     num_heads, seq_len_q, seq_len_k,
-    qk_scale, scale, head_group,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    qk_scale, scale, head_group, kv_group,
+    win_left, win_right, cap2,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+    GQA: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
-    """dk and dv of one key block (DO_DK and DO_DV), or one of them: a split backward launches this
-    kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
+    """dk and dv of one key block of one kv head (DO_DK and DO_DV), or one of them: a split backward
+    launches this kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
+    GQA: the grid's heads are kv heads, and the program sums the kv_group query heads that read this one
+    in a fixed order (no atomics, so the group reduction is deterministic); num_heads counts query heads.
     TMA: the streamed q and dout tiles come through tensor descriptors. WS: the unmasked query loop is
     warp-specialized. EVEN_M / EVEN_N: as in the forward; full query blocks leave no masked tail loop,
-    full key blocks of a non-causal kernel no masked first loop."""
+    full key blocks of a non-causal kernel no masked first loop. WINDOW, SOFTCAP, ALIBI: semantics.py."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
-    pid_n, off_h, off_z = _tile(head_group, CAUSAL, False)  # causal: the first key blocks see the most queries
+    EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
+    pid_n, off_hk, off_z = _tile(head_group, CAUSAL, False)  # causal: the first key blocks see the most queries
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
     causal_offset = seq_len_k - seq_len_q
 
@@ -149,83 +213,81 @@ def _attn_bwd_dkdv_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    dv_mask = offs_dv < HEAD_DIM_V
     if EVEN_N:
-        kv_mask = None if EVEN_D else d_mask[None, :]
+        kd_mask = None if EVEN_D else d_mask[None, :]
+        vd_mask = None if EVEN_DV else dv_mask[None, :]
     else:
-        kv_mask = (offs_n < kv_len)[:, None] & d_mask[None, :]
+        kd_mask = (offs_n < kv_len)[:, None] & d_mask[None, :]
+        vd_mask = (offs_n < kv_len)[:, None] & dv_mask[None, :]
 
-    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-    k = _load(k_base + _rows(offs_n, ROW32)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kv_mask, UPCAST)
+    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
+    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
+    k = _load(k_base + _rows(offs_n, ROW32)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kd_mask, UPCAST)
     if DO_DK:  # dv alone never reads v
-        v = _load(v_base + _rows(offs_n, ROW32)[:, None] * stride_vn + offs_d[None, :] * stride_vd, kv_mask, UPCAST)
+        v = _load(v_base + _rows(offs_n, ROW32)[:, None] * stride_vn + offs_dv[None, :] * stride_vd, vd_mask, UPCAST)
     else:
         v = k
-
-    q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    do_base = dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
-    q_ptrs = _streamed(q_base, q_len, stride_qm, stride_qd, offs_m, offs_d, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, False, TMA)
-    do_ptrs = _streamed(do_base, q_len, stride_gm, stride_gd, offs_m, offs_d, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, False, TMA)
-    row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
-    lse2_ptrs = lse2_ptr + row_base + offs_m
-    delta_ptrs = delta_ptr + row_base + offs_m
-
-    # -- query range: [lo, mid) masked (causal diagonal), [mid, full_end) unmasked, rest masked tail --
-    if CAUSAL:
-        lo = tl.maximum(start_n - causal_offset, 0) // BLOCK_M * BLOCK_M
-        # rows i >= start_n + BLOCK_N - 1 - causal_offset see every key of this block
-        mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0), BLOCK_M) * BLOCK_M
-        mid = tl.maximum(mid, lo)
-    else:
-        lo = 0
-        mid = 0
-    # a partial key block masks every query block; a block of padding keys sees none (dk = dv = 0)
-    mid = tl.where(start_n + BLOCK_N > kv_len, tl.cdiv(q_len, BLOCK_M) * BLOCK_M, mid)
-    lo = tl.where(start_n >= kv_len, mid, lo)
-    full_end = q_len // BLOCK_M * BLOCK_M
+    inv_cap2 = _inv(cap2, SOFTCAP)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-    if CAUSAL or not EVEN_N:  # else lo = mid = 0: nothing to mask before the unmasked loop
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
-            offs_m, offs_n, d_mask, lo, tl.minimum(mid, q_len), q_len, kv_len, causal_offset, qk_scale,
-            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
-        )
-    dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
-        offs_m, offs_n, d_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
-        BLOCK_M, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
-    )
-    if not EVEN_M:  # else full_end = q_len: no tail
-        dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
-            offs_m, offs_n, d_mask, tl.maximum(mid, full_end), q_len, q_len, kv_len, causal_offset, qk_scale,
-            BLOCK_M, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_V_PAD], dtype=tl.float32)
+    if GQA:
+        for g in range(0, kv_group):
+            off_h = off_hk * kv_group + g
+            slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI)
+            dk, dv = _attn_bwd_dkdv_head(
+                dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
+                stride_qz, stride_qh, stride_qm, stride_qd, stride_gz, stride_gh, stride_gm, stride_gd,
+                off_z, off_h, num_heads, seq_len_q, q_len, kv_len, causal_offset, start_n,
+                offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
+                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, CAUSAL,
+                EVEN_D, EVEN_DV, EVEN_M, EVEN_N, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
+                WINDOW, SOFTCAP, ALIBI,
+            )
+    else:
+        slope2 = _slope(alibi_ptr, off_z, stride_az, off_hk, ALIBI)
+        dk, dv = _attn_bwd_dkdv_head(
+            dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
+            stride_qz, stride_qh, stride_qm, stride_qd, stride_gz, stride_gh, stride_gm, stride_gd,
+            off_z, off_hk, num_heads, seq_len_q, q_len, kv_len, causal_offset, start_n,
+            offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
+            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, CAUSAL,
+            EVEN_D, EVEN_DV, EVEN_M, EVEN_N, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
+            WINDOW, SOFTCAP, ALIBI,
         )
 
-    key_in = kv_mask if EVEN_N else (offs_n < seq_len_k)[:, None] & d_mask[None, :]
+    key_in = (offs_n < seq_len_k)[:, None]
     if DO_DK:
         dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
-        dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_h.to(tl.int64) * stride_dkh
+        dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_hk.to(tl.int64) * stride_dkh
                    + _rows(offs_n, ROW32)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
-        tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=key_in)
+        if EVEN_N:
+            tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=kd_mask)
+        else:
+            tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=key_in & d_mask[None, :])
     if DO_DV:
-        dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_h.to(tl.int64) * stride_dvh
-                   + _rows(offs_n, ROW32)[:, None] * stride_dvn + offs_d[None, :] * stride_dvd)
-        tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=key_in)
+        dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_hk.to(tl.int64) * stride_dvh
+                   + _rows(offs_n, ROW32)[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd)
+        if EVEN_N:
+            tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=vd_mask)
+        else:
+            tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=key_in & dv_mask[None, :])
 
 
 @triton.jit
 def _attn_bwd_dq_inner(
     dq, q, do, lse2, delta,
     k_ptrs, v_ptrs, step_k, step_v,
-    offs_m, offs_n, d_mask,
+    offs_m, offs_n, d_mask, dv_mask,
     lo, hi, kv_len, causal_offset, qk_scale,
+    win_left, win_right, cap2, inv_cap2, slope2,
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
     ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
     """Accumulate dq of one query block over the key blocks [lo, hi). TMA: k_ptrs and v_ptrs are
     tensor descriptors. ROWOFF: as in _attn_fwd_inner."""
@@ -242,19 +304,21 @@ def _attn_bwd_dq_inner(
             v_t = _desc_load(v_ptrs, start_n, UPCAST).T
         elif MASKED:
             k_t = _load(k_at, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
-            v_t = _load(v_at, kv_mask[None, :] & d_mask[:, None], UPCAST)
+            v_t = _load(v_at, kv_mask[None, :] & dv_mask[:, None], UPCAST)
         else:
             k_t = _load(k_at, None if EVEN_D else d_mask[:, None], UPCAST)
-            v_t = _load(v_at, None if EVEN_D else d_mask[:, None], UPCAST)
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+            v_t = _load(v_at, None if EVEN_DV else dv_mask[:, None], UPCAST)
+        s, t = _scores(tl.dot(q, k_t, input_precision=DOT_PRECISION), offs_m[:, None], cols[None, :], causal_offset,
+                       qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
         p = tl.math.exp2(s - lse2[:, None])
         if MASKED:
-            visible = kv_mask[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+            visible = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
+                               True, CAUSAL, WINDOW)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq, input_precision=DOT_PRECISION)
         if not TMA and not ROWOFF:
             k_ptrs += BLOCK_N * step_k
@@ -264,24 +328,30 @@ def _attn_bwd_dq_inner(
 
 @triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_ptr, seq_lens_ptr,
+    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_ptr, seq_lens_ptr, alibi_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_gz, stride_gh, stride_gm, stride_gd,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
+    stride_az,
     num_heads, seq_len_q, seq_len_k,
-    qk_scale, scale, head_group,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    qk_scale, scale, head_group, kv_group,
+    win_left, win_right, cap2,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
     """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors.
-    WS: the unmasked key loop is warp-specialized. EVEN_M / EVEN_N: as in the forward."""
+    WS: the unmasked key loop is warp-specialized. EVEN_M / EVEN_N: as in the forward. The variants as
+    in the forward: kv head h // kv_group, HEAD_DIM_V, WINDOW, SOFTCAP, ALIBI (semantics.py)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
+    EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
     pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
+    off_hk = off_h // kv_group
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
     causal_offset = seq_len_k - seq_len_q
 
@@ -290,17 +360,21 @@ def _attn_bwd_dq_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    dv_mask = offs_dv < HEAD_DIM_V
     if EVEN_M:
         row_mask = None
         qd_mask = None if EVEN_D else d_mask[None, :]
+        gd_mask = None if EVEN_DV else dv_mask[None, :]
     else:
         row_mask = offs_m < q_len
         qd_mask = row_mask[:, None] & d_mask[None, :]
+        gd_mask = row_mask[:, None] & dv_mask[None, :]
 
     q = _load(q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
               + _rows(offs_m, ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd, qd_mask, UPCAST)
     do = _load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
-               + _rows(offs_m, ROW32)[:, None] * stride_gm + offs_d[None, :] * stride_gd, qd_mask, UPCAST)
+               + _rows(offs_m, ROW32)[:, None] * stride_gm + offs_dv[None, :] * stride_gd, gd_mask, UPCAST)
     row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
     if EVEN_M:
         lse2 = tl.load(lse2_ptr + row_base + offs_m)
@@ -309,24 +383,39 @@ def _attn_bwd_dq_kernel(
         lse2 = tl.load(lse2_ptr + row_base + offs_m, mask=row_mask, other=float("inf"))
         delta = tl.load(delta_ptr + row_base + offs_m, mask=row_mask, other=0.0)
 
-    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
+    v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
     k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
-    v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
+    v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM_V, BLOCK_N, HEAD_DIM_V_PAD,
+                       True, TMA)
+    slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI)
+    inv_cap2 = _inv(cap2, SOFTCAP)
 
-    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N)
-
+    lo, full_lo, full_hi, hi = _band(start_m, q_len, kv_len, causal_offset, win_left, win_right,
+                                     BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N, WINDOW)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
-    dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-        offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale,
-        BLOCK_N, False, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
-    )
-    if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
+    if WINDOW:  # the window's left edge
         dq = _attn_bwd_dq_inner(
             dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-            offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-            BLOCK_N, True, CAUSAL, EVEN_D, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
+            offs_m, offs_n, d_mask, dv_mask, lo, full_lo, kv_len, causal_offset, qk_scale,
+            win_left, win_right, cap2, inv_cap2, slope2,
+            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
+            WINDOW, SOFTCAP, ALIBI,
+        )
+    dq = _attn_bwd_dq_inner(
+        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        offs_m, offs_n, d_mask, dv_mask, full_lo, full_hi, kv_len, causal_offset, qk_scale,
+        win_left, win_right, cap2, inv_cap2, slope2,
+        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
+        WINDOW, SOFTCAP, ALIBI,
+    )
+    if CAUSAL or WINDOW or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
+        dq = _attn_bwd_dq_inner(
+            dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+            offs_m, offs_n, d_mask, dv_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
+            win_left, win_right, cap2, inv_cap2, slope2,
+            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
+            WINDOW, SOFTCAP, ALIBI,
         )
     dq *= scale
 

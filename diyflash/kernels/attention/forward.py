@@ -8,7 +8,7 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
 from .lazy import LAZY_SLACK, _rescale  # noqa: E402
-from .semantics import _key_range, _tile, _valid_lengths  # noqa: E402
+from .semantics import _band, _inv, _scores, _slope, _tile, _valid_lengths, _visible  # noqa: E402
 from .tiles import _desc_load, _desc_load4, _load, _rows, _rows_desc, _stepped, _streamed  # noqa: E402
 
 
@@ -16,13 +16,14 @@ from .tiles import _desc_load, _desc_load4, _load, _rows, _rows_desc, _stepped, 
 def _attn_fwd_inner(
     acc, l_i, m_i, q,
     k_ptrs, v_ptrs, step_k, step_v,
-    offs_m, offs_n, d_mask,
+    offs_m, offs_n, d_mask, dv_mask,
     lo, hi, kv_len, causal_offset, qk_scale, off_z, off_h,
+    win_left, win_right, cap2, inv_cap2, slope2,
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
     FOLD_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
     WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, HOST_DESC: tl.constexpr, LAZY: tl.constexpr,
-    VOTE_ROWS: tl.constexpr,
+    VOTE_ROWS: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MASKED blocks apply the causal mask, and the key-length
     mask unless EVEN_N (every key block full, so every key below hi <= kv_len is in range); unmasked
@@ -31,7 +32,9 @@ def _attn_fwd_inner(
     on the host over the whole tensors, read at slice (off_z, off_h) (_desc_load4).
     WS: Triton's automatic warp specialization of the loop (loads, dots and softmax in separate warps).
     ROWOFF: each pointer tile is the first tile plus a row offset (_stepped), instead of pointer tiles
-    advanced block by block (AttnConfig.rowoff: the same loads, which ptxas schedules differently)."""
+    advanced block by block (AttnConfig.rowoff: the same loads, which ptxas schedules differently).
+    off_h is the kv head. WINDOW, SOFTCAP, ALIBI: the variants of semantics.py (_scores, _visible);
+    FOLD_SCALE is never set with SOFTCAP or ALIBI."""
     KEY_MASK: tl.constexpr = MASKED and not EVEN_N
     if not TMA and not ROWOFF:
         k_ptrs += tl.cast(lo, tl.int64) * step_k
@@ -55,14 +58,11 @@ def _attn_fwd_inner(
         # of the scaled scores, so the scale rides in the exponent's FMA: one op per score saved --
         s = tl.dot(q, k, input_precision=DOT_PRECISION)
         if not FOLD_SCALE:
-            s = s * qk_scale
+            s, _ = _scores(s, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, slope2,
+                           SOFTCAP, ALIBI)
         if MASKED:
-            if CAUSAL:
-                visible = cols[None, :] <= offs_m[:, None] + causal_offset
-                if KEY_MASK:
-                    visible = visible & kv_mask[None, :]
-            else:
-                visible = kv_mask[None, :]
+            visible = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
+                               KEY_MASK, CAUSAL, WINDOW)
             s = tl.where(visible, s, float("-inf"))
         # -- online softmax update --
         if FOLD_SCALE:
@@ -94,11 +94,11 @@ def _attn_fwd_inner(
         elif TMA:
             v = _desc_load(v_ptrs, start_n, UPCAST)
         elif KEY_MASK:
-            v = _load(v_at, kv_mask[:, None] & d_mask[None, :], UPCAST)
-        elif EVEN_D:
+            v = _load(v_at, kv_mask[:, None] & dv_mask[None, :], UPCAST)
+        elif EVEN_DV:
             v = _load(v_at, None, UPCAST)
         else:
-            v = _load(v_at, d_mask[None, :], UPCAST)
+            v = _load(v_at, dv_mask[None, :], UPCAST)
         acc = _rescale(acc, alpha, grew, VOTE_ROWS)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -110,20 +110,22 @@ def _attn_fwd_inner(
 
 @triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seq_lens_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seq_lens_ptr, alibi_ptr, sinks_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_oz, stride_oh, stride_om, stride_od,
-    stride_lz, stride_lh,
+    stride_lz, stride_lh, stride_az,
     num_heads, seq_len_q, seq_len_k,
-    qk_scale, head_group,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    qk_scale, head_group, kv_group,
+    win_left, win_right, cap2,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
     HOST_DESC: tl.constexpr, LAZY: tl.constexpr, VOTE_ROWS: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
 ):
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
@@ -132,9 +134,16 @@ def _attn_fwd_kernel(
     unmasked key loop is warp-specialized (the launcher sets it only with TMA). ROWOFF: see _attn_fwd_inner.
     ROW32: row offsets inside a (batch, head) slice are computed in 32 bits (rows_fit_int32).
     EVEN_M / EVEN_N: every query / key block is full (no seq_lens, the length a multiple of the block):
-    rows need no masks, and a non-causal kernel with full key blocks has no masked key loop."""
+    rows need no masks, and a non-causal kernel with full key blocks has no masked key loop.
+    Variants (semantics.py): q head h reads kv head h // kv_group (GQA; kv_group = 1 specializes away);
+    v and out have HEAD_DIM_V columns; WINDOW (win_left, win_right: key blocks outside the band are
+    skipped), SOFTCAP (cap2 = softcap * log2(e)), ALIBI (slopes at alibi_ptr + z * stride_az + h), SINKS
+    (sinks_ptr[h]: one more logit in every row's denominator, carrying no value: the running max and sum
+    start from it)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
+    EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
     pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
+    off_hk = off_h // kv_group
     q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
     causal_offset = seq_len_k - seq_len_q
 
@@ -143,6 +152,8 @@ def _attn_fwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_mask = offs_d < HEAD_DIM
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    dv_mask = offs_dv < HEAD_DIM_V
 
     if HOST_DESC:
         q = _desc_load4(q_ptr, off_z, off_h, start_m, UPCAST)
@@ -151,8 +162,8 @@ def _attn_fwd_kernel(
     else:
         # 64-bit base offsets: z * stride_z alone can pass 2^31 elements
         q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-        k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-        v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+        k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
+        v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
         if TMA:
             q = _desc_load(_rows_desc(q_base, q_len, stride_qm, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD), start_m, UPCAST)
         else:
@@ -163,30 +174,48 @@ def _attn_fwd_kernel(
                 q = _load(q_ptrs, (offs_m < q_len)[:, None] & d_mask[None, :], UPCAST)
         # k is read as k^T tiles (D, BLOCK_N) by pointers; a descriptor's (BLOCK_N, D) tile is transposed in the loop
         k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
-        v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, False, TMA)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+        v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM_V, BLOCK_N, HEAD_DIM_V_PAD,
+                           False, TMA)
+    if SINKS:  # the sink is a logit of its own: the row starts with max = sink, sum = exp(sink - sink) = 1
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(sinks_ptr + off_h).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+    slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI)
+    inv_cap2 = _inv(cap2, SOFTCAP)
 
-    full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N)
-
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-        offs_m, offs_n, d_mask, 0, full_hi, kv_len, causal_offset, qk_scale, off_z, off_h,
-        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32, HOST_DESC,
-        LAZY, VOTE_ROWS,
-    )
-    if CAUSAL or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
+    lo, full_lo, full_hi, hi = _band(start_m, q_len, kv_len, causal_offset, win_left, win_right,
+                                     BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N, WINDOW)
+    if WINDOW:  # the window's left edge
         acc, l_i, m_i = _attn_fwd_inner(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-            offs_m, offs_n, d_mask, full_hi, hi, kv_len, causal_offset, qk_scale, off_z, off_h,
-            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
-            HOST_DESC, False, 0,
+            offs_m, offs_n, d_mask, dv_mask, lo, full_lo, kv_len, causal_offset, qk_scale, off_z, off_hk,
+            win_left, win_right, cap2, inv_cap2, slope2,
+            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, ROWOFF,
+            ROW32, HOST_DESC, False, 0, WINDOW, SOFTCAP, ALIBI,
+        )
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        offs_m, offs_n, d_mask, dv_mask, full_lo, full_hi, kv_len, causal_offset, qk_scale, off_z, off_hk,
+        win_left, win_right, cap2, inv_cap2, slope2,
+        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
+        HOST_DESC, LAZY, VOTE_ROWS, WINDOW, SOFTCAP, ALIBI,
+    )
+    if CAUSAL or WINDOW or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+            offs_m, offs_n, d_mask, dv_mask, full_hi, hi, kv_len, causal_offset, qk_scale, off_z, off_hk,
+            win_left, win_right, cap2, inv_cap2, slope2,
+            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, ROWOFF,
+            ROW32, HOST_DESC, False, 0, WINDOW, SOFTCAP, ALIBI,
         )
 
     # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf. A row
     # that saw no key has acc == 0 exactly (each of its p was 0), so only seq_lens' padding rows, which
-    # a block computes with its valid rows, need their output zeroed --
+    # a block computes with its valid rows, need their output zeroed. With sinks, l >= 1: a row that
+    # sees no key outputs 0 and its lse is the sink --
     if HAS_SEQ_LENS:
         row_live = (l_i > 0) & (offs_m < q_len)
     else:
@@ -199,12 +228,12 @@ def _attn_fwd_kernel(
     lse = tl.where(row_live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # * ln(2)
 
     o_ptrs = (out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-              + _rows(offs_m, ROW32)[:, None] * stride_om + offs_d[None, :] * stride_od)
+              + _rows(offs_m, ROW32)[:, None] * stride_om + offs_dv[None, :] * stride_od)
     l_ptrs = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m
     if EVEN_M:
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=None if EVEN_D else d_mask[None, :])
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=None if EVEN_DV else dv_mask[None, :])
         tl.store(l_ptrs, lse)
     else:
         row_in = offs_m < seq_len_q
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & d_mask[None, :])
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & dv_mask[None, :])
         tl.store(l_ptrs, lse, mask=row_in)

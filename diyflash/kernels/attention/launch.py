@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from .._runtime import device_limits, require_triton
+from ..attention_torch import band, empty_out
 from ..attention_configs import MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
@@ -118,6 +119,10 @@ def _as_4d(t: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(1) if t.dim() == 3 else t
 
 
+def _heads(t: torch.Tensor) -> int:
+    return t.shape[1] if t.dim() == 4 else 1
+
+
 def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())  # type: ignore[return-value]
 
@@ -128,8 +133,13 @@ def _z_chunks(z: int, env: dict) -> list[tuple[int, dict]]:
     if z <= MAX_GRID_Z:
         return [(z, env)]
     return [(min(z, z0 + MAX_GRID_Z) - z0,
-             {name: t[z0:z0 + MAX_GRID_Z] if t is not None else None for name, t in env.items()})
+             {name: t[z0:z0 + MAX_GRID_Z] if _per_batch(name, t) else t for name, t in env.items()})
             for z0 in range(0, z, MAX_GRID_Z)]
+
+
+def _per_batch(name: str, t: torch.Tensor | None) -> bool:
+    # per-head tensors (sinks (H,), ALiBi slopes (H,)) are the same for every slice of the batch
+    return t is not None and not (name in ("sinks", "alibi") and t.dim() == 1)
 
 
 def rows_fit_int32(*tensors: torch.Tensor) -> bool:
@@ -250,6 +260,47 @@ def _upcast(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and INTERPRETED
 
 
+class Variant(NamedTuple):
+    """A call's variant arguments as the kernels take them (semantics.py): `causal` after folding a
+    non-causal window with right edge 0 into it; `window` a bounded band (the unbounded side passed as
+    N_q + N_k, right capped at 0 under causal); cap2 = softcap * log2(e); GQA's query heads per kv head."""
+
+    causal: bool
+    window: bool
+    left: int
+    right: int
+    softcap: bool
+    cap2: float
+    kv_group: int
+
+    @property
+    def key(self) -> tuple:
+        return (self.causal, self.window, self.left, self.right, self.cap2, self.kv_group)
+
+
+def variant(causal: bool, window: tuple[int, int], softcap: float, n_q: int, n_k: int, h: int, h_kv: int) -> Variant:
+    causal, bounded, left, right = band(causal, window, n_q, n_k)
+    return Variant(causal, bounded, left, right, softcap > 0, softcap * LOG2E, h // h_kv)
+
+
+def _variant_meta(var: Variant, alibi: torch.Tensor | None) -> dict:
+    return dict(WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=alibi is not None)
+
+
+def _v_pad(d: int, dv: int) -> int:
+    """The v tiles' width. A 16-wide v beside wider q/k tiles is widened to 32: Triton 3.6 compiled the
+    forward with D 24 / D_v 8 (tiles 32 / 16, 128x64, 3 stages) into a kernel that read shared memory out
+    of bounds (compute-sanitizer, H100, 2026-11-24: 'Invalid __shared__ read' at the p @ v dot), and
+    crashed on some calls."""
+    dv_pad = head_dim_pad(dv)
+    return max(dv_pad, 32) if dv_pad < head_dim_pad(d) else dv_pad
+
+
+def _alibi_stride(alibi: torch.Tensor | None) -> int:
+    # (H,) slopes: the same row for every batch; (B, H): row z
+    return 0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)
+
+
 def attention_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -259,16 +310,26 @@ def attention_fwd(
     seq_lens: torch.Tensor | None,
     config: AttnConfig | None = None,
     group: int | None = None,
+    *,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k, v: same with N_k. Returns
-    (out, lse): out = torch.empty_like(q) (so q's memory layout), lse fp32 (..., N_q) contiguous.
-    config and group (the head group, see head_group) override the tuned choices, for benchmarks."""
-    out = torch.empty_like(q)
+    """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k: (Z, H_kv, N_k, D), v: (Z, H_kv, N_k, D_v),
+    or 3-D with H = H_kv. Returns (out, lse): out (Z, H, N_q, D_v) in q's memory layout, lse fp32
+    (..., N_q) contiguous. The variants (semantics.py): window (left, right), softcap, alibi_slopes
+    fp32 (H,) or (Z, H) with unit last stride, sinks fp32 (H,) contiguous. config and group (the head
+    group, see head_group) override the tuned choices, for benchmarks."""
+    out = empty_out(q, v.shape[-1])
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens}
-    key = _plan_key("fwd", (q, k, v, seq_lens), causal, scale, (config, group))
+    var = variant(causal, window, softcap, q.shape[-2], k.shape[-2], _heads(q), _heads(k))
+    causal = var.causal
+    env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens, "alibi": alibi_slopes,
+           "sinks": sinks}
+    key = _plan_key("fwd", (q, k, v, seq_lens, alibi_slopes, sinks), var.key, scale, (config, group))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(out, lse):
         _replay(plan, env)
@@ -277,29 +338,33 @@ def attention_fwd(
     q4, k4, v4, o4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out)
     lse3 = lse.unsqueeze(1) if q.dim() == 3 else lse
     z, h, n_q, d = q4.shape
-    n_k = k4.shape[2]
-    d_pad = head_dim_pad(d)
-    cfg = config or fwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    n_k, dv = k4.shape[2], v4.shape[3]
+    d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv)
+    cfg = config or fwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     tma = cfg.tma and tma_ok(q4, k4, v4)
     # descriptors built on the host where one per tensor serves every program: not with seq_lens, whose
     # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
     host_desc = (tma and seq_lens is None and z * h * n_q * n_k * d_pad >= HOST_DESC_MIN_WORK
                  and host_descriptors_ok(q4, k4, v4))
-    env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens}
+    env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "alibi": alibi_slopes,
+           "sinks": sinks}
     group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
     args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), lse3.stride(0), lse3.stride(1),
-            h, n_q, n_k, scale * LOG2E, group)
+            _alibi_stride(alibi_slopes), h, n_q, n_k, scale * LOG2E, group, var.kv_group, var.left, var.right,
+            var.cap2)
     meta = dict(
-        HEAD_DIM=d, HEAD_DIM_PAD=d_pad,
-        CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None, FOLD_SCALE=scale > 0,
+        HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad,
+        CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
+        FOLD_SCALE=scale > 0 and not var.softcap and alibi_slopes is None,
         DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), HOST_DESC=host_desc,
-        LAZY=cfg.lazy, VOTE_ROWS=vote_rows(cfg, d_pad) if cfg.lazy and not INTERPRETED else 0,
+        LAZY=cfg.lazy, VOTE_ROWS=vote_rows(cfg, dv_pad) if cfg.lazy and not INTERPRETED else 0,
+        SINKS=sinks is not None, **_variant_meta(var, alibi_slopes),
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
-    pointers = ("q", "k", "v", "out", "lse", "seq_lens")
+    pointers = ("q", "k", "v", "out", "lse", "seq_lens", "alibi", "sinks")
     chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, meta)])
               for zc, env_ in _z_chunks(z, env)]
-    descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, d_pad)) if host_desc else ()
+    descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
     # the interpreter emulates descriptors without scratch memory; host descriptors need none
     _launch(chunks, key if _aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs)
     return out, lse
@@ -318,10 +383,15 @@ def attention_bwd(
     seq_lens: torch.Tensor | None,
     config: BwdConfig | None = None,
     group: int | None = None,
+    *,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
-    Returns (dq, dk, dv) allocated with empty_like(q/k/v). config and group (the head group of both
-    kernels, see head_group) override the tuned choices, for benchmarks."""
+    Returns (dq, dk, dv) allocated with empty_like(q/k/v). The variants as in attention_fwd (sinks need
+    nothing here: the saved lse includes them; their gradient is attention_torch.sinks_grad). config
+    and group (the head group of both kernels, see head_group) override the tuned choices, for benchmarks."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     n_q, n_k = q.shape[-2], k.shape[-2]
     if n_q == 0 or n_k == 0 or q.numel() == 0:
@@ -329,9 +399,11 @@ def attention_bwd(
     # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
     delta = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
+    var = variant(causal, window, softcap, n_q, n_k, _heads(q), _heads(k))
+    causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
-           "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens}
-    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens), causal, scale, (config, group))
+           "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "alibi": alibi_slopes}
+    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, alibi_slopes), var.key, scale, (config, group))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(dq, dk, dv, delta, lse2):
         _replay(plan, env)
@@ -345,8 +417,9 @@ def attention_bwd(
     delta3 = delta.unsqueeze(1) if q.dim() == 3 else delta
     lse23 = lse2.unsqueeze(1) if q.dim() == 3 else lse2
     z, h, _, d = q4.shape
-    d_pad = head_dim_pad(d)
-    cfg = config or bwd_config(d_pad, q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    h_kv, dv_ = k4.shape[1], v4.shape[3]
+    d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv_)
+    cfg = config or bwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     if any(c is not None and c.lazy for c in cfg):
         raise ValueError(f"{cfg}: lazy (rescaling) is a forward flag; the backward keeps no running max")
     q_cfg = cfg.dq
@@ -356,37 +429,41 @@ def attention_bwd(
     kv_tma = [kv_cfg.tma and kv_tma_ok for kv_cfg, _, _ in kv_passes]
     q_tma = q_cfg.tma and tma_ok(k4, v4)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3, "delta": delta3,
-           "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens}
-    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
-                  DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype))
+           "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "alibi": alibi_slopes}
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, CAUSAL=causal,
+                  HAS_SEQ_LENS=seq_lens is not None, DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
+                  **_variant_meta(var, alibi_slopes))
+    var_args = (var.left, var.right, var.cap2)
     pre_block = 64
     pre_args = (*_strides(o4), *_strides(g4), *lse3.stride(),
                 *(dlse3.stride() if dlse3 is not None else (0, 0, 0)),
                 h, n_q)
-    pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
+    pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk4, dv4)
-    kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4))
-    kv_launches = [  # (tiles, args, meta) of each dk/dv pass
+    kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
+                  _alibi_stride(alibi_slopes))
+    kv_launches = [  # (tiles, args, meta) of each dk/dv pass: one program per key block of a kv head
         (kv_cfg,
          (*kv_strides, h, n_q, n_k, scale * LOG2E, scale,
-          group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h, q.device)),
-         dict(DO_DK=do_dk, DO_DV=do_dv, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32), **common))
+          group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h_kv, q.device), var.kv_group, *var_args),
+         dict(DO_DK=do_dk, DO_DV=do_dv, GQA=var.kv_group > 1, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32),
+              **common))
         for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
     ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
-    q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4),
-              h, n_q, n_k, scale * LOG2E, scale, q_group)
+    q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4), _alibi_stride(alibi_slopes),
+              h, n_q, n_k, scale * LOG2E, scale, q_group, var.kv_group, *var_args)
     q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k, row32), **common)
 
     def launches(zc: int) -> list[_Launch]:
         return [
             _Launch(_BWD_PRE, (cdiv(n_q, pre_block), h, zc), ("out", "dout", "lse", "dlse", "delta", "lse2"),
                     pre_args, pre_meta),
-            *(_Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h, zc),
-                      ("q", "k", "v", "dout", "lse2", "delta", "dk", "dv", "seq_lens"), kv_args, kv_meta)
+            *(_Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv, zc),
+                      ("q", "k", "v", "dout", "lse2", "delta", "dk", "dv", "seq_lens", "alibi"), kv_args, kv_meta)
               for kv_cfg, kv_args, kv_meta in kv_launches),
             _Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
-                    ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens"), q_args, q_meta),
+                    ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "alibi"), q_args, q_meta),
         ]
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]

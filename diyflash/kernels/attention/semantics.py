@@ -73,3 +73,148 @@ def _key_range(start_m, q_len, kv_len, causal_offset,
         hi = tl.where(start_m < q_len, hi, 0)
         full_hi = tl.where(start_m < q_len, full_hi, 0)
     return full_hi, hi
+
+
+# -- Variants (issue 24). Scores in the kernels are base 2: s2 = log2(e) * s. Each helper below takes
+# base-2 quantities, so a softcap or an ALiBi slope enters scaled by log2(e) too (the launcher does it). --
+
+
+@triton.jit
+def _tanh(x):
+    """tanh in fp32 to a few ulps, by 1 - 2 / (exp(2x) + 1), which saturates to +-1 without overflow,
+    and a Taylor polynomial where that formula cancels (|x| < 0.125; error < 3e-10 relative there).
+    Triton's interpreter has no libdevice, and both must compute the same thing."""
+    big = 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
+    x2 = x * x
+    small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
+    return tl.where(tl.abs(x) < 0.125, small, big)
+
+
+@triton.jit
+def _softcap(s, cap2, inv_cap2):
+    """Gemma 2's logit softcap on base-2 scores: cap2 * tanh(s / cap2), with cap2 = softcap * log2(e)
+    (the same as softcap * tanh(s_nat / softcap) in natural units). Also returns t = tanh(.): the
+    backward's chain factor is 1 - t^2."""
+    t = _tanh(s * inv_cap2)
+    return cap2 * t, t
+
+
+@triton.jit
+def _alibi(s, q_pos, k_pos, causal_offset, slope2):
+    """ALiBi: s - slope * |i + N_k - N_q - j| (slope2 = slope * log2(e), q_pos/k_pos broadcastable)."""
+    dist = q_pos + causal_offset - k_pos
+    return s - slope2 * tl.abs(dist).to(tl.float32)
+
+
+@triton.jit
+def _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI: tl.constexpr):
+    """Head off_h's ALiBi slope in base 2 (slope * log2(e)); 0.0 without ALIBI. stride_az: 0 for (H,)
+    slopes, the batch stride for (B, H)."""
+    if ALIBI:
+        slope2 = tl.load(alibi_ptr + off_z.to(tl.int64) * stride_az + off_h).to(tl.float32) * 1.4426950408889634
+    else:
+        slope2 = 0.0
+    return slope2
+
+
+@triton.jit
+def _inv(cap2, SOFTCAP: tl.constexpr):
+    """1 / cap2 for the softcap (0.0 without SOFTCAP: unused)."""
+    if SOFTCAP:
+        inv = 1.0 / cap2
+    else:
+        inv = 0.0
+    return inv
+
+
+@triton.jit
+def _scores(qk, q_pos, k_pos, causal_offset, qk_scale, cap2, inv_cap2, slope2,
+            SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    """The base-2 scores of a raw q.k tile: scaled, softcapped, ALiBi-biased (in that order, before any
+    mask). Returns (s, t), t the softcap's tanh for the backward (without SOFTCAP, s again: unused)."""
+    s = qk * qk_scale
+    t = s
+    if SOFTCAP:
+        s, t = _softcap(s, cap2, inv_cap2)
+    if ALIBI:
+        s = _alibi(s, q_pos, k_pos, causal_offset, slope2)
+    return s, t
+
+
+@triton.jit
+def _visible(q_pos, k_pos, kv_len, causal_offset, win_left, win_right,
+             KEY_MASK: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """Whether query q_pos sees key k_pos (broadcastable index tiles): keys below kv_len (KEY_MASK),
+    j <= i + off (CAUSAL), i + off - left <= j <= i + off + right (WINDOW; the launcher passes an
+    unbounded side as N_q + N_k, and caps right at 0 under causal). At least one flag is set."""
+    diag = q_pos + causal_offset
+    if KEY_MASK:
+        vis = k_pos < kv_len
+        if CAUSAL:
+            vis = vis & (k_pos <= diag)
+    elif CAUSAL:
+        vis = k_pos <= diag
+    else:
+        tl.static_assert(WINDOW)
+        vis = k_pos <= diag + win_right
+    if WINDOW:
+        vis = vis & (k_pos >= diag - win_left) & (k_pos <= diag + win_right)
+    return vis
+
+
+@triton.jit
+def _band(start_m, q_len, kv_len, causal_offset, win_left, win_right,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+          HAS_SEQ_LENS: tl.constexpr, EVEN_N: tl.constexpr, WINDOW: tl.constexpr):
+    """Key blocks of query rows [start_m, start_m + BLOCK_M) in three ranges: [lo, full_lo) masked
+    (the window's left edge), [full_lo, full_hi) visible to every row (no masks), [full_hi, hi) masked
+    (causal diagonal, window's right edge, key length). Without WINDOW, lo = full_lo = 0 and the rest
+    is _key_range, so a dense kernel compiles as before; with it, blocks outside the band are skipped."""
+    if WINDOW:
+        lo = tl.maximum(start_m + causal_offset - win_left, 0) // BLOCK_N * BLOCK_N
+        hi = tl.maximum(tl.minimum(kv_len, start_m + BLOCK_M + causal_offset + win_right), 0)
+        full_lo = tl.cdiv(tl.maximum(start_m + BLOCK_M - 1 + causal_offset - win_left, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+        full_hi = tl.maximum(tl.minimum(kv_len, start_m + 1 + causal_offset + win_right), 0) // BLOCK_N * BLOCK_N
+        full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+        if HAS_SEQ_LENS:
+            hi = tl.where(start_m < q_len, hi, 0)
+            lo = tl.minimum(lo, hi)
+            full_lo = tl.minimum(full_lo, hi)
+            full_hi = tl.minimum(full_hi, hi)
+    else:
+        lo = 0
+        full_lo = 0
+        full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS,
+                                 EVEN_N)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _query_band(start_n, q_len, kv_len, causal_offset, win_left, win_right,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """Query rows that see keys [start_n, start_n + BLOCK_N), for the dk/dv kernel: [lo, mid) masked
+    (causal diagonal or the window's right edge), [mid, full_end) see every key of the block (no masks),
+    [max(mid, full_end), hi) masked (query-length tail, the window's left edge). A partial key block
+    masks every row; a block of padding keys is seen by none (dk = dv = 0)."""
+    if WINDOW:  # the launcher caps win_right at 0 under causal
+        lo = tl.maximum(start_n - causal_offset - win_right, 0) // BLOCK_M * BLOCK_M
+        mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_offset - win_right, 0), BLOCK_M) * BLOCK_M
+        mid = tl.maximum(mid, lo)
+        hi = tl.minimum(q_len, tl.maximum(start_n + BLOCK_N - causal_offset + win_left, 0))
+        full_end = tl.minimum(q_len, tl.maximum(start_n + 1 - causal_offset + win_left, 0)) // BLOCK_M * BLOCK_M
+    elif CAUSAL:
+        lo = tl.maximum(start_n - causal_offset, 0) // BLOCK_M * BLOCK_M
+        # rows i >= start_n + BLOCK_N - 1 - causal_offset see every key of this block
+        mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - causal_offset, 0), BLOCK_M) * BLOCK_M
+        mid = tl.maximum(mid, lo)
+        hi = q_len
+        full_end = q_len // BLOCK_M * BLOCK_M
+    else:
+        lo = 0
+        mid = 0
+        hi = q_len
+        full_end = q_len // BLOCK_M * BLOCK_M
+    mid = tl.where(start_n + BLOCK_N > kv_len, tl.cdiv(q_len, BLOCK_M) * BLOCK_M, mid)
+    lo = tl.where(start_n >= kv_len, mid, lo)
+    return lo, mid, full_end, hi
