@@ -19,34 +19,67 @@ def attention_ref(
     scale: float | None = None,
     seq_lens: torch.Tensor | None = None,
     upcast: bool = True,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention with diyflash's exact semantics, returning (out, lse).
+    """Attention with diyflash's exact semantics, returning (out, lse), written densely and directly
+    from the contract (not from the kernels' code).
 
-    q: (..., N_q, D); k, v: (..., N_k, D), with any leading dims torch.matmul broadcasts.
-    upcast=True computes in float64 (the oracle); upcast=False computes like plain PyTorch in the
-    inputs' dtype (scores and p @ v in that dtype, softmax accumulated in fp32 by torch.softmax),
-    which is the "plain PyTorch error" baseline of the tests.
-    causal: query i sees key j iff j <= i + N_k - N_q (bottom-right). seq_lens (B,) with B = q.shape[0]:
-    keys j >= L ignored, rows i >= L output 0. Rows that see no key output 0 with lse = -inf.
+    q: (..., H, N_q, D); k: (..., H_kv, N_k, D), v: (..., H_kv, N_k, D_v); H_kv divides H and query head
+    h reads kv head h // (H / H_kv) (k and v are repeated here: this is the oracle, not the kernel).
+    3-D inputs (BH, N, D) need H = H_kv. upcast=True computes in float64 (the oracle); upcast=False
+    computes like plain PyTorch in the inputs' dtype (scores and p @ v in that dtype, softmax accumulated
+    in fp32 by torch.softmax), which is the "plain PyTorch error" baseline of the tests.
+    Scores s = scale * q.k; softcap > 0: s = softcap * tanh(s / softcap); ALiBi (slopes (H,) or (B, H)):
+    s -= slope * |i + N_k - N_q - j|. Masks: causal: j <= i + N_k - N_q (bottom-right); window (left,
+    right), -1 unbounded: i + off - left <= j <= i + off + right; seq_lens (B,): keys j >= L ignored,
+    rows i >= L output 0 with lse = -inf. sinks (H,): one more logit per head in the denominator,
+    carrying no value. Rows that see no key output 0, with lse = -inf (the sink, with sinks).
     """
     if upcast:
         q, k, v = q.double(), k.double(), v.double()
+    if k.dim() == 4 and k.shape[1] != q.shape[1]:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     rows = torch.arange(n_q, device=q.device).view(n_q, 1)
     cols = torch.arange(n_k, device=q.device).view(1, n_k)
+    diag = rows + (n_k - n_q)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(scores.dtype)
+        slopes = slopes.view(1, -1, 1, 1) if slopes.dim() == 1 else slopes.view(slopes.shape[0], -1, 1, 1)
+        scores = scores - slopes * (diag - cols).abs().to(scores.dtype)
     visible = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)
+    left, right = window_size
     if causal:
-        visible = cols <= rows + (n_k - n_q)
+        visible = visible & (cols <= diag)
+    if left >= 0:
+        visible = visible & (cols >= diag - left)
+    if right >= 0:
+        visible = visible & (cols <= diag + right)
+    shape = (-1,) + (1,) * (q.dim() - 1)  # (B, 1, ..., 1): one length per leading index
+    row_valid = torch.ones(n_q, 1, dtype=torch.bool, device=q.device)
     if seq_lens is not None:
-        shape = (-1,) + (1,) * (q.dim() - 1)  # (B, 1, ..., 1): one length per leading index
         valid = seq_lens.to(q.device, torch.long).view(shape)
         visible = visible & (cols < valid) & (rows < valid)
+        row_valid = rows < valid
     visible = visible.expand(scores.shape)
-    any_visible = visible.any(-1, keepdim=True)
     scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:  # one more column: the sink's logit, always visible, value 0
+        sink_col = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, sink_col], -1)
+        visible = torch.cat([visible, torch.ones_like(visible[..., :1])], -1)
+        v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1]).expand(*scores.shape[:-2], 1, v.shape[-1])], -2)
+    any_visible = visible.any(-1, keepdim=True) & row_valid
     lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)
+    lse = lse.masked_fill(~any_visible.squeeze(-1), float("-inf"))
     # rows that see no key: softmax over zeros (finite), then multiplied by 0, so no NaN reaches autograd
     p = torch.softmax(torch.where(any_visible, scores, 0.0), dim=-1) * any_visible
     out = torch.matmul(p.to(v.dtype), v)
