@@ -12,7 +12,7 @@ from .ops.attention import call_attention
 from .ops.matmul import call_matmul
 from .kernels import interpreter_active
 from .kernels.matmul_configs import manual_config
-from .ops.checks import head_dim_error
+from .ops.checks import attention_shape_error, variant_error
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -95,14 +95,23 @@ def flash_attention(
     causal: bool = False,
     sm_scale: float | None = None,
     seq_lens: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Exact attention softmax(q k^T * sm_scale) v with O(N) memory, differentiable in q, k, v.
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention softmax(scores) v with O(N) memory, differentiable in q, k, v (and sinks).
 
     Args:
         q: (batch, heads, seq_len_q, head_dim) or (batch*heads, seq_len_q, head_dim).
-        k, v: (batch, heads, seq_len_k, head_dim) or (batch*heads, seq_len_k, head_dim); seq_len_k may
-            differ from seq_len_q. float16, bfloat16 or float32, all three the same dtype, on one
-            CUDA device (or CPU under TRITON_INTERPRET=1). Any strides: a (B, H, N, D) view of
+        k: (batch, kv_heads, seq_len_k, head_dim), v: (batch, kv_heads, seq_len_k, head_dim_v), or the
+            3-D forms with one head per slice. heads must be a multiple of kv_heads (GQA; MQA with one):
+            query head h reads kv head h // (heads // kv_heads), and k and v are read in place, never
+            repeated. head_dim and head_dim_v are multiples of 8 up to 256 and may differ (MLA: 192/128).
+            seq_len_k may differ from seq_len_q. float16, bfloat16 or float32, all three the same dtype,
+            on one CUDA device (or CPU under TRITON_INTERPRET=1). Any strides: a (B, H, N, D) view of
             (B, N, H, D) storage is read in place, not copied.
         causal: query i attends to keys j <= i + seq_len_k - seq_len_q (aligned to the bottom-right
             corner, as flash-attn; the usual j <= i when the lengths are equal). A row that sees no
@@ -113,15 +122,29 @@ def flash_attention(
             and query rows >= seq_lens[b] output 0. Requires 0 < seq_lens[b] <= seq_len_k; the values
             are checked eagerly (one device sync), not while compiling, exporting or capturing a CUDA
             graph (then the kernels clamp them to [0, seq_len], so nothing is read out of bounds).
+        window_size: (left, right), -1 for unbounded: query i sees key j iff
+            i + off - left <= j <= i + off + right, off = seq_len_k - seq_len_q (bottom-right, as
+            causal; causal caps right at 0). Key blocks outside the band are skipped.
+        softcap: > 0 caps the scores: s = softcap * tanh(s / softcap) (Gemma 2). 0 is off.
+        alibi_slopes: fp32 (heads,) or (batch, heads), not differentiable: s -= slope * |i + off - j|.
+        sinks: fp32 (heads,), differentiable: one extra logit per head in the softmax denominator that
+            carries no value (gpt-oss).
+        return_lse: also return lse (batch, heads, seq_len_q) fp32, the natural-log normalizer (the sink
+            included): -inf for a row that sees no key (the sink itself with sinks) and for padding rows.
+            Differentiable.
 
     Returns:
-        A tensor shaped like q, in q's dtype (fp16/bf16 computed natively with fp32 accumulation,
-        fp32 with fp32-accurate dots), laid out in memory like q.
+        The output (..., seq_len_q, head_dim_v) in q's dtype (fp16/bf16 computed natively with fp32
+        accumulation, fp32 with fp32-accurate dots), laid out in memory like q; with return_lse,
+        (out, lse).
 
     Raises:
-        ValueError: rank not 3 or 4 ("Expected 3D or 4D tensors"), incompatible shapes, not CUDA
-            ("CUDA tensors required"), different devices, "Unsupported head_dim", bad seq_lens.
-        TypeError: "Unsupported dtype", "dtypes must match", non-numeric sm_scale.
+        ValueError: rank not 3 or 4 ("Expected 3D or 4D tensors"), incompatible shapes (heads not a
+            multiple of kv_heads), not CUDA ("CUDA tensors required"), different devices, "Unsupported
+            head_dim", bad seq_lens, window sides below -1, negative softcap, alibi_slopes or sinks of
+            the wrong shape or device.
+        TypeError: "Unsupported dtype", "dtypes must match", non-numeric sm_scale, alibi_slopes or sinks
+            not float32.
         ModuleNotFoundError: "triton is required" when triton is missing.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -134,16 +157,9 @@ def flash_attention(
     if not _usual(q, k, v):
         _check_dtypes(q=q, k=k, v=v)
         _check_devices(q=q, k=k, v=v)
-    lead = q.shape[:-2]
-    if k.shape[:-2] != lead or k.shape[-1] != q.shape[-1] or v.shape != k.shape:
-        layout = "(batch, heads, seq_len, head_dim)" if q.dim() == 4 else "(batch*heads, seq_len, head_dim)"
-        raise ValueError(
-            f"Incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected {layout} "
-            "with equal batch, heads and head_dim, and v shaped like k"
-        )
-    head_dim_problem = head_dim_error(q.shape[-1])
-    if head_dim_problem:
-        raise ValueError(head_dim_problem)
+    shape_problem = attention_shape_error(q, k, v)
+    if shape_problem:
+        raise ValueError(shape_problem)
     if sm_scale is not None:
         if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
             raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
@@ -152,7 +168,18 @@ def flash_attention(
         sm_scale = float(sm_scale)
     if seq_lens is not None:
         _check_seq_lens(seq_lens, q.shape[0], k.shape[-2], q.device)
-    return call_attention(q, k, v, _check_bool("causal", causal), sm_scale, seq_lens)
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a (left, right) pair, got {window_size!r}")
+    left, right = window_size
+    if isinstance(softcap, numbers.Real) and not isinstance(softcap, bool):
+        softcap = float(softcap)
+    problem = variant_error(q, left, right, softcap, alibi_slopes, sinks)
+    if problem:
+        kind, message = problem
+        raise kind(message)
+    out = call_attention(q, k, v, _check_bool("causal", causal), sm_scale, seq_lens, left, right, softcap,
+                         alibi_slopes, sinks, _check_bool("return_lse", return_lse))
+    return tuple(out) if return_lse else out
 
 
 def triton_matmul(

@@ -106,10 +106,10 @@ def test_unused_lse_gradient_is_not_materialized(device):
 
 
 @pytest.mark.parametrize("case, exc, phrase", [
-    ("k head_dim", ValueError, "must share batch, heads and head_dim"),
-    ("v length", ValueError, "v must be shaped like k"),
+    ("k head_dim", ValueError, "q and k must have the same head_dim"),
+    ("v length", ValueError, "v must have k's batch, heads and length"),
     ("dtype", TypeError, "dtypes must match, got q torch.float32, k torch.float16"),
-    ("rank", ValueError, "of one rank, 3 or 4"),
+    ("rank", ValueError, "Expected 3D or 4D tensors of the same rank"),
     ("seq_lens", ValueError, "seq_lens must have shape (2,), got (3,)"),
     ("device", ValueError, "inputs must be on one device, got q on {device}, k on meta, v on {device}"),
     # issue 23: each of these was computed (int, bool, complex truncated), crashed inside a kernel, or

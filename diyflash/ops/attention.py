@@ -23,8 +23,8 @@ import torch
 from torch.library import Library, custom_op
 
 from ..kernels import device_guard, uses_triton
-from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked
-from .checks import INT32_MAX, check_dtype, check_head_dim, check_seq_lens, one_device
+from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, empty_out, sinks_grad
+from .checks import INT32_MAX, check_attention_shapes, check_dtype, check_seq_lens, check_variants, one_device
 from .autocast import register_autocast
 from .eager import dispatcher_free
 from .forward_ad import guard_autograd, refuse_forward_ad
@@ -67,38 +67,54 @@ _BWD = entry("attention_bwd")
 _ATTN = entry("attention")
 
 
-def _attention_fwd_impl(q, k, v, causal, scale, seq_lens):
+def _variant_kwargs(window_left, window_right, softcap, alibi_slopes):
+    """The launchers' variant keywords (sinks go to the forward only: the backward reads them in lse)."""
+    return dict(window=(int(window_left), int(window_right)), softcap=float(softcap), alibi_slopes=alibi_slopes)
+
+
+def _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
+                        alibi_slopes=None, sinks=None):
     """What attention_fwd computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut."""
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
+    var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
-            return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens)
-    return attention_fwd_blocked(q, k, v, causal, scale, seq_lens)
+            return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, **var)
+    return attention_fwd_blocked(q, k, v, causal, scale, seq_lens, sinks=sinks, **var)
 
 
-def _check_qkv(op: str, q, k, v, seq_lens) -> None:
+def _check_qkv(op: str, q, k, v, seq_lens, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
+               sinks=None) -> None:
     """What the ops themselves require, for callers of torch.ops.diyflash.* that skip the API's checks.
     Without it a k with a wider head_dim, or a v of another length, gave a silent wrong answer. The fakes
     run it too, so a compiled graph fails at trace time."""
-    if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
-        raise ValueError(f"diyflash::{op} expects q, k, v of one rank, 3 or 4, got shapes "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1] or v.shape != k.shape:
-        raise ValueError(f"diyflash::{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must share "
-                         "batch, heads and head_dim, and v must be shaped like k")
+    check_attention_shapes(op, q, k, v)
     check_dtype(op, q=q, k=k, v=v)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"diyflash::{op}: dtypes must match, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    check_head_dim(op, q.shape[-1])
     one_device(op, q=q, k=k, v=v)
     check_seq_lens(op, seq_lens, q.shape[0], q.device)
+    check_variants(op, q, window_left, window_right, softcap, alibi_slopes, sinks)
+
+
+def _prepare_variants(alibi_slopes, sinks):
+    # the kernels read slopes and sinks with unit stride along the heads: a copy of at most B*H floats
+    # where the caller's are strided
+    if alibi_slopes is not None and alibi_slopes.stride(-1) != 1:
+        alibi_slopes = alibi_slopes.contiguous()
+    if sinks is not None and sinks.stride(-1) != 1:
+        sinks = sinks.contiguous()
+    return alibi_slopes, sinks
 
 
 @custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
-def attention_fwd(q, k, v, causal, scale, seq_lens):
-    _check_qkv("attention_fwd", q, k, v, seq_lens)
-    return _attention_fwd_impl(q, k, v, causal, scale, seq_lens)
+def attention_fwd(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
+                  alibi_slopes=None, sinks=None):
+    _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
+    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
+    return _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
+                               alibi_slopes, sinks)
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -107,18 +123,21 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, scale, seq_lens):
-    _check_qkv("attention_fwd", q, k, v, seq_lens)
+def _attention_fwd_fake(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
+                        alibi_slopes=None, sinks=None):
+    _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
     # the launchers' allocation list, nothing else
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    return empty_out(q, v.shape[-1]), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
 
 
-def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens) -> None:
-    _check_qkv("attention_bwd", q, k, v, seq_lens)
+def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes,
+               sinks) -> None:
+    _check_qkv("attention_bwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
     one_device("attention_bwd", q=q, dout=dout, dlse=dlse, out=out, lse=lse)
-    for name, t, shape in (("dout", dout, q.shape), ("out", out, q.shape), ("lse", lse, q.shape[:-1]),
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    for name, t, shape in (("dout", dout, out_shape), ("out", out, out_shape), ("lse", lse, q.shape[:-1]),
                            ("dlse", dlse, q.shape[:-1])):
-        if t is not None and t.shape != shape:
+        if t is not None and tuple(t.shape) != tuple(shape):
             raise ValueError(f"diyflash::attention_bwd: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
     if dout.dtype != q.dtype or out.dtype != q.dtype:
         raise TypeError(f"diyflash::attention_bwd: dout and out must have q's dtype {q.dtype}, "
@@ -129,36 +148,53 @@ def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens) -> None:
                             f"{_lse_dtype(q.dtype)} for {q.dtype} inputs, got {t.dtype}")
 
 
-def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
+def _no_sinks_grad(q: torch.Tensor) -> torch.Tensor:
+    # attention_bwd's dsinks without sinks: empty (a custom op returns a tensor, never None)
+    return q.new_empty((0,), dtype=_lse_dtype(q.dtype))
+
+
+def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
+                        softcap=0.0, alibi_slopes=None, sinks=None):
     """What attention_bwd computes on a real device: its CUDA/CPU kernel, and the autograd formula's
     eager shortcut."""
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
+    var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
-            return _kernels().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens)
-    return attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens)
+            dq, dk, dv = _kernels().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, **var)
+    else:
+        dq, dk, dv = attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, **var)
+    dsinks = _no_sinks_grad(q) if sinks is None else sinks_grad(sinks, out, dout, lse, dlse)
+    return dq, dk, dv, dsinks
 
 
 @custom_op(_BWD.qualname, mutates_args=(), schema=_BWD.signature)
-def attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
-    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens)
-    return _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens)
+def attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
+                  softcap=0.0, alibi_slopes=None, sinks=None):
+    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
+    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
+    return _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left, window_right,
+                               softcap, alibi_slopes, sinks)
 
 
 @attention_bwd.register_fake
-def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens):
-    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
+                        softcap=0.0, alibi_slopes=None, sinks=None):
+    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
+    dsinks = _no_sinks_grad(q) if sinks is None else torch.empty_like(sinks)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, seq_lens = inputs
+    q, k, v, causal, scale, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks = inputs
     out, lse = output
     # every gradient needs all of q, k, v, out and lse (p = exp(s - lse) and ds = p * (dp - delta))
-    ctx.save_for_backward(q, k, v, out, lse, seq_lens)
+    ctx.save_for_backward(q, k, v, out, lse, seq_lens, alibi_slopes, sinks)
     ctx.causal = causal
     ctx.scale = scale
+    ctx.window = (window_left, window_right)
+    ctx.softcap = softcap
     # An output the loss does not use arrives as None instead of a zero tensor. The usual case is an
     # unused lse: its zeros cost an allocation, a fill and a read per backward call.
     ctx.set_materialize_grads(False)
@@ -166,26 +202,27 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     if dout is None and dlse is None:
-        return None, None, None, None, None, None
-    q, k, v, out, lse, seq_lens = ctx.saved_tensors
+        return None, None, None, None, None, None, None, None, None, None, None
+    q, k, v, out, lse, seq_lens, alibi_slopes, sinks = ctx.saved_tensors
     if dout is None:  # only lse feeds the loss: a stride-0 zero dout, read in place by the kernels
         dout = out.new_zeros(()).expand_as(out)
-    args = (dout, dlse, q, k, v, out, lse, ctx.causal, ctx.scale, seq_lens)
+    args = (dout, dlse, q, k, v, out, lse, ctx.causal, ctx.scale, seq_lens, *ctx.window, ctx.softcap,
+            alibi_slopes, sinks)
     # Eager backward with nothing to observe the op (ops/eager.py; autograd's own checks already gave
     # dout and dlse their outputs' shapes): the implementation itself, ~25-35 us less host time per
     # call. Compiled autograd, export, modes, the profiler and double backward see the op.
-    if dispatcher_free(dout, dlse, q, k, v, out, lse, seq_lens):
-        dq, dk, dv = _attention_bwd_impl(*args)
+    if dispatcher_free(dout, dlse, q, k, v, out, lse, seq_lens, alibi_slopes, sinks):
+        dq, dk, dv, dsinks = _attention_bwd_impl(*args)
     else:
-        dq, dk, dv = torch.ops.diyflash.attention_bwd(*args)
-    return dq, dk, dv, None, None, None
+        dq, dk, dv, dsinks = torch.ops.diyflash.attention_bwd(*args)
+    return dq, dk, dv, None, None, None, None, None, None, None, (dsinks if sinks is not None else None)
 
 
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 guard_autograd(attention_fwd)
 guard_autograd(attention_bwd)  # no backward of its own: a tangent would vanish there too
 register_autocast(attention_fwd, cast=("q", "k", "v"))
-register_autocast(attention_bwd, cast=("dout", "q", "k", "v", "out"))  # lse and dlse stay fp32
+register_autocast(attention_bwd, cast=("dout", "q", "k", "v", "out"))  # lse, dlse, slopes and sinks stay fp32
 
 
 class _EagerAttention(torch.autograd.Function):
@@ -194,17 +231,17 @@ class _EagerAttention(torch.autograd.Function):
     saved tensors, the same kernels and bit-identical results; a double backward meets the same
     refusal), minus the custom op's dispatch and its generated autograd wrapper, which cost ~55 us of
     host time per forward on the H200 machine (bench/overhead.py). Only call_attention uses it, and only
-    where dispatcher_free(..., autograd=True) holds."""
+    where dispatcher_free(..., autograd=True) holds. Returns (out, lse); lse is differentiable too."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, seq_lens):
-        out, lse = _attention_fwd_impl(q, k, v, causal, scale, seq_lens)
-        _setup_context(ctx, (q, k, v, causal, scale, seq_lens), (out, lse))
-        return out
+    def forward(ctx, q, k, v, causal, scale, seq_lens, *variants):
+        out, lse = _attention_fwd_impl(q, k, v, causal, scale, seq_lens, *variants)
+        _setup_context(ctx, (q, k, v, causal, scale, seq_lens, *variants), (out, lse))
+        return out, lse
 
     @staticmethod
-    def backward(ctx, dout):
-        return _backward(ctx, dout, None)
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)
 
 
 # The op users call. Kept alive for the life of the process: dropping a Library deregisters its ops.
@@ -212,23 +249,38 @@ _lib = Library(NAMESPACE, "FRAGMENT")
 _lib.define(_ATTN.schema)
 
 
-def _attention_composite(q, k, v, causal=False, scale=None, seq_lens=None):
-    refuse_forward_ad("attention", q, k, v)
-    return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens)[0]
+def _attention_composite(q, k, v, causal=False, scale=None, seq_lens=None, window_left=-1, window_right=-1,
+                         softcap=0.0, alibi_slopes=None, sinks=None):
+    refuse_forward_ad("attention", q, k, v, sinks)
+    return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
+                                            alibi_slopes, sinks)[0]
 
 
 _lib.impl(_ATTN.name, _attention_composite, "CompositeImplicitAutograd")
 
 
-def call_attention(q, k, v, causal=False, scale=None, seq_lens=None):
-    """diyflash::attention for the Python API, by the shortest path nothing can tell apart from the op
-    (ops/eager.py): the forward implementation itself when no tracer, mode, subclass or autograd could
-    see it; with autograd, _EagerAttention (the autograd formula of attention_fwd, the op
-    diyflash::attention lowers to, in a plain autograd.Function); else diyflash::attention through the
-    dispatcher."""
-    refuse_forward_ad("attention", q, k, v)
-    if dispatcher_free(q, k, v, seq_lens):
-        return _attention_fwd_impl(q, k, v, causal, scale, seq_lens)[0]
-    if dispatcher_free(q, k, v, seq_lens, autograd=True):
-        return _EagerAttention.apply(q, k, v, causal, scale, seq_lens)
-    return torch.ops.diyflash.attention(q, k, v, causal=causal, scale=scale, seq_lens=seq_lens)
+def call_attention(q, k, v, causal=False, scale=None, seq_lens=None, window_left=-1, window_right=-1, softcap=0.0,
+                   alibi_slopes=None, sinks=None, return_lse=False):
+    """diyflash::attention (or, with return_lse, diyflash::attention_fwd) for the Python API, by the
+    shortest path nothing can tell apart from the op (ops/eager.py): the forward implementation itself
+    when no tracer, mode, subclass or autograd could see it; with autograd, _EagerAttention (the autograd
+    formula of attention_fwd, the op diyflash::attention lowers to, in a plain autograd.Function); else
+    the op through the dispatcher."""
+    refuse_forward_ad("attention", q, k, v, sinks)
+    variants = (window_left, window_right, softcap, alibi_slopes, sinks)
+    tensors = (q, k, v, seq_lens, alibi_slopes, sinks)
+    if dispatcher_free(*tensors):
+        alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
+        out, lse = _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
+                                       alibi_slopes, sinks)
+    elif dispatcher_free(*tensors, autograd=True):
+        alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
+        out, lse = _EagerAttention.apply(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
+                                         alibi_slopes, sinks)
+    elif return_lse:
+        return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens, *variants)
+    else:
+        return torch.ops.diyflash.attention(q, k, v, causal=causal, scale=scale, seq_lens=seq_lens,
+                                            window_left=window_left, window_right=window_right, softcap=softcap,
+                                            alibi_slopes=alibi_slopes, sinks=sinks)
+    return (out, lse) if return_lse else out
