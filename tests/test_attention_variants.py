@@ -115,6 +115,13 @@ def test_window(device, window, causal, n_q, n_k):
     check(q, k, v, causal, window=window)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_window_d128(device, dtype):
+    """D128 causal windows take their own forward tiles on the GPU (attention_configs.WINDOW_FWD)."""
+    q, k, v = make(1, 2, 1, 300 if ON_GPU else 113, 300 if ON_GPU else 113, 128, dtype=dtype, device=device)
+    check(q, k, v, True, window=(70, -1))
+
+
 def test_window_skips_blocks_outside_the_band(device, monkeypatch):
     """A key far outside every query's band is never read: poisoning it (NaN) changes nothing."""
     q, k, v = make(1, 2, 2, 256, 256, 16, device=device)

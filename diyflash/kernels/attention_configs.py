@@ -297,6 +297,21 @@ def _dv_config(dkdv: AttnConfig, head_dim_pad: int, dtype: torch.dtype, device: 
     return _config("dv", head_dim_pad, dtype, device, causal, False, seq_len)
 
 
+# Forward tiles for a sliding window, where they differ from the causal ones. A band keeps every query
+# block on about the same number of key blocks, so the causal table's choice (short tiles for short
+# diagonal blocks) does not carry over: bench/probes/window_probe.py, H100, B1 H16 N16384 D128 fp16, window
+# 4096 (results/window_probe_h100.txt): the causal tiles (128x64 w4 s2 tma lazy) 389 TFLOPS of visible
+# work, 128x128 w8 s3 tma lazy 455. Only D128 was measured; other head_dims keep the causal tiles.
+WINDOW_FWD = {128: AttnConfig(128, 128, 8, 3, tma=True, lazy=True)}
+
+
+def window_fwd_config(head_dim_pad: int, dtype: torch.dtype, device: torch.device, interpret: bool,
+                      seq_len: int | None = None) -> AttnConfig:
+    if interpret or dtype == torch.float32 or head_dim_pad not in WINDOW_FWD:
+        return fwd_config(head_dim_pad, dtype, device, True, interpret, seq_len)
+    return _fit(WINDOW_FWD[head_dim_pad], head_dim_pad, dtype.itemsize, device_limits(device).smem, SMEM_BYTES["fwd"])
+
+
 # Cached: the launchers ask on every call they have no plan for, and the device query costs microseconds.
 # Bounded: one entry per sequence length seen.
 @functools.lru_cache(maxsize=4096)

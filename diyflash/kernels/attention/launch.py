@@ -9,7 +9,8 @@ import torch
 
 from .._runtime import device_limits, require_triton
 from ..attention_torch import band, empty_out
-from ..attention_configs import MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad
+from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad,
+                                 window_fwd_config)
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
@@ -340,7 +341,12 @@ def attention_fwd(
     z, h, n_q, d = q4.shape
     n_k, dv = k4.shape[2], v4.shape[3]
     d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv)
-    cfg = config or fwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    if config is not None:
+        cfg = config
+    elif var.window and causal:
+        cfg = window_fwd_config(max(d_pad, dv_pad), q.dtype, q.device, INTERPRETED, max(n_q, n_k))
+    else:
+        cfg = fwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     tma = cfg.tma and tma_ok(q4, k4, v4)
     # descriptors built on the host where one per tensor serves every program: not with seq_lens, whose
     # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
