@@ -93,7 +93,7 @@ def sink_logits(h, device="cpu"):
     return torch.randn(h, generator=gen).to(device)
 
 
-@pytest.mark.parametrize("h,h_kv", [(8, 2), (4, 1), (3, 3)])
+@pytest.mark.parametrize("h,h_kv", [(8, 2), (4, 1), (8, 1), (3, 3)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n_q,n_k", [(17, 17), (113, 47), (33, 113)])
 def test_gqa(device, h, h_kv, causal, n_q, n_k):
@@ -191,6 +191,20 @@ def test_lse_is_a_loss(device):
     lse.exp().sum().backward()
     assert q.grad.abs().sum() > 0 and k.grad.abs().sum() > 0
     assert torch.equal(v.grad, torch.zeros_like(v))
+
+
+@pytest.mark.parametrize("n_q,n_k", [(0, 9), (9, 0), (0, 0)])
+def test_empty_lengths_with_variants(device, n_q, n_k):
+    """Length 0 on either side: no NaN; with no key at all every row outputs 0 and its lse is the sink."""
+    q, k, v = (t.requires_grad_() for t in make(1, 4, 2, n_q, n_k, 16, 8, device=device))
+    sinks = sink_logits(4, device).requires_grad_()
+    out, lse = diyflash.flash_attention(q, k, v, True, window_size=(3, -1), sinks=sinks, return_lse=True)
+    assert out.shape == (1, 4, n_q, 8) and lse.shape == (1, 4, n_q)
+    assert torch.equal(out, torch.zeros_like(out))
+    torch.testing.assert_close(lse, sinks.detach().view(1, 4, 1).expand_as(lse))  # via log2: within an ulp
+    (out.float().sum() + lse.sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v, sinks))
+    torch.testing.assert_close(sinks.grad, torch.full_like(sinks, float(n_q)))  # d lse / d sink = 1 per row
 
 
 def test_lse_of_rows_that_see_nothing(device):
