@@ -233,6 +233,8 @@ def _attn_bwd_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_V_PAD], dtype=tl.float32)
+    # two call sites on purpose: without GQA the kernel has no head loop at all, so a dense backward
+    # compiles to the straight-line kernel it was before the variants (the dense cells did not move)
     if GQA:
         for g in range(0, kv_group):
             off_h = off_hk * kv_group + g
