@@ -1,6 +1,7 @@
 """python -m diyflash: detect the GPU, validate the kernels against a float64 oracle, benchmark them.
 
-Validation checks attention (forward and backward) and matmul (C, dA, dB) with flash-attn's rule:
+Validation checks attention (forward and backward; dense cells, then one cell per dtype with every
+variant at once: GQA, D_v != D, window, softcap, ALiBi, sinks) and matmul (C, dA, dB) with flash-attn's rule:
 the kernel's error is at most 2x plain PyTorch's error in the same dtype plus a rounding band.
 On a GPU a short benchmark follows (diyflash vs SDPA flash/cuDNN and vs cuBLAS, in the same run).
 On a CPU-only machine it says so and runs the very same Triton kernels through Triton's interpreter on
@@ -105,7 +106,37 @@ def validate_attention_part(device, dtypes, head_dims, causals, n) -> bool:
             good = all(r.ok for r in reports)
             ok &= good
             print(f"{_cells(reports)}  {'ok' if good else 'FAIL'}", flush=True)
+    for dtype in dtypes:
+        ok &= validate_variants_cell(device, dtype, head_dims[0], n, gen)
     return ok
+
+
+def validate_variants_cell(device, dtype, d, n, gen) -> bool:
+    """One cell with every variant at once (issue 24): GQA 4/2, D_v = D/2 (at least 8), a causal window
+    of n/4 keys, softcap 20, per-head ALiBi slopes and sinks, N_k = N_q + 5; out, dq, dk, dv and dsinks."""
+    from diyflash.reference import attention_ref
+    from diyflash.utils.validation import compare_with_oracle
+
+    dv = max(8, d // 2 // 8 * 8)
+    q = torch.randn(1, 4, n, d, generator=gen).to(device, dtype)
+    k = torch.randn(1, 2, n + 5, d, generator=gen).to(device, dtype)
+    v = torch.randn(1, 2, n + 5, dv, generator=gen).to(device, dtype)
+    sinks = torch.randn(4, generator=gen).to(device)
+    kw = dict(window_size=(max(1, n // 4), -1), softcap=20.0,
+              alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625], device=device))
+
+    def ours(q, k, v, s):
+        return torch.ops.diyflash.attention(q, k, v, True, None, None, kw["window_size"][0], -1, kw["softcap"],
+                                            kw["alibi_slopes"], s)
+
+    def ref(q, k, v, s, upcast):
+        return attention_ref(q, k, v, True, upcast=upcast, sinks=s, **kw)[0]
+
+    _begin(f"variants  {str(dtype)[6:]:<8} d={d}/{dv} GQA 4/2 window softcap alibi sinks {n}x{n + 5}:  ")
+    _, _, reports = compare_with_oracle(ours, ref, (q, k, v, sinks), "out", ("dq", "dk", "dv", "dsinks"))
+    good = all(r.ok for r in reports)
+    print(f"{_cells(reports)}  {'ok' if good else 'FAIL'}", flush=True)
+    return good
 
 
 def _matmul_shapes(size: int) -> list[tuple[int, int, int]]:
