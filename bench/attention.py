@@ -62,6 +62,11 @@ def _providers():
     # falls back to its unfused eager path (the full score matrix): raise the limit, and refuse to time
     # flex if the fallback still happens (its warning becomes an error here).
     torch._dynamo.config.recompile_limit = 256
+    # the backward is timed by autograd.grad on a retained graph; compiled flex donates its saved buffers to
+    # its backward unless told not to, and then refuses retain_graph (its bwd cells came out empty)
+    import torch._functorch.config
+
+    torch._functorch.config.donated_buffer = False
     flex = torch.compile(flex_attention)
     masks = {}
 

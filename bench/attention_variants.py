@@ -73,6 +73,8 @@ def _flex():
     torch._dynamo.config.recompile_limit = 256
     # the backward is timed by autograd.grad on a retained graph; compiled flex donates its saved buffers
     # to the backward unless told not to, and then refuses retain_graph
+    import torch._functorch.config
+
     torch._functorch.config.donated_buffer = False
     compiled = torch.compile(flex_attention)
     masks = {}
