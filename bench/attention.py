@@ -64,9 +64,9 @@ def _providers():
     torch._dynamo.config.recompile_limit = 256
     # the backward is timed by autograd.grad on a retained graph; compiled flex donates its saved buffers to
     # its backward unless told not to, and then refuses retain_graph (its bwd cells came out empty)
-    import torch._functorch.config
+    from torch._functorch import config as functorch_config
 
-    torch._functorch.config.donated_buffer = False
+    functorch_config.donated_buffer = False
     flex = torch.compile(flex_attention)
     masks = {}
 

@@ -73,9 +73,9 @@ def _flex():
     torch._dynamo.config.recompile_limit = 256
     # the backward is timed by autograd.grad on a retained graph; compiled flex donates its saved buffers
     # to the backward unless told not to, and then refuses retain_graph
-    import torch._functorch.config
+    from torch._functorch import config as functorch_config
 
-    torch._functorch.config.donated_buffer = False
+    functorch_config.donated_buffer = False
     compiled = torch.compile(flex_attention)
     masks = {}
 
