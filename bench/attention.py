@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.common import DTYPES, attention_flops, interleaved_times, provenance, quantiles
+from bench.common import DTYPES, attention_flops, compiled_flex, interleaved_times, provenance, quantiles
 from bench.plots import add_output_args, plot_attention, replay_or_require_gpu, write_jsonl
 
 SHORT_N = [128, 256, 384, 512]
@@ -54,20 +53,11 @@ def _providers():
     tutorial = tutorial_provider()  # the seed's Triton tutorial, where its seed file is present
     if tutorial is not None:
         providers["tutorial"] = tutorial
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError:
+    flex = compiled_flex()
+    if flex is None:
         return providers
-    # A sweep compiles flex once per (shape, dtype, mask). Past dynamo's recompile limit (8) flex silently
-    # falls back to its unfused eager path (the full score matrix): raise the limit, and refuse to time
-    # flex if the fallback still happens (its warning becomes an error here).
-    torch._dynamo.config.recompile_limit = 256
-    # the backward is timed by autograd.grad on a retained graph; compiled flex donates its saved buffers to
-    # its backward unless told not to, and then refuses retain_graph (its bwd cells came out empty)
-    from torch._functorch import config as functorch_config
+    from torch.nn.attention.flex_attention import create_block_mask
 
-    functorch_config.donated_buffer = False
-    flex = torch.compile(flex_attention)
     masks = {}
 
     def run_flex(q, k, v, causal):
@@ -77,9 +67,7 @@ def _providers():
             if n not in masks:
                 masks[n] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device=q.device)
             mask = masks[n]
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message="flex_attention called without torch.compile")
-            return flex(q, k, v, block_mask=mask)
+        return flex(q, k, v, block_mask=mask)
 
     providers["flex"] = run_flex
     return providers

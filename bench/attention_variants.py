@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.common import DTYPES, interleaved_times, provenance, quantiles
+from bench.common import DTYPES, compiled_flex, interleaved_times, provenance, quantiles
 from bench.plots import write_jsonl
 
 ROUNDS, ROUND_MS = 5, 50
@@ -66,17 +65,11 @@ CELLS = {
 
 
 def _flex():
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError:
+    compiled = compiled_flex()
+    if compiled is None:
         return None
-    torch._dynamo.config.recompile_limit = 256
-    # the backward is timed by autograd.grad on a retained graph; compiled flex donates its saved buffers
-    # to the backward unless told not to, and then refuses retain_graph
-    from torch._functorch import config as functorch_config
+    from torch.nn.attention.flex_attention import create_block_mask
 
-    functorch_config.donated_buffer = False
-    compiled = torch.compile(flex_attention)
     masks = {}
 
     def run(q, k, v, cell, sinks):
@@ -93,13 +86,11 @@ def _flex():
             def score_mod(score, b, h, qi, ki):
                 return cap * torch.tanh(score / cap)
         gqa = q.shape[1] != k.shape[1]
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message="flex_attention called without torch.compile")
-            if sinks is None:
-                return compiled(q, k, v, score_mod=score_mod, block_mask=masks[key], enable_gqa=gqa)
-            out, lse = compiled(q, k, v, score_mod=score_mod, block_mask=masks[key], enable_gqa=gqa, return_lse=True)
-            # fold the sink in: out * exp(lse) / (exp(lse) + exp(sink)) = out * sigmoid(lse - sink)
-            return out * torch.sigmoid(lse - sinks.view(1, -1, 1)).unsqueeze(-1).to(out.dtype)
+        if sinks is None:
+            return compiled(q, k, v, score_mod=score_mod, block_mask=masks[key], enable_gqa=gqa)
+        out, lse = compiled(q, k, v, score_mod=score_mod, block_mask=masks[key], enable_gqa=gqa, return_lse=True)
+        # fold the sink in: out * exp(lse) / (exp(lse) + exp(sink)) = out * sigmoid(lse - sink)
+        return out * torch.sigmoid(lse - sinks.view(1, -1, 1)).unsqueeze(-1).to(out.dtype)
 
     return run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import warnings
 
 import torch
 
@@ -15,6 +16,31 @@ def attention_flops(b, h, n_q, n_k, d, causal, mode) -> float:
     bwd = 2.5 x fwd (2.0 for the backward's four matmuls + 0.5 for recomputing q k^T)."""
     fwd = 4.0 * b * h * n_q * n_k * d * (0.5 if causal else 1.0)
     return fwd * (2.5 if mode == "bwd" else 1.0)
+
+
+def compiled_flex():
+    """FlexAttention compiled for timing, or None where this torch has none. Returns a callable taking
+    flex_attention's arguments. A sweep compiles flex once per (shape, dtype, mask, score_mod). Past
+    dynamo's recompile limit (8) flex silently falls back to its unfused eager path (the full score
+    matrix): the limit is raised, and a fallback that still happens raises instead of being timed (its
+    warning becomes an error). The backward is timed by autograd.grad on a retained graph, which compiled
+    flex refuses while it donates its saved buffers to the backward: donation is turned off."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        return None
+    from torch._functorch import config as functorch_config
+
+    torch._dynamo.config.recompile_limit = 256
+    functorch_config.donated_buffer = False
+    compiled = torch.compile(flex_attention)
+
+    def run(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="flex_attention called without torch.compile")
+            return compiled(*args, **kwargs)
+
+    return run
 
 
 def provenance() -> dict:
