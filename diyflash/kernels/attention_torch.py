@@ -86,7 +86,7 @@ def _scores(qk, rows, cols, causal_offset: int, scale: float, softcap: float, sl
     return s, t
 
 
-def _per_head(t: torch.Tensor | None, z: int, h_kv: int, groups: int, acc_t) -> torch.Tensor | None:
+def _per_head(t: torch.Tensor | None, h_kv: int, groups: int, acc_t) -> torch.Tensor | None:
     """ALiBi slopes (H,) or (Z, H) -> (Z or 1, Hkv, G, 1, 1) in the accumulation dtype."""
     if t is None:
         return None
@@ -120,7 +120,7 @@ def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n
     causal, bounded, left, right = band(causal, window, n_q, n_k)
     q_len, kv_len = _limits(seq_lens, z, n_q, n_k, q.device)
     rows = torch.arange(n_q, device=q.device).view(1, 1, 1, n_q, 1)
-    slopes = _per_head(alibi_slopes, z, h_kv, g, acc_t)
+    slopes = _per_head(alibi_slopes, h_kv, g, acc_t)
 
     stats = (z, h_kv, g, n_q)
     if sinks is None:
@@ -168,7 +168,7 @@ def attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal: bool, scale: fl
     lse5 = torch.where(lse5 == float("-inf"), float("inf"), lse5)  # rows that saw no key: p = 0
     q_len, kv_len = _limits(seq_lens, z, n_q, n_k, q.device)
     rows = torch.arange(n_q, device=q.device).view(1, 1, 1, n_q, 1)
-    slopes = _per_head(alibi_slopes, z, h_kv, g, acc_t)
+    slopes = _per_head(alibi_slopes, h_kv, g, acc_t)
 
     dq5 = torch.zeros(q5.shape, dtype=acc_t, device=q.device)
     dk5 = torch.zeros(k5.shape, dtype=acc_t, device=q.device)

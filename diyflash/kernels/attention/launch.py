@@ -64,14 +64,15 @@ def _layout(t: torch.Tensor | None):
     return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
 
 
-def _plan_key(kind: str, inputs: tuple, causal: bool, scale: float, overrides: tuple = (None, None)) -> tuple | None:
+def _plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
+              overrides: tuple = (None, None)) -> tuple | None:
     """The key of a call's plan, or None where there is no plan: under the interpreter (no compiled
     kernels) and for batches that need more than one grid (MAX_GRID_Z). `overrides`: the call's
     explicit (config, group), so that a benchmark of given tiles replays a plan as users' calls do and
     times the kernels, not the host path that picks tiles."""
     if INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
         return None
-    return (kind, causal, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs),
+    return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs),
             *overrides)
 
 
@@ -270,18 +271,17 @@ class Variant(NamedTuple):
     window: bool
     left: int
     right: int
-    softcap: bool
     cap2: float
     kv_group: int
 
     @property
-    def key(self) -> tuple:
-        return (self.causal, self.window, self.left, self.right, self.cap2, self.kv_group)
+    def softcap(self) -> bool:
+        return self.cap2 > 0
 
 
 def variant(causal: bool, window: tuple[int, int], softcap: float, n_q: int, n_k: int, h: int, h_kv: int) -> Variant:
     causal, bounded, left, right = band(causal, window, n_q, n_k)
-    return Variant(causal, bounded, left, right, softcap > 0, softcap * LOG2E, h // h_kv)
+    return Variant(causal, bounded, left, right, softcap * LOG2E, h // h_kv)
 
 
 def _variant_meta(var: Variant, alibi: torch.Tensor | None) -> dict:
@@ -330,7 +330,7 @@ def attention_fwd(
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens, "alibi": alibi_slopes,
            "sinks": sinks}
-    key = _plan_key("fwd", (q, k, v, seq_lens, alibi_slopes, sinks), var.key, scale, (config, group))
+    key = _plan_key("fwd", (q, k, v, seq_lens, alibi_slopes, sinks), var, scale, (config, group))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(out, lse):
         _replay(plan, env)
@@ -409,7 +409,7 @@ def attention_bwd(
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "alibi": alibi_slopes}
-    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, alibi_slopes), var.key, scale, (config, group))
+    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, alibi_slopes), var, scale, (config, group))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(dq, dk, dv, delta, lse2):
         _replay(plan, env)
