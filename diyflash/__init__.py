@@ -6,7 +6,7 @@ torch.compile(fullgraph=True) and torch.export.
 """
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
-from .api import flash_attention, triton_matmul
+from .api import flash_attention, flash_attention_varlen, flash_attention_with_kvcache, triton_matmul
 from .precompile import precompile
 from .reference import reference_attention
 from .selector import (
@@ -23,6 +23,8 @@ from ._version import __version__
 
 __all__ = [
     "flash_attention",
+    "flash_attention_varlen",
+    "flash_attention_with_kvcache",
     "triton_matmul",
     "reference_attention",
     "precompile",

@@ -9,10 +9,13 @@ import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
 from .ops.attention import call_attention
+from .ops.attention_kvcache import call_attention_with_kvcache
+from .ops.attention_varlen import call_attention_varlen
 from .ops.matmul import call_matmul
 from .kernels import interpreter_active
 from .kernels.matmul_configs import manual_config
-from .ops.checks import attention_shape_error, variant_error
+from .ops.checks import (attention_shape_error, cu_seqlens_error, kvcache_error, kvcache_values_error, variant_error,
+                         varlen_error)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -160,26 +163,187 @@ def flash_attention(
     shape_problem = attention_shape_error(q, k, v)
     if shape_problem:
         raise ValueError(shape_problem)
-    if sm_scale is not None:
-        if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
-            raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
-        if not math.isfinite(sm_scale):
-            raise ValueError(f"sm_scale must be finite, got {sm_scale}")
-        sm_scale = float(sm_scale)
+    sm_scale = _check_scale(sm_scale)
     if seq_lens is not None:
         _check_seq_lens(seq_lens, q.shape[0], k.shape[-2], q.device)
+    left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks)
+    out = call_attention(q, k, v, _check_bool("causal", causal), sm_scale, seq_lens, left, right, softcap,
+                         alibi_slopes, sinks, _check_bool("return_lse", return_lse))
+    return tuple(out) if return_lse else out
+
+
+def _check_scale(sm_scale) -> float | None:
+    if sm_scale is None:
+        return None
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+        raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__}")
+    if not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    return float(sm_scale)
+
+
+def _check_variant_args(q, window_size, softcap, alibi_slopes, sinks, packed_batch=None):
+    """(left, right, softcap) after the variant rule (ops/checks.variant_error)."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"window_size must be a (left, right) pair, got {window_size!r}")
     left, right = window_size
     if isinstance(softcap, numbers.Real) and not isinstance(softcap, bool):
         softcap = float(softcap)
-    problem = variant_error(q, left, right, softcap, alibi_slopes, sinks)
+    problem = variant_error(q, left, right, softcap, alibi_slopes, sinks, packed_batch)
     if problem:
         kind, message = problem
         raise kind(message)
-    out = call_attention(q, k, v, _check_bool("causal", causal), sm_scale, seq_lens, left, right, softcap,
-                         alibi_slopes, sinks, _check_bool("return_lse", return_lse))
+    return left, right, softcap
+
+
+def _values_checkable(t: torch.Tensor) -> bool:
+    # data-dependent checks sync the device: not while compiling, exporting or capturing a CUDA graph
+    return not (_tracing() or (t.is_cuda and torch.cuda.is_current_stream_capturing()))
+
+
+def flash_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention over packed sequences (flash-attn's flash_attn_varlen_func), differentiable in q, k, v
+    (and sinks), with deterministic gradients.
+
+    Args:
+        q: (total_q, heads, head_dim); k: (total_k, kv_heads, head_dim); v: (total_k, kv_heads,
+            head_dim_v): the sequences concatenated token-major, any strides. dtypes, devices, head_dims
+            and GQA as flash_attention.
+        cu_seqlens_q, cu_seqlens_k: int32 (B + 1,) on the inputs' device, 1 <= B <= 65535: sequence b is
+            q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]] against k and v[cu_seqlens_k[b]:cu_seqlens_k[b + 1]].
+            Sequences of length 0 are allowed (a query row that sees no key outputs 0).
+        max_seqlen_q, max_seqlen_k: the longest sequences (Python ints; SymInts under torch.compile). They
+            size the launch grid, and nothing is synchronised to learn them.
+        causal, sm_scale, window_size, softcap, alibi_slopes, sinks: as flash_attention, applied per
+            sequence, aligned bottom-right to the sequence's own lengths. alibi_slopes may be (heads,) or
+            (B, heads).
+        return_lse: also return lse (heads, total_q) fp32, flash-attn's varlen layout.
+
+    The values of cu_seqlens are checked eagerly (one device sync): cu[0] = 0, non-decreasing, cu[-1] =
+    the token count, no sequence longer than max_seqlen. Not while compiling, exporting or capturing a
+    CUDA graph; there the kernels clamp every offset into the tensors (nothing is read or written out of
+    bounds), but rows of a sequence longer than max_seqlen_q, or tokens past cu[-1], are not written.
+
+    Returns:
+        (total_q, heads, head_dim_v) in q's dtype; with return_lse, (out, lse).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not _usual(q, k, v):
+        _check_dtypes(q=q, k=k, v=v)
+        _check_devices(q=q, k=k, v=v)
+    problem = varlen_error(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if problem:
+        kind, message = problem
+        raise kind(message)
+    sm_scale = _check_scale(sm_scale)
+    left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks, cu_seqlens_q.shape[0] - 1)
+    if _values_checkable(q):
+        for cu, name, total, longest in ((cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q),
+                                         (cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k)):
+            error = cu_seqlens_error(cu, name, total, longest)
+            if error:
+                raise ValueError(error)
+    out = call_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                _check_bool("causal", causal), sm_scale, left, right, softcap, alibi_slopes, sinks,
+                                _check_bool("return_lse", return_lse))
     return tuple(out) if return_lse else out
+
+
+def flash_attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    *,
+    block_table: torch.Tensor | None = None,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    return_lse: bool = False,
+    num_splits: int = 0,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Inference attention against a KV cache (flash-attn's flash_attn_with_kvcache): decoding (N_q = 1),
+    speculative decoding and chunked prefill (N_q up to a few hundred). Not differentiable: no backward.
+
+    Args:
+        q: (batch, heads, N_q, head_dim), any strides.
+        k_cache, v_cache: (batch, kv_heads, N_cache, head_dim[_v]) with any strides (a (B, N_cache, H_kv,
+            D) buffer viewed with .transpose(1, 2) is read in place), or paged: (num_pages, kv_heads,
+            page_size, head_dim[_v]) with block_table; page_size a multiple of 16. Written in place
+            when k and v are given. q's dtype.
+        cache_seqlens: int32 (batch,): the keys already in the cache. Not modified: the caller advances it.
+        k, v: optional (batch, kv_heads, N_new, head_dim[_v]) new keys and values, written into the cache
+            at positions cache_seqlens[b] .. + N_new before attending, in the same call.
+        block_table: int32 (batch, max_pages): page p of batch b's cache is k_cache[block_table[b, p]].
+        causal, sm_scale, window_size, softcap, alibi_slopes, sinks: as flash_attention; batch b attends to
+            its first cache_seqlens[b] + N_new keys, causal and windows aligned bottom-right to that length.
+        return_lse: also return lse (batch, heads, N_q) fp32.
+        num_splits: how many programs share one (batch, kv head)'s keys (split-KV); 0 chooses from the
+            shapes and the GPU's SM count. Results are deterministic for a given split count.
+
+    The values are checked eagerly (one device sync): cache_seqlens >= 0, cache_seqlens + N_new within the
+    capacity (N_cache, or max_pages * page_size), every block_table entry in use a page of the cache. Not
+    while compiling, exporting or capturing a CUDA graph: there the kernels clamp (positions past the
+    capacity are neither written nor read, page entries are clamped into the cache).
+
+    Returns:
+        (batch, heads, N_q, head_dim_v) in q's dtype and layout; with return_lse, (out, lse).
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    new = {} if k is None else dict(k=k)
+    new.update({} if v is None else dict(v=v))
+    if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
+        # the op's autocast casts q, k and v (never the caches it writes); cast here so the checks see that
+        dtype = torch.get_autocast_dtype(q.device.type)
+        q, k, v = (None if t is None else t.to(dtype) for t in (q, k, v))
+        new = {name: t.to(dtype) for name, t in new.items()}
+    if not _usual(q, k_cache, v_cache, *new.values()):
+        _check_dtypes(q=q, k_cache=k_cache, v_cache=v_cache, **new)
+        _check_devices(q=q, k_cache=k_cache, v_cache=v_cache, **new)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__} {num_splits!r}")
+    problem = kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits)
+    if problem:
+        kind, message = problem
+        raise kind(message)
+    sm_scale = _check_scale(sm_scale)
+    left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks)
+    if _values_checkable(q):
+        paged = block_table is not None
+        capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
+        error = kvcache_values_error(cache_seqlens, 0 if k is None else k.shape[2], capacity, block_table,
+                                     k_cache.shape[0])
+        if error:
+            raise ValueError(error)
+    out, lse = call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
+                                           _check_bool("causal", causal), sm_scale, left, right, softcap, alibi_slopes,
+                                           sinks, num_splits)
+    return (out, lse) if _check_bool("return_lse", return_lse) else out
 
 
 def triton_matmul(

@@ -75,7 +75,7 @@ def attention_ref(
     if sinks is not None:  # one more column: the sink's logit, always visible, value 0
         sink_col = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
         scores = torch.cat([scores, sink_col], -1)
-        visible = torch.cat([visible, torch.ones_like(visible[..., :1])], -1)
+        visible = torch.cat([visible, visible.new_ones(*visible.shape[:-1], 1)], -1)  # also with no key
         v = torch.cat([v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1]).expand(*scores.shape[:-2], 1, v.shape[-1])], -2)
     any_visible = visible.any(-1, keepdim=True) & row_valid
     lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)
@@ -96,3 +96,35 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     out, _ = attention_ref(q.to(compute), k.to(compute), v.to(compute), causal=causal, upcast=False)
     return out.to(q.dtype)
+
+
+def attention_varlen_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    upcast: bool = True,
+    *,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed sequences by the definition: attention_ref on each sequence alone, concatenated. q (T_q, H,
+    D), k (T_k, H_kv, D), v (T_k, H_kv, D_v), cu_seqlens (B + 1,); alibi_slopes (H,) or (B, H). Returns
+    out (T_q, H, D_v) and lse (H, T_q). A loop over the sequences on the host: the oracle, not a kernel."""
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for b in range(len(cu_q) - 1):
+        qb = q[cu_q[b]:cu_q[b + 1]].transpose(0, 1).unsqueeze(0)
+        kb = k[cu_k[b]:cu_k[b + 1]].transpose(0, 1).unsqueeze(0)
+        vb = v[cu_k[b]:cu_k[b + 1]].transpose(0, 1).unsqueeze(0)
+        slopes = alibi_slopes if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes[b:b + 1]
+        out, lse = attention_ref(qb, kb, vb, causal, scale, None, upcast, window_size=window_size, softcap=softcap,
+                                 alibi_slopes=slopes, sinks=sinks)
+        outs.append(out[0].transpose(0, 1))
+        lses.append(lse[0])
+    return torch.cat(outs, 0), torch.cat(lses, 1)

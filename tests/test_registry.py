@@ -35,7 +35,11 @@ class TestRegistry(TestCase):
 attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? seq_lens=None, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> Tensor
 attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float? scale, Tensor? seq_lens, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)
 attention_bwd(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale, Tensor? seq_lens, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)
-matmul(Tensor a, Tensor b, int[]? block_sizes=None, bool autotune=True, bool allow_tf32=False) -> Tensor""")
+matmul(Tensor a, Tensor b, int[]? block_sizes=None, bool autotune=True, bool allow_tf32=False) -> Tensor
+attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal=False, float? scale=None, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> Tensor
+attention_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float? scale, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)
+attention_varlen_bwd(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float? scale, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)
+attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? k=None, Tensor? v=None, Tensor? block_table=None, bool causal=False, float? scale=None, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None, int num_splits=0) -> (Tensor out, Tensor lse)""")
 
     def test_every_op_is_documented(self):
         for e in registry().values():

@@ -94,10 +94,12 @@ def check_attention_shapes(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
         raise ValueError(f"diyflash::{op}: {error}")
 
 
-def variant_error(q: torch.Tensor, window_left, window_right, softcap, alibi_slopes, sinks) -> tuple[type, str] | None:
+def variant_error(q: torch.Tensor, window_left, window_right, softcap, alibi_slopes, sinks,
+                  packed_batch: int | None = None) -> tuple[type, str] | None:
     """The one rule for the variant arguments (the ops and the API say it alike): None when they are
     valid, else (exception type, sentence). alibi_slopes: (H,) or (B, H); sinks: (H,); both fp32 (fp64
-    beside fp64 inputs) on q's device, and need 4-D inputs, whose dim 1 says H."""
+    beside fp64 inputs) on q's device, and need 4-D inputs, whose dim 1 says H. packed_batch: q holds
+    packed sequences (T, H, D), this many of them (the B of (B, H) slopes)."""
     for name, side in (("window left", window_left), ("window right", window_right)):
         if isinstance(side, bool) or not isinstance(side, (int, torch.SymInt)):
             return TypeError, f"{name} must be an int, got {type(side).__name__} {side!r}"
@@ -108,8 +110,9 @@ def variant_error(q: torch.Tensor, window_left, window_right, softcap, alibi_slo
     if not softcap >= 0 or softcap == float("inf"):
         return ValueError, f"softcap must be finite and >= 0 (0 = off), got {softcap}"
     allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
-    heads = q.shape[1] if q.dim() == 4 else None
-    for name, t, shapes in (("alibi_slopes", alibi_slopes, ((heads,), (q.shape[0], heads))),
+    heads = q.shape[1] if q.dim() == 4 or packed_batch is not None else None
+    batch = q.shape[0] if packed_batch is None else packed_batch
+    for name, t, shapes in (("alibi_slopes", alibi_slopes, ((heads,), (batch, heads))),
                             ("sinks", sinks, ((heads,),))):
         if t is None:
             continue
@@ -127,8 +130,165 @@ def variant_error(q: torch.Tensor, window_left, window_right, softcap, alibi_slo
     return None
 
 
-def check_variants(op: str, q: torch.Tensor, window_left, window_right, softcap, alibi_slopes, sinks) -> None:
-    error = variant_error(q, window_left, window_right, softcap, alibi_slopes, sinks)
+def check_variants(op: str, q: torch.Tensor, window_left, window_right, softcap, alibi_slopes, sinks,
+                   packed_batch: int | None = None) -> None:
+    error = variant_error(q, window_left, window_right, softcap, alibi_slopes, sinks, packed_batch)
     if error:
         kind, message = error
         raise kind(f"diyflash::{op}: {message}")
+
+
+MAX_PACKED_SEQUENCES = 65535  # the grid's z dimension holds one sequence each
+
+
+def varlen_error(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple[type, str] | None:
+    """The one rule for packed (varlen) shapes: q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, D_v),
+    cu_seqlens_q / _k int32 (B + 1,) with 1 <= B <= 65535 on q's device, max_seqlen_* ints >= 0. The
+    values of cu_seqlens are data: the API checks them eagerly (check_cu_seqlens)."""
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        return ValueError, f"packed sequences need 3-D (total, heads, head_dim) tensors, got {shapes}"
+    if v.shape[:-1] != k.shape[:-1]:
+        return ValueError, f"Incompatible shapes {shapes}: v must have k's tokens and heads"
+    if k.shape[-1] != q.shape[-1]:
+        return ValueError, f"Incompatible shapes {shapes}: q and k must have the same head_dim"
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        return ValueError, (f"Incompatible shapes {shapes}: the number of query heads ({q.shape[1]}) must be a "
+                            f"multiple of the number of kv heads ({k.shape[1]})")
+    for name, d in (("q/k", q.shape[-1]), ("v", v.shape[-1])):
+        error = head_dim_error(d)
+        if error:
+            return ValueError, f"{error} ({name} head_dim)"
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            return TypeError, f"{name} must be a torch.Tensor, got {type(cu).__name__}"
+        if cu.dtype != torch.int32:
+            return TypeError, f"{name} must be int32, got {cu.dtype}"
+        if cu.dim() != 1 or not 2 <= cu.shape[0] <= MAX_PACKED_SEQUENCES + 1:
+            return ValueError, (f"{name} must have shape (B + 1,) with 1 <= B <= {MAX_PACKED_SEQUENCES}, "
+                                f"got {tuple(cu.shape)}")
+        if cu.device != q.device:
+            return ValueError, f"{name} must be on the inputs' device {q.device}, got {cu.device}"
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        return ValueError, (f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} "
+                            "must describe the same number of sequences")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)):
+            return TypeError, f"{name} must be an int, got {type(m).__name__} {m!r}"
+        if m < 0:
+            return ValueError, f"{name} must be >= 0, got {m}"
+    return None
+
+
+def check_varlen(op: str, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+    error = varlen_error(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if error:
+        kind, message = error
+        raise kind(f"diyflash::{op}: {message}")
+
+
+def cu_seqlens_error(cu: torch.Tensor, name: str, total: int, max_seqlen: int) -> str | None:
+    """The values of one cu_seqlens, checked eagerly (one device sync): cu[0] = 0, non-decreasing,
+    cu[-1] = total (every token belongs to a sequence), and no sequence longer than max_seqlen (the grid
+    covers max_seqlen rows: a longer one would leave rows unwritten)."""
+    lens = cu[1:] - cu[:-1]
+    first, last, shortest, longest = torch.stack([cu[0], cu[-1], lens.min(), lens.max()]).tolist()
+    if first != 0:
+        return f"{name}[0] must be 0, got {first}"
+    if shortest < 0:
+        i = int((lens < 0).nonzero()[0, 0])
+        return f"{name} must be non-decreasing, got {name}[{i}] = {int(cu[i])} > {name}[{i + 1}] = {int(cu[i + 1])}"
+    if last != total:
+        return f"{name}[-1] must equal the number of tokens ({total}), got {last}"
+    if longest > max_seqlen:
+        return f"a sequence of {name} has {longest} tokens, more than max_seqlen ({max_seqlen})"
+    return None
+
+
+def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits) -> tuple[type, str] | None:
+    """The one rule for KV-cache shapes: q (B, H, N_q, D); a cache (B, H_kv, N_cache, D) / (B, H_kv,
+    N_cache, D_v), or paged (num_pages, H_kv, page_size, D) with page_size a multiple of 16 and block_table
+    int32 (B, max_pages); cache_seqlens int32 (B,); k and v (B, H_kv, N_new, D / D_v) both or neither;
+    every tensor on q's device, q, caches and new keys of one dtype."""
+    if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
+        return ValueError, (f"q, k_cache and v_cache must be 4-D, got q {tuple(q.shape)}, k_cache "
+                            f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+    b, h, _, d = q.shape
+    caches = f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}"
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        return ValueError, f"Incompatible caches {caches}: v_cache must have k_cache's first three dims"
+    if k_cache.shape[-1] != d:
+        return ValueError, f"Incompatible shapes q {tuple(q.shape)}, {caches}: q and k_cache must have one head_dim"
+    h_kv = k_cache.shape[1]
+    if h_kv == 0 or h % h_kv:
+        return ValueError, (f"Incompatible shapes q {tuple(q.shape)}, {caches}: the number of query heads ({h}) "
+                            f"must be a multiple of the number of kv heads ({h_kv})")
+    for name, dim in (("q/k", d), ("v", v_cache.shape[-1])):
+        error = head_dim_error(dim)
+        if error:
+            return ValueError, f"{error} ({name} head_dim)"
+    if block_table is None:
+        if k_cache.shape[0] != b:
+            return ValueError, f"k_cache must have q's batch {b} in dim 0 (or be paged with a block_table), got {caches}"
+    else:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            return TypeError, f"block_table must be an int32 tensor, got {getattr(block_table, 'dtype', block_table)}"
+        if block_table.dim() != 2 or block_table.shape[0] != b:
+            return ValueError, f"block_table must have shape ({b}, max_pages), got {tuple(block_table.shape)}"
+        if k_cache.shape[2] % 16 or k_cache.shape[2] == 0:
+            return ValueError, f"page_size (k_cache.shape[2]) must be a positive multiple of 16, got {k_cache.shape[2]}"
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        return TypeError, f"cache_seqlens must be an int32 tensor, got {getattr(cache_seqlens, 'dtype', cache_seqlens)}"
+    if tuple(cache_seqlens.shape) != (b,):
+        return ValueError, f"cache_seqlens must have shape ({b},), got {tuple(cache_seqlens.shape)}"
+    if (k is None) != (v is None):
+        return ValueError, "k and v must be given together (the new keys and values), or neither"
+    if k is not None:
+        want_k = (b, h_kv, k.shape[2], d)
+        want_v = (b, h_kv, k.shape[2], v_cache.shape[-1])
+        if k.dim() != 4 or tuple(k.shape) != want_k or tuple(v.shape) != want_v:
+            return ValueError, (f"k and v must have shapes {want_k} and (B, H_kv, N_new, D_v) = {want_v}, got "
+                                f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+    for name, t in tensors.items():
+        if t is not None and t.dtype != q.dtype:
+            return TypeError, f"{name} must have q's dtype {q.dtype}, got {t.dtype}"
+    for name, t in dict(tensors, cache_seqlens=cache_seqlens, block_table=block_table).items():
+        if t is not None and t.device != q.device:
+            return ValueError, f"{name} must be on q's device {q.device}, got {t.device}"
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= 1024:
+        return ValueError, f"num_splits must be an int in [0, 1024] (0 = chosen from the shapes), got {num_splits!r}"
+    return None
+
+
+def check_kvcache(op: str, *args) -> None:
+    error = kvcache_error(*args)
+    if error:
+        kind, message = error
+        raise kind(f"diyflash::{op}: {message}")
+
+
+def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, num_pages: int) -> str | None:
+    """The values, checked eagerly (one device sync): 0 <= cache_seqlens[b] and cache_seqlens[b] + N_new <=
+    the capacity; every block_table entry a page of the first cache_seqlens[b] + N_new keys uses in
+    [0, num_pages)."""
+    if cache_seqlens.numel() == 0:
+        return None
+    ends = cache_seqlens.to(torch.long) + n_new
+    checks = [cache_seqlens.min(), ends.max()]
+    if block_table is not None and block_table.numel():
+        page_size = capacity // block_table.shape[1]
+        used = torch.arange(block_table.shape[1], device=ends.device).view(1, -1) * page_size < ends.view(-1, 1)
+        bad = used & ((block_table < 0) | (block_table >= num_pages))
+        checks.append(bad.any())
+    values = torch.stack([c.to(torch.long) for c in checks]).tolist()
+    if values[0] < 0:
+        i = int((cache_seqlens < 0).nonzero()[0, 0])
+        return f"cache_seqlens must be >= 0, got cache_seqlens[{i}] = {int(cache_seqlens[i])}"
+    if values[1] > capacity:
+        i = int((ends > capacity).nonzero()[0, 0])
+        return (f"cache_seqlens[{i}] + N_new = {int(ends[i])} exceeds the cache's capacity ({capacity} keys)")
+    if len(values) > 2 and values[2]:
+        b, p = (int(x) for x in bad.nonzero()[0])
+        return f"block_table[{b}, {p}] = {int(block_table[b, p])} is not a page of the cache (0..{num_pages - 1})"
+    return None

@@ -17,6 +17,9 @@ semantics.py as @triton.jit helpers that every kernel calls:
 - GQA: q head h reads kv head h // (H / H_kv); the dk/dv kernel sums a kv head's group in a fixed order.
 - sinks: one more logit per head in each row's denominator (the forward's running max and sum start
   from it); the backward needs nothing more than the lse that includes it.
+- packed sequences (varlen, Packed): token-major (T, H, D) tensors viewed as (1, H, T, D); sequence b
+  is rows cu_seqlens_q[b]..[b+1] against keys cu_seqlens_k[b]..[b+1], causal and windows bottom-right
+  to its own lengths (_sequence); the grid's z is the sequence. lse is (H, T_q).
 - seq_lens[z] = L (optional): keys j >= L are ignored and query rows i >= L output 0 (lse = -inf).
   L is clamped to [0, N] inside the kernels, so a bad value can never read out of bounds.
 - a row that sees no key outputs 0 and has lse = -inf; no NaN from finite inputs.
@@ -27,16 +30,19 @@ Package layout (each file one part of the structure; the kernels know nothing of
 - tiles.py: how tiles are read (pointer loads, TMA descriptors, row offsets);
 - lazy.py: the forward's lazy rescaling (warp vote and predicated rescale);
 - forward.py, backward.py: the kernels;
-- launch.py: the launchers and their plans (attention_fwd, attention_bwd).
+- launch.py: the launchers and their plans (attention_fwd, attention_bwd);
+- decode.py, kvcache.py: KV-cache attention (cache append, split-KV decode, combine) and its launcher.
 """
 
 from ..attention_configs import MAX_BLOCK_ROWS
+from .kvcache import attention_kvcache, num_splits_for
 from .launch import (
     GROUP_TILES_PER_SM,
     HOST_DESC_MIN_WORK,
     INTERPRETED,
     LOG2E,
     MAX_GRID_Z,
+    Packed,
     attention_bwd,
     attention_fwd,
     head_group,
@@ -48,5 +54,5 @@ from .launch import (
 )
 
 __all__ = ["GROUP_TILES_PER_SM", "HOST_DESC_MIN_WORK", "INTERPRETED", "LOG2E", "MAX_BLOCK_ROWS", "MAX_GRID_Z",
-           "attention_bwd", "attention_fwd", "head_group", "host_descriptor", "host_descriptors_ok",
+           "Packed", "attention_bwd", "attention_kvcache", "num_splits_for", "attention_fwd", "head_group", "host_descriptor", "host_descriptors_ok",
            "rows_fit_int32", "tma_ok", "vote_rows"]

@@ -9,7 +9,7 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import _band, _inv, _query_band, _scores, _slope, _tile, _valid_lengths, _visible  # noqa: E402
+from .semantics import _band, _inv, _query_band, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
 from .tiles import _desc_load, _load, _rows, _stepped, _streamed  # noqa: E402
 
 
@@ -125,7 +125,7 @@ def _attn_bwd_dkdv_head(
     dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_gz, stride_gh, stride_gm, stride_gd,
-    off_z, off_h, num_heads, seq_len_q, q_len, kv_len, causal_offset, start_n,
+    off_z, off_h, num_heads, seq_len_q, q_start, q_len, kv_len, causal_offset, start_n,
     offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask,
     qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
@@ -133,16 +133,23 @@ def _attn_bwd_dkdv_head(
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """Add query head off_h's contribution to one key block's dk and dv: the query rows that see the
-    block (_query_band), masked where some row-key pair is not visible."""
+    block (_query_band), masked where some row-key pair is not visible. VARLEN: the sequence's rows start
+    at q_start of the packed (1, H, total, D) views and of the statistics."""
     q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
     do_base = dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+    if VARLEN:
+        q_base += q_start.to(tl.int64) * stride_qm
+        do_base += q_start.to(tl.int64) * stride_gm
     q_ptrs = _streamed(q_base, q_len, stride_qm, stride_qd, offs_m, offs_d, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, False, TMA)
     do_ptrs = _streamed(do_base, q_len, stride_gm, stride_gd, offs_m, offs_dv, HEAD_DIM_V, BLOCK_M, HEAD_DIM_V_PAD,
                         False, TMA)
-    row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
+    if VARLEN:
+        row_base = off_h.to(tl.int64) * seq_len_q + q_start
+    else:
+        row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
     lse2_ptrs = lse2_ptr + row_base + offs_m
     delta_ptrs = delta_ptr + row_base + offs_m
 
@@ -176,7 +183,7 @@ def _attn_bwd_dkdv_head(
 
 @triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, seq_lens_ptr, alibi_ptr,
+    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, seq_lens_ptr, cu_k_ptr, alibi_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -193,7 +200,7 @@ def _attn_bwd_dkdv_kernel(
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    GQA: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    GQA: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """dk and dv of one key block of one kv head (DO_DK and DO_DV), or one of them: a split backward
     launches this kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
@@ -201,14 +208,17 @@ def _attn_bwd_dkdv_kernel(
     in a fixed order (no atomics, so the group reduction is deterministic); num_heads counts query heads.
     TMA: the streamed q and dout tiles come through tensor descriptors. WS: the unmasked query loop is
     warp-specialized. EVEN_M / EVEN_N: as in the forward; full query blocks leave no masked tail loop,
-    full key blocks of a non-causal kernel no masked first loop. WINDOW, SOFTCAP, ALIBI: semantics.py."""
+    full key blocks of a non-causal kernel no masked first loop. WINDOW, SOFTCAP, ALIBI: semantics.py.
+    VARLEN: packed sequences as in the forward; a program writes only its own sequence's keys."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
     pid_n, off_hk, off_z = _tile(head_group, CAUSAL, False)  # causal: the first key blocks see the most queries
-    q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
-    causal_offset = seq_len_k - seq_len_q
-
+    q_start, k_start, q_len, kv_len, causal_offset = _sequence(seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k,
+                                                              HAS_SEQ_LENS, VARLEN)
     start_n = pid_n * BLOCK_N
+    if VARLEN:
+        if start_n >= kv_len:  # the grid covers the longest sequence
+            return
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -224,6 +234,9 @@ def _attn_bwd_dkdv_kernel(
 
     k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
     v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
+    if VARLEN:
+        k_base += k_start.to(tl.int64) * stride_kn
+        v_base += k_start.to(tl.int64) * stride_vn
     k = _load(k_base + _rows(offs_n, ROW32)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kd_mask, UPCAST)
     if DO_DK:  # dv alone never reads v
         v = _load(v_base + _rows(offs_n, ROW32)[:, None] * stride_vn + offs_dv[None, :] * stride_vd, vd_mask, UPCAST)
@@ -242,25 +255,30 @@ def _attn_bwd_dkdv_kernel(
             dk, dv = _attn_bwd_dkdv_head(
                 dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
                 stride_qz, stride_qh, stride_qm, stride_qd, stride_gz, stride_gh, stride_gm, stride_gd,
-                off_z, off_h, num_heads, seq_len_q, q_len, kv_len, causal_offset, start_n,
+                off_z, off_h, num_heads, seq_len_q, q_start, q_len, kv_len, causal_offset, start_n,
                 offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, CAUSAL,
                 EVEN_D, EVEN_DV, EVEN_M, EVEN_N, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
-                WINDOW, SOFTCAP, ALIBI,
+                WINDOW, SOFTCAP, ALIBI, VARLEN,
             )
     else:
         slope2 = _slope(alibi_ptr, off_z, stride_az, off_hk, ALIBI)
         dk, dv = _attn_bwd_dkdv_head(
             dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
             stride_qz, stride_qh, stride_qm, stride_qd, stride_gz, stride_gh, stride_gm, stride_gd,
-            off_z, off_hk, num_heads, seq_len_q, q_len, kv_len, causal_offset, start_n,
+            off_z, off_hk, num_heads, seq_len_q, q_start, q_len, kv_len, causal_offset, start_n,
             offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
             HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, CAUSAL,
             EVEN_D, EVEN_DV, EVEN_M, EVEN_N, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
-            WINDOW, SOFTCAP, ALIBI,
+            WINDOW, SOFTCAP, ALIBI, VARLEN,
         )
 
-    key_in = (offs_n < seq_len_k)[:, None]
+    if VARLEN:  # only this sequence's keys: the next ones belong to the next sequence
+        key_in = (offs_n < kv_len)[:, None]
+        dk_ptr += k_start.to(tl.int64) * stride_dkn
+        dv_ptr += k_start.to(tl.int64) * stride_dvn
+    else:
+        key_in = (offs_n < seq_len_k)[:, None]
     if DO_DK:
         dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
         dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_hk.to(tl.int64) * stride_dkh
@@ -330,7 +348,7 @@ def _attn_bwd_dq_inner(
 
 @triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_ptr, seq_lens_ptr, alibi_ptr,
+    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_ptr, seq_lens_ptr, cu_k_ptr, alibi_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -345,19 +363,26 @@ def _attn_bwd_dq_kernel(
     CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors.
     WS: the unmasked key loop is warp-specialized. EVEN_M / EVEN_N: as in the forward. The variants as
-    in the forward: kv head h // kv_group, HEAD_DIM_V, WINDOW, SOFTCAP, ALIBI (semantics.py)."""
+    in the forward: kv head h // kv_group, HEAD_DIM_V, WINDOW, SOFTCAP, ALIBI, VARLEN (semantics.py)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
     pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
     off_hk = off_h // kv_group
-    q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
-    causal_offset = seq_len_k - seq_len_q
-
+    q_start, k_start, q_len, kv_len, causal_offset = _sequence(seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k,
+                                                              HAS_SEQ_LENS, VARLEN)
     start_m = pid_m * BLOCK_M
+    if VARLEN:
+        if start_m >= q_len:  # the grid covers the longest sequence
+            return
+        q_ptr += q_start.to(tl.int64) * stride_qm
+        dout_ptr += q_start.to(tl.int64) * stride_gm
+        dq_ptr += q_start.to(tl.int64) * stride_dqm
+        k_ptr += k_start.to(tl.int64) * stride_kn
+        v_ptr += k_start.to(tl.int64) * stride_vn
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -377,7 +402,10 @@ def _attn_bwd_dq_kernel(
               + _rows(offs_m, ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd, qd_mask, UPCAST)
     do = _load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
                + _rows(offs_m, ROW32)[:, None] * stride_gm + offs_dv[None, :] * stride_gd, gd_mask, UPCAST)
-    row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
+    if VARLEN:
+        row_base = off_h.to(tl.int64) * seq_len_q + q_start
+    else:
+        row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
     if EVEN_M:
         lse2 = tl.load(lse2_ptr + row_base + offs_m)
         delta = tl.load(delta_ptr + row_base + offs_m)
@@ -426,4 +454,8 @@ def _attn_bwd_dq_kernel(
     if EVEN_M:
         tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=qd_mask)
     else:
-        tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=(offs_m < seq_len_q)[:, None] & d_mask[None, :])
+        if VARLEN:  # only this sequence's rows: the next ones belong to the next sequence
+            row_in = offs_m < q_len
+        else:
+            row_in = offs_m < seq_len_q
+        tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=row_in[:, None] & d_mask[None, :])

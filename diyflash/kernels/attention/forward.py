@@ -8,7 +8,7 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
 from .lazy import LAZY_SLACK, _rescale  # noqa: E402
-from .semantics import _band, _inv, _scores, _slope, _tile, _valid_lengths, _visible  # noqa: E402
+from .semantics import _band, _inv, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
 from .tiles import _desc_load, _desc_load4, _load, _rows, _rows_desc, _stepped, _streamed  # noqa: E402
 
 
@@ -110,7 +110,7 @@ def _attn_fwd_inner(
 
 @triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seq_lens_ptr, alibi_ptr, sinks_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seq_lens_ptr, cu_k_ptr, alibi_ptr, sinks_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -125,7 +125,7 @@ def _attn_fwd_kernel(
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
     HOST_DESC: tl.constexpr, LAZY: tl.constexpr, VOTE_ROWS: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
@@ -139,15 +139,19 @@ def _attn_fwd_kernel(
     v and out have HEAD_DIM_V columns; WINDOW (win_left, win_right: key blocks outside the band are
     skipped), SOFTCAP (cap2 = softcap * log2(e)), ALIBI (slopes at alibi_ptr + z * stride_az + h), SINKS
     (sinks_ptr[h]: one more logit in every row's denominator, carrying no value: the running max and sum
-    start from it)."""
+    start from it). VARLEN (with HAS_SEQ_LENS): packed sequences, seq_lens_ptr / cu_k_ptr are cu_seqlens_q / _k
+    (semantics._sequence); the grid's z is the sequence, the z strides are 0, and a program writes only
+    its own sequence's rows."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
     pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
     off_hk = off_h // kv_group
-    q_len, kv_len = _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
-    causal_offset = seq_len_k - seq_len_q
-
+    q_start, k_start, q_len, kv_len, causal_offset = _sequence(seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k,
+                                                              HAS_SEQ_LENS, VARLEN)
     start_m = pid_m * BLOCK_M
+    if VARLEN:
+        if start_m >= q_len:  # the grid covers the longest sequence
+            return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -164,6 +168,10 @@ def _attn_fwd_kernel(
         q_base = q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
         k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
         v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
+        if VARLEN:
+            q_base += q_start.to(tl.int64) * stride_qm
+            k_base += k_start.to(tl.int64) * stride_kn
+            v_base += k_start.to(tl.int64) * stride_vn
         if TMA:
             q = _desc_load(_rows_desc(q_base, q_len, stride_qm, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD), start_m, UPCAST)
         else:
@@ -230,7 +238,13 @@ def _attn_fwd_kernel(
     o_ptrs = (out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
               + _rows(offs_m, ROW32)[:, None] * stride_om + offs_dv[None, :] * stride_od)
     l_ptrs = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m
-    if EVEN_M:
+    if VARLEN:  # only this sequence's rows: the next ones belong to the next sequence
+        o_ptrs += q_start.to(tl.int64) * stride_om
+        l_ptrs += q_start
+        row_in = offs_m < q_len
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & dv_mask[None, :])
+        tl.store(l_ptrs, lse, mask=row_in)
+    elif EVEN_M:
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=None if EVEN_DV else dv_mask[None, :])
         tl.store(l_ptrs, lse)
     else:

@@ -116,17 +116,43 @@ def _replay(plan: _Plan, env: dict) -> None:
         bound(*(env[name] for name in names))
 
 
-def _as_4d(t: torch.Tensor) -> torch.Tensor:
-    """(BH, N, D) -> (BH, 1, N, D) view; 4-D passes through. Never copies."""
+class Packed(NamedTuple):
+    """Packed sequences (varlen): the tensors are token-major (total, H, D), seq_lens is cu_seqlens_q,
+    cu_k is cu_seqlens_k (both int32 (B + 1,)), and max_q / max_k bound the sequences' lengths (the
+    grid covers them; the unbounded side of a window is max_q + max_k)."""
+
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+
+def _as_4d(t: torch.Tensor, packed: Packed | None = None) -> torch.Tensor:
+    """(BH, N, D) -> (BH, 1, N, D) view; 4-D passes through; packed (T, H, D) -> (1, H, T, D). Never copies."""
+    if packed is not None:
+        return t.transpose(0, 1).unsqueeze(0)
     return t.unsqueeze(1) if t.dim() == 3 else t
+
+
+def _stats_3d(t: torch.Tensor | None, q: torch.Tensor, packed: Packed | None) -> torch.Tensor | None:
+    """A row statistic (lse, dlse, delta) as (Z, H, N) beside _as_4d(q): packed (H, T) -> (1, H, T)."""
+    if t is None:
+        return None
+    return t.unsqueeze(0) if packed is not None else t.unsqueeze(1) if q.dim() == 3 else t
+
+
+def _stats_shape(q: torch.Tensor, packed: Packed | None) -> tuple[int, ...]:
+    # lse's shape: q.shape[:-1], or (H, T) for packed sequences (flash-attn's varlen layout)
+    return (q.shape[1], q.shape[0]) if packed is not None else tuple(q.shape[:-1])
 
 
 def _heads(t: torch.Tensor) -> int:
     return t.shape[1] if t.dim() == 4 else 1
 
 
-def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
-    return tuple(t.stride())  # type: ignore[return-value]
+def _strides(t: torch.Tensor) -> tuple[int, ...]:
+    """A (Z, H, N, D) view's strides as the kernels take them; a single batch's z stride is 0 (never
+    used by a dense call; packed sequences index rows, not batches, and reach z up to B)."""
+    return (0 if t.shape[0] == 1 else t.stride(0), *t.stride()[1:])
 
 
 def _z_chunks(z: int, env: dict) -> list[tuple[int, dict]]:
@@ -316,30 +342,40 @@ def attention_fwd(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    packed: Packed | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k: (Z, H_kv, N_k, D), v: (Z, H_kv, N_k, D_v),
     or 3-D with H = H_kv. Returns (out, lse): out (Z, H, N_q, D_v) in q's memory layout, lse fp32
     (..., N_q) contiguous. The variants (semantics.py): window (left, right), softcap, alibi_slopes
     fp32 (H,) or (Z, H) with unit last stride, sinks fp32 (H,) contiguous. config and group (the head
-    group, see head_group) override the tuned choices, for benchmarks."""
+    group, see head_group) override the tuned choices, for benchmarks.
+    packed: q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, D_v) hold packed sequences (Packed), seq_lens
+    is cu_seqlens_q; out is (T_q, H, D_v), lse (H, T_q)."""
     out = empty_out(q, v.shape[-1])
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    lse = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    var = variant(causal, window, softcap, q.shape[-2], k.shape[-2], _heads(q), _heads(k))
+    if packed is None:
+        n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], _heads(q), _heads(k), None, ()
+    else:
+        n_q, n_k, h_q, h_k, cu_k, extra = packed.max_q, packed.max_k, q.shape[1], k.shape[1], packed.cu_k, (
+            packed.max_q, packed.max_k)
+    var = variant(causal, window, softcap, n_q, n_k, h_q, h_k)
     causal = var.causal
-    env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens, "alibi": alibi_slopes,
-           "sinks": sinks}
-    key = _plan_key("fwd", (q, k, v, seq_lens, alibi_slopes, sinks), var, scale, (config, group))
+    env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens, "cu_k": cu_k,
+           "alibi": alibi_slopes, "sinks": sinks}
+    key = _plan_key("fwd", (q, k, v, seq_lens, cu_k, alibi_slopes, sinks), var, scale, (config, group, *extra))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(out, lse):
         _replay(plan, env)
         return out, lse
 
-    q4, k4, v4, o4 = _as_4d(q), _as_4d(k), _as_4d(v), _as_4d(out)
-    lse3 = lse.unsqueeze(1) if q.dim() == 3 else lse
-    z, h, n_q, d = q4.shape
-    n_k, dv = k4.shape[2], v4.shape[3]
+    q4, k4, v4, o4 = _as_4d(q, packed), _as_4d(k, packed), _as_4d(v, packed), _as_4d(out, packed)
+    lse3 = _stats_3d(lse, q, packed)
+    z, h, len_q, d = q4.shape  # len_q, len_k: the kernels' row counts (T_q, T_k when packed)
+    len_k, dv = k4.shape[2], v4.shape[3]
+    if packed is not None:
+        z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv)
     if config is not None:
         cfg = config
@@ -352,11 +388,11 @@ def attention_fwd(
     # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
     host_desc = (tma and seq_lens is None and z * h * n_q * n_k * d_pad >= HOST_DESC_MIN_WORK
                  and host_descriptors_ok(q4, k4, v4))
-    env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "alibi": alibi_slopes,
-           "sinks": sinks}
+    env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "cu_k": cu_k,
+           "alibi": alibi_slopes, "sinks": sinks}
     group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
-    args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), lse3.stride(0), lse3.stride(1),
-            _alibi_stride(alibi_slopes), h, n_q, n_k, scale * LOG2E, group, var.kv_group, var.left, var.right,
+    args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), *_strides(lse3)[:2],
+            _alibi_stride(alibi_slopes), h, len_q, len_k, scale * LOG2E, group, var.kv_group, var.left, var.right,
             var.cap2)
     meta = dict(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad,
@@ -364,10 +400,10 @@ def attention_fwd(
         FOLD_SCALE=scale > 0 and not var.softcap and alibi_slopes is None,
         DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), HOST_DESC=host_desc,
         LAZY=cfg.lazy, VOTE_ROWS=vote_rows(cfg, dv_pad) if cfg.lazy and not INTERPRETED else 0,
-        SINKS=sinks is not None, **_variant_meta(var, alibi_slopes),
+        SINKS=sinks is not None, VARLEN=packed is not None, **_variant_meta(var, alibi_slopes),
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
-    pointers = ("q", "k", "v", "out", "lse", "seq_lens", "alibi", "sinks")
+    pointers = ("q", "k", "v", "out", "lse", "seq_lens", "cu_k", "alibi", "sinks")
     chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, meta)])
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
@@ -393,37 +429,45 @@ def attention_bwd(
     window: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    packed: Packed | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
     Returns (dq, dk, dv) allocated with empty_like(q/k/v). The variants as in attention_fwd (sinks need
     nothing here: the saved lse includes them; their gradient is attention_torch.sinks_grad). config
-    and group (the head group of both kernels, see head_group) override the tuned choices, for benchmarks."""
+    and group (the head group of both kernels, see head_group) override the tuned choices, for benchmarks.
+    packed: packed sequences as in attention_fwd (lse and dlse (H, T_q))."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    if n_q == 0 or n_k == 0 or q.numel() == 0:
+    if packed is None:
+        n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], _heads(q), _heads(k), None, ()
+    else:
+        n_q, n_k, h_q, h_k, cu_k, extra = packed.max_q, packed.max_k, q.shape[1], k.shape[1], packed.cu_k, (
+            packed.max_q, packed.max_k)
+    if n_q == 0 or n_k == 0 or q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
-    delta = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    delta = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
-    var = variant(causal, window, softcap, n_q, n_k, _heads(q), _heads(k))
+    var = variant(causal, window, softcap, n_q, n_k, h_q, h_k)
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
-           "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "alibi": alibi_slopes}
-    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, alibi_slopes), var, scale, (config, group))
+           "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes}
+    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
+                    (config, group, *extra))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None and _aligned(dq, dk, dv, delta, lse2):
         _replay(plan, env)
         return dq, dk, dv
 
-    q4, k4, v4 = _as_4d(q), _as_4d(k), _as_4d(v)
-    o4, g4 = _as_4d(out), _as_4d(dout)
-    dq4, dk4, dv4 = _as_4d(dq), _as_4d(dk), _as_4d(dv)
-    lse3 = lse.unsqueeze(1) if q.dim() == 3 else lse
-    dlse3 = None if dlse is None else dlse.unsqueeze(1) if q.dim() == 3 else dlse
-    delta3 = delta.unsqueeze(1) if q.dim() == 3 else delta
-    lse23 = lse2.unsqueeze(1) if q.dim() == 3 else lse2
-    z, h, _, d = q4.shape
-    h_kv, dv_ = k4.shape[1], v4.shape[3]
+    q4, k4, v4 = _as_4d(q, packed), _as_4d(k, packed), _as_4d(v, packed)
+    o4, g4 = _as_4d(out, packed), _as_4d(dout, packed)
+    dq4, dk4, dv4 = _as_4d(dq, packed), _as_4d(dk, packed), _as_4d(dv, packed)
+    lse3, dlse3 = _stats_3d(lse, q, packed), _stats_3d(dlse, q, packed)
+    delta3, lse23 = _stats_3d(delta, q, packed), _stats_3d(lse2, q, packed)
+    z, h, len_q, d = q4.shape  # len_q, len_k: the kernels' row counts (T_q, T_k when packed)
+    h_kv, len_k, dv_ = k4.shape[1], k4.shape[2], v4.shape[3]
+    z_pre = z  # the delta pass runs over the (1, H, T_q) rows of a packed call
+    if packed is not None:
+        z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv_)
     cfg = config or bwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     if any(c is not None and c.lazy for c in cfg):
@@ -435,22 +479,23 @@ def attention_bwd(
     kv_tma = [kv_cfg.tma and kv_tma_ok for kv_cfg, _, _ in kv_passes]
     q_tma = q_cfg.tma and tma_ok(k4, v4)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3, "delta": delta3,
-           "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "alibi": alibi_slopes}
+           "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "cu_k": cu_k,
+           "alibi": alibi_slopes}
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, CAUSAL=causal,
                   HAS_SEQ_LENS=seq_lens is not None, DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
-                  **_variant_meta(var, alibi_slopes))
+                  VARLEN=packed is not None, **_variant_meta(var, alibi_slopes))
     var_args = (var.left, var.right, var.cap2)
     pre_block = 64
-    pre_args = (*_strides(o4), *_strides(g4), *lse3.stride(),
-                *(dlse3.stride() if dlse3 is not None else (0, 0, 0)),
-                h, n_q)
+    pre_args = (*_strides(o4), *_strides(g4), *_strides(lse3),
+                *(_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
+                h, len_q)
     pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk4, dv4)
     kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
                   _alibi_stride(alibi_slopes))
     kv_launches = [  # (tiles, args, meta) of each dk/dv pass: one program per key block of a kv head
         (kv_cfg,
-         (*kv_strides, h, n_q, n_k, scale * LOG2E, scale,
+         (*kv_strides, h, len_q, len_k, scale * LOG2E, scale,
           group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h_kv, q.device), var.kv_group, *var_args),
          dict(DO_DK=do_dk, DO_DV=do_dv, GQA=var.kv_group > 1, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32),
               **common))
@@ -458,18 +503,20 @@ def attention_bwd(
     ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
     q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4), _alibi_stride(alibi_slopes),
-              h, n_q, n_k, scale * LOG2E, scale, q_group, var.kv_group, *var_args)
+              h, len_q, len_k, scale * LOG2E, scale, q_group, var.kv_group, *var_args)
     q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k, row32), **common)
 
     def launches(zc: int) -> list[_Launch]:
         return [
-            _Launch(_BWD_PRE, (cdiv(n_q, pre_block), h, zc), ("out", "dout", "lse", "dlse", "delta", "lse2"),
+            _Launch(_BWD_PRE, (cdiv(len_q, pre_block), h, z_pre if packed is not None else zc),
+                    ("out", "dout", "lse", "dlse", "delta", "lse2"),
                     pre_args, pre_meta),
             *(_Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv, zc),
-                      ("q", "k", "v", "dout", "lse2", "delta", "dk", "dv", "seq_lens", "alibi"), kv_args, kv_meta)
+                      ("q", "k", "v", "dout", "lse2", "delta", "dk", "dv", "seq_lens", "cu_k", "alibi"), kv_args,
+                      kv_meta)
               for kv_cfg, kv_args, kv_meta in kv_launches),
             _Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
-                    ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "alibi"), q_args, q_meta),
+                    ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "cu_k", "alibi"), q_args, q_meta),
         ]
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]

@@ -24,6 +24,30 @@ def _valid_lengths(seq_lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS: tl.c
 
 
 @triton.jit
+def _sequence(lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS: tl.constexpr, VARLEN: tl.constexpr):
+    """Batch off_z's sequence: (q_start, k_start, q_len, kv_len, causal_offset). VARLEN (packed
+    sequences): lens_ptr and cu_k_ptr are cu_seqlens_q and cu_seqlens_k, the sequence's rows start at
+    q_start / k_start of the (1, H, total, D) views whose row counts are seq_len_q / seq_len_k, and the
+    causal diagonal (and ALiBi's distance) is aligned bottom-right to its own lengths; the offsets are
+    clamped into the views, so nothing is read out of bounds whatever the values. Else the rows start at
+    0 of slice off_z, seq_lens caps both lengths (HAS_SEQ_LENS), and the diagonal aligns to N_k - N_q."""
+    if VARLEN:
+        q_start = tl.minimum(tl.maximum(tl.load(lens_ptr + off_z), 0), seq_len_q)
+        q_end = tl.minimum(tl.maximum(tl.load(lens_ptr + off_z + 1), q_start), seq_len_q)
+        k_start = tl.minimum(tl.maximum(tl.load(cu_k_ptr + off_z), 0), seq_len_k)
+        k_end = tl.minimum(tl.maximum(tl.load(cu_k_ptr + off_z + 1), k_start), seq_len_k)
+        q_len = q_end - q_start
+        kv_len = k_end - k_start
+        causal_offset = kv_len - q_len
+    else:
+        q_start = 0
+        k_start = 0
+        q_len, kv_len = _valid_lengths(lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
+        causal_offset = seq_len_k - seq_len_q
+    return q_start, k_start, q_len, kv_len, causal_offset
+
+
+@triton.jit
 def _tile(head_group, DEAL: tl.constexpr, REVERSE: tl.constexpr):
     """This program's (tile, head, batch) on a (tiles, heads, batch) grid. CUDA starts programs in
     linear order, axis 0 fastest; they are dealt out in groups of `head_group` heads, and within a

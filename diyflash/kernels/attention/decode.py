@@ -1,0 +1,218 @@
+"""KV-cache attention (inference): the cache append, the split-KV decode kernel and its combine.
+
+A decode step has few query rows (N_q from 1 to a few hundred) against a long cache, so the work is
+reading K and V once. The decode kernel packs the G query heads of a kv head with their N_q rows into one
+tile (row r is query r // G of head h_kv * G + r % G: GQA packing, K/V loaded once per group), and splits
+the keys over programs (split-KV, flash-decoding) when B * H_kv * row tiles cannot fill the GPU; each
+split writes its normalised partial output and lse, and the combine kernel merges the splits in a fixed
+order (deterministic). Scores and masks are semantics.py's (_scores, _visible); a paged cache is read
+through its block table, page by page, per key column.
+"""
+
+from __future__ import annotations
+
+from .._runtime import require_triton
+
+triton = require_triton()
+import triton.language as tl  # noqa: E402  (after the friendly import check above)
+
+from .semantics import _inv, _scores, _visible  # noqa: E402
+from .tiles import _load  # noqa: E402
+
+
+@triton.jit
+def _cache_rows(b, cols, valid, block_table_ptr, stride_btb, stride_kz, stride_kn, num_pages,
+                PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Element offsets (64-bit) of cache rows `cols` of batch b, heads aside: b * stride_z + col * stride_n
+    for a contiguous cache; for a paged one, page block_table[b, col // PAGE_SIZE] (clamped into
+    [0, num_pages), so that no value reads outside the cache), row col % PAGE_SIZE. Also returns whether
+    each row's page entry was in range (always True for a contiguous cache)."""
+    if PAGED:
+        page = tl.load(block_table_ptr + b.to(tl.int64) * stride_btb + cols // PAGE_SIZE, mask=valid, other=0)
+        ok = (page >= 0) & (page < num_pages)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
+        return page.to(tl.int64) * stride_kz + (cols % PAGE_SIZE).to(tl.int64) * stride_kn, ok
+    return b.to(tl.int64) * stride_kz + cols.to(tl.int64) * stride_kn, cols >= 0
+
+
+@triton.jit
+def _cache_append_kernel(
+    kn_ptr, vn_ptr, kc_ptr, vc_ptr, cache_seqlens_ptr, block_table_ptr,
+    stride_knz, stride_knh, stride_knn, stride_knd,
+    stride_vnz, stride_vnh, stride_vnn, stride_vnd,
+    stride_kcz, stride_kch, stride_kcn, stride_kcd,
+    stride_vcz, stride_vch, stride_vcn, stride_vcd,
+    stride_btb, n_new, capacity, num_pages,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    BLOCK: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+):
+    """Write the new keys and values of (batch, kv head) at cache positions cache_seqlens[b] + j. A
+    position outside [0, capacity) or on a page entry outside [0, num_pages) is not written."""
+    off_h = tl.program_id(1)
+    b = tl.program_id(2)
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    pos = tl.load(cache_seqlens_ptr + b) + j
+    ok = (j < n_new) & (pos >= 0) & (pos < capacity)
+    rows, page_ok = _cache_rows(b, pos, ok, block_table_ptr, stride_btb, stride_kcz, stride_kcn, num_pages, PAGED,
+                                PAGE_SIZE)
+    vrows, _ = _cache_rows(b, pos, ok, block_table_ptr, stride_btb, stride_vcz, stride_vcn, num_pages, PAGED,
+                           PAGE_SIZE)
+    ok = ok & page_ok
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    jj = j.to(tl.int64)
+    src_k = kn_ptr + b.to(tl.int64) * stride_knz + off_h.to(tl.int64) * stride_knh + jj[:, None] * stride_knn
+    src_v = vn_ptr + b.to(tl.int64) * stride_vnz + off_h.to(tl.int64) * stride_vnh + jj[:, None] * stride_vnn
+    k_mask = ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    v_mask = ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :]
+    k = tl.load(src_k + offs_d[None, :] * stride_knd, mask=k_mask)
+    v = tl.load(src_v + offs_dv[None, :] * stride_vnd, mask=v_mask)
+    dst_k = kc_ptr + off_h.to(tl.int64) * stride_kch + rows[:, None] + offs_d[None, :] * stride_kcd
+    dst_v = vc_ptr + off_h.to(tl.int64) * stride_vch + vrows[:, None] + offs_dv[None, :] * stride_vcd
+    tl.store(dst_k, k, mask=k_mask)
+    tl.store(dst_v, v, mask=v_mask)
+
+
+@triton.jit
+def _attn_decode_kernel(
+    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cache_seqlens_ptr, block_table_ptr, alibi_ptr, sinks_ptr,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_os, stride_od,
+    stride_lz, stride_lh, stride_lm, stride_ls,
+    stride_btb, stride_az,
+    num_kv_heads, n_q, n_new, capacity, num_pages, num_splits,
+    qk_scale, kv_group, win_left, win_right, cap2,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One (batch, kv head, row tile, split): rows r = i * kv_group + g of the tile are query i of head
+    h_kv * kv_group + g. Batch b attends to its first kv_len = min(cache_seqlens[b] + n_new, capacity) keys,
+    bottom-right aligned (off = kv_len - n_q). The keys the tile's rows can see (causal and window bands)
+    are cut into num_splits BLOCK_N-aligned ranges; this program takes range program_id(2). out/lse have a
+    split axis (stride_os, stride_ls): with one split they are the final output (the sink, SINKS, enters
+    the running max and sum here), else fp32 partials that _attn_decode_combine_kernel merges."""
+    bh = tl.program_id(0)
+    b = bh // num_kv_heads
+    off_hk = bh % num_kv_heads
+    start_r = tl.program_id(1) * BLOCK_M
+    split = tl.program_id(2)
+    kv_len = tl.minimum(tl.maximum(tl.load(cache_seqlens_ptr + b) + n_new, 0), capacity)
+    causal_offset = kv_len - n_q
+
+    rows = start_r + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_q * kv_group
+    qi = rows // kv_group  # query position
+    off_h = off_hk * kv_group + rows % kv_group  # query head of each row
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    d_mask = offs_d < HEAD_DIM
+    dv_mask = offs_dv < HEAD_DIM_V
+    q_ptrs = (q_ptr + b.to(tl.int64) * stride_qz + off_h.to(tl.int64)[:, None] * stride_qh
+              + qi.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+    q = _load(q_ptrs, row_ok[:, None] & d_mask[None, :], UPCAST)
+
+    # -- the keys any row of this tile sees, cut into num_splits block-aligned ranges --
+    i_lo = start_r // kv_group
+    i_hi = tl.minimum((start_r + BLOCK_M - 1) // kv_group, n_q - 1)
+    hi = kv_len
+    lo = 0
+    if CAUSAL:
+        hi = tl.minimum(hi, i_hi + causal_offset + 1)
+    if WINDOW:
+        hi = tl.minimum(hi, i_hi + causal_offset + win_right + 1)
+        lo = tl.maximum(i_lo + causal_offset - win_left, 0) // BLOCK_N * BLOCK_N
+    hi = tl.maximum(hi, lo)
+    chunk = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    my_lo = lo + split * chunk
+    my_hi = tl.minimum(my_lo + chunk, hi)
+
+    if ALIBI:
+        slope2 = (tl.load(alibi_ptr + b.to(tl.int64) * stride_az + off_h, mask=row_ok, other=0.0).to(tl.float32)
+                  * 1.4426950408889634)[:, None]
+    else:
+        slope2 = 0.0
+    inv_cap2 = _inv(cap2, SOFTCAP)
+    if SINKS:
+        m_i = tl.load(sinks_ptr + off_h, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+    k_head = kc_ptr + off_hk.to(tl.int64) * stride_kh
+    v_head = vc_ptr + off_hk.to(tl.int64) * stride_vh
+    for start_n in range(my_lo, my_hi, BLOCK_N):
+        cols = start_n + offs_n
+        key_ok = cols < my_hi
+        k_rows, _ = _cache_rows(b, cols, key_ok, block_table_ptr, stride_btb, stride_kz, stride_kn, num_pages, PAGED,
+                                PAGE_SIZE)
+        v_rows, _ = _cache_rows(b, cols, key_ok, block_table_ptr, stride_btb, stride_vz, stride_vn, num_pages, PAGED,
+                                PAGE_SIZE)
+        k = _load(k_head + k_rows[None, :] + offs_d[:, None] * stride_kd, key_ok[None, :] & d_mask[:, None], UPCAST)
+        s, _ = _scores(tl.dot(q, k, input_precision=DOT_PRECISION), qi[:, None], cols[None, :], causal_offset,
+                       qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
+        visible = _visible(qi[:, None], cols[None, :], my_hi, causal_offset, win_left, win_right, True, CAUSAL, WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: exp2(-inf - 0) = 0, not NaN
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load(v_head + v_rows[:, None] + offs_dv[None, :] * stride_vd, key_ok[:, None] & dv_mask[None, :], UPCAST)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    live = l_i > 0
+    l_safe = tl.where(live, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    o_ptrs = (out_ptr + b.to(tl.int64) * stride_oz + off_h.to(tl.int64)[:, None] * stride_oh
+              + qi.to(tl.int64)[:, None] * stride_om + split.to(tl.int64) * stride_os + offs_dv[None, :] * stride_od)
+    l_ptrs = (lse_ptr + b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + qi.to(tl.int64) * stride_lm
+              + split.to(tl.int64) * stride_ls)
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_mask[None, :])
+    tl.store(l_ptrs, lse, mask=row_ok)
+
+
+@triton.jit
+def _attn_decode_combine_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, sinks_ptr,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_lz, stride_lh, stride_lm,
+    num_heads, n_q, num_splits,
+    HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, SINKS: tl.constexpr,
+):
+    """Merge the splits of one query row: out = sum_s exp(lse_s - lse) out_s, lse = log(sum_s exp(lse_s)
+    [+ exp(sink)]), in split order (deterministic). The partials are contiguous (B, H, N_q, S, D_v) and
+    (B, H, N_q, S) fp32. A row no split saw outputs 0 with lse -inf (the sink with SINKS)."""
+    i = tl.program_id(0)
+    off_h = tl.program_id(1)
+    b = tl.program_id(2)
+    row = (b.to(tl.int64) * num_heads + off_h) * n_q + i
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    s_ok = offs_s < num_splits
+    lse_s = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    if SINKS:
+        sink = tl.load(sinks_ptr + off_h).to(tl.float32)
+        m = tl.maximum(m, sink)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse_s - m_sub)
+    total = tl.sum(w, 0)
+    if SINKS:
+        total += tl.exp(sink - m_sub)
+    parts = tl.load(part_out_ptr + (row * num_splits + offs_s[:, None]) * HEAD_DIM_V + offs_dv[None, :],
+                    mask=s_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :], other=0.0)
+    live = total > 0
+    total_safe = tl.where(live, total, 1.0)
+    out = tl.sum(parts * (w / total_safe)[:, None], 0)
+    lse = tl.where(live, m_sub + tl.log(total_safe), float("-inf"))
+    tl.store(out_ptr + b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh + i.to(tl.int64) * stride_om
+             + offs_dv * stride_od, out.to(out_ptr.dtype.element_ty), mask=offs_dv < HEAD_DIM_V)
+    tl.store(lse_ptr + b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + i.to(tl.int64) * stride_lm, lse)

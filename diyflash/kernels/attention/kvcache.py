@@ -1,0 +1,110 @@
+"""The KV-cache launcher (attention_kvcache): the append, the split count, the decode and combine launches."""
+
+from __future__ import annotations
+
+import torch
+
+from .._runtime import device_limits, require_triton
+from ..attention_configs import head_dim_pad
+
+require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
+from .._launch import DirectLauncher, cdiv  # noqa: E402
+from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
+from .launch import INTERPRETED, LOG2E, _alibi_stride, _dot_precision, _upcast, _v_pad, variant  # noqa: E402
+
+_APPEND = DirectLauncher(_cache_append_kernel)
+_DECODE = DirectLauncher(_attn_decode_kernel)
+_COMBINE = DirectLauncher(_attn_decode_combine_kernel)
+
+DECODE_BLOCK_N = 64  # keys per step: a paged cache of 16-row pages reads four pages a step
+MAX_SPLITS = 64
+MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, combine) dominates
+
+
+def decode_rows(n_q: int, kv_group: int) -> int:
+    """Rows of a decode tile: the packed (query, head) rows of a kv head, 16 (tl.dot's minimum) to 64."""
+    return min(64, max(16, 1 << (n_q * kv_group - 1).bit_length()))
+
+
+def num_splits_for(batch: int, h_kv: int, row_tiles: int, capacity: int, device: torch.device) -> int:
+    """How many key ranges each (batch, kv head, row tile) is cut into: enough programs for about two
+    waves of the GPU's SMs, no more than one split per MIN_KEYS_PER_SPLIT keys of the cache's capacity (the
+    lengths themselves are on the device: reading them would sync), at most MAX_SPLITS. One split when the
+    grid already fills the GPU (and under the interpreter, with no SMs to fill, unless asked)."""
+    sms = device_limits(device).sms if device.type == "cuda" else 0
+    programs = batch * h_kv * row_tiles
+    if not sms or programs >= sms:
+        return 1
+    return max(1, min(MAX_SPLITS, cdiv(2 * sms, programs), capacity // MIN_KEYS_PER_SPLIT))
+
+
+def attention_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    k_new: torch.Tensor | None,
+    v_new: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    causal: bool,
+    scale: float,
+    *,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    num_splits: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write k_new / v_new (B, H_kv, N_new, D) into the cache at cache_seqlens[b] + j (in place), then
+    attend q (B, H, N_q, D) to each batch's first cache_seqlens[b] + N_new keys. The cache is (B, H_kv,
+    N_cache, D) with any strides, or paged (num_pages, H_kv, page_size, D) through block_table (B,
+    max_pages) int32. cache_seqlens int32 (B,) contiguous. num_splits: 0 picks (num_splits_for).
+    Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32."""
+    from ..attention_torch import empty_out
+
+    out = empty_out(q, v_cache.shape[-1])
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    b, h, n_q, d = q.shape
+    h_kv, dv = k_cache.shape[1], v_cache.shape[-1]
+    paged = block_table is not None
+    page_size = k_cache.shape[2] if paged else 1
+    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
+    num_pages = k_cache.shape[0] if paged else 1
+    n_new = 0 if k_new is None else k_new.shape[2]
+    d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv)
+    bt_stride = block_table.stride(0) if paged else 0
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad, PAGED=paged,
+                  PAGE_SIZE=page_size)
+    if n_new and b:
+        block = 16
+        _APPEND((cdiv(n_new, block), h_kv, b), k_new, v_new, k_cache, v_cache, cache_seqlens, block_table,
+                *k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(), bt_stride, n_new, capacity,
+                num_pages, BLOCK=block, num_warps=4, **common)
+    if out.numel() == 0:
+        return out, lse
+    var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
+    block_m = decode_rows(n_q, var.kv_group)
+    row_tiles = cdiv(n_q * var.kv_group, block_m)
+    splits = num_splits or num_splits_for(b, h_kv, row_tiles, capacity, q.device)
+    if splits > 1:
+        part_out = torch.empty((b, h, n_q, splits, dv), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((b, h, n_q, splits), dtype=torch.float32, device=q.device)
+        dst, dst_lse = part_out, part_lse
+        o_strides, l_strides = part_out.stride(), part_lse.stride()
+    else:
+        dst, dst_lse = out, lse
+        o_strides = (*out.stride()[:3], 0, out.stride(3))
+        l_strides = (*lse.stride(), 0)
+    args = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides, bt_stride,
+            _alibi_stride(alibi_slopes), h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group,
+            var.left, var.right, var.cap2)
+    _DECODE((b * h_kv, row_tiles, splits), q, k_cache, v_cache, dst, dst_lse, cache_seqlens, block_table,
+            alibi_slopes, sinks, *args, BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, CAUSAL=var.causal,
+            WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=alibi_slopes is not None,
+            SINKS=sinks is not None and splits == 1, DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
+            num_warps=4, num_stages=1 if INTERPRETED else 3, **common)
+    if splits > 1:
+        _COMBINE((n_q, h, b), part_out, part_lse, out, lse, sinks, *out.stride(), *lse.stride(), h, n_q, splits,
+                 HEAD_DIM_V=dv, HEAD_DIM_V_PAD=head_dim_pad(dv), SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()),
+                 SINKS=sinks is not None, num_warps=4)
+    return out, lse

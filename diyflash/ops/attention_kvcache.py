@@ -1,0 +1,77 @@
+"""diyflash::attention_with_kvcache: inference attention against a (paged) KV cache, appending in place.
+
+A torch.library.custom_op with mutates_args=("k_cache", "v_cache") (the new keys and values are written
+into the caches), an exact fake, autocast, and no autograd: it is an inference op (a backward through a
+cache write has no meaning here). CUDA tensors run kernels/attention/decode.py; CPU tensors run the same
+kernels under TRITON_INTERPRET=1 and attention_torch.attention_kvcache_torch otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import custom_op
+
+from ..kernels import device_guard, uses_triton
+from ..kernels.attention_torch import attention_kvcache_torch, empty_out
+from .attention import _kernels, _lse_dtype, _prepare_variants, _resolve_scale, _variant_kwargs
+from .autocast import register_autocast
+from .checks import check_dtype, check_kvcache, check_variants
+from .eager import dispatcher_free
+from .forward_ad import guard_autograd
+from .registry import entry
+
+_OP = entry("attention_with_kvcache")
+OP_NAME = "attention_with_kvcache"
+
+
+def _check(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, softcap, alibi_slopes,
+           sinks, num_splits) -> None:
+    check_kvcache(OP_NAME, q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits)
+    check_dtype(OP_NAME, q=q)
+    check_variants(OP_NAME, q, window_left, window_right, softcap, alibi_slopes, sinks)
+
+
+def _impl(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False, scale=None,
+          window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0):
+    scale = _resolve_scale(scale, q.shape[-1])
+    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
+    var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
+    cache_seqlens = cache_seqlens.contiguous()  # B integers
+    if uses_triton(q):
+        with device_guard(q):
+            return _kernels().attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale,
+                                                sinks=sinks, num_splits=num_splits, **var)
+    return attention_kvcache_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, sinks=sinks,
+                                   **var)
+
+
+@custom_op(_OP.qualname, mutates_args=("k_cache", "v_cache"), schema=_OP.signature)
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False,
+                           scale=None, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None,
+                           num_splits=0):
+    _check(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, softcap, alibi_slopes,
+           sinks, num_splits)
+    return _impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, window_left, window_right,
+                 softcap, alibi_slopes, sinks, num_splits)
+
+
+@attention_with_kvcache.register_fake
+def _fake(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False, scale=None,
+          window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0):
+    _check(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, softcap, alibi_slopes,
+           sinks, num_splits)
+    return empty_out(q, v_cache.shape[-1]), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+
+
+guard_autograd(attention_with_kvcache)  # no derivative, forward or reverse: an inference op
+register_autocast(attention_with_kvcache, cast=("q", "k", "v"))  # the caches keep their dtype (they are written)
+
+
+def call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, window_left,
+                                window_right, softcap, alibi_slopes, sinks, num_splits):
+    """The op for the Python API, or its implementation itself where nothing could tell them apart."""
+    args = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, window_left, window_right, softcap,
+            alibi_slopes, sinks, num_splits)
+    if dispatcher_free(q, k_cache, v_cache, cache_seqlens, k, v, block_table, alibi_slopes, sinks):
+        return _impl(*args)
+    return torch.ops.diyflash.attention_with_kvcache(*args)

@@ -1,0 +1,336 @@
+"""KV-cache attention (issue 25): diyflash.flash_attention_with_kvcache and diyflash::attention_with_kvcache
+against the dense float64 oracle on each batch's first cache_seqlens[b] + N_new keys (2x-plain-PyTorch
+rule), decode (N_q = 1) and speculative (N_q = 3..8) steps, appends in place, contiguous and paged caches
+(page sizes 16 and 256, shuffled block tables, paged == contiguous bitwise), GQA, windows, softcap,
+ALiBi, sinks, split-KV (forced and chosen), the cache contents after the call, opcheck with the mutation,
+compile, CUDA-graph capture, errors and clamping. The same file runs on CPU (interpreter) and on CUDA.
+"""
+
+import pytest
+import torch
+
+import diyflash
+from diyflash.reference import attention_ref
+from diyflash.utils.validation import error_report
+from helpers import ON_GPU
+
+
+def _randn(shape, dtype, device, seed):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+class Case:
+    """A batch of caches with their new keys: contiguous (B, H_kv, N_cache, D) viewed from (B, N_cache,
+    H_kv, D) storage, and the same keys paged into a shuffled pool of pages."""
+
+    def __init__(self, b=3, h=8, h_kv=2, n_q=1, n_new=1, d=16, dv=None, lens=(10, 0, 90), capacity=128,
+                 page_size=16, dtype=torch.float16, device="cpu", seed=0):
+        dv = d if dv is None else dv
+        self.b, self.h, self.h_kv, self.n_q, self.n_new, self.d, self.dv = b, h, h_kv, n_q, n_new, d, dv
+        self.capacity, self.page_size = capacity, page_size
+        self.q = _randn((b, h, n_q, d), dtype, device, seed)
+        self.k_cache = _randn((b, capacity, h_kv, d), dtype, device, seed + 1).transpose(1, 2)
+        self.v_cache = _randn((b, capacity, h_kv, dv), dtype, device, seed + 2).transpose(1, 2)
+        self.k = _randn((b, h_kv, n_new, d), dtype, device, seed + 3) if n_new else None
+        self.v = _randn((b, h_kv, n_new, dv), dtype, device, seed + 4) if n_new else None
+        self.seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+        pages = capacity // page_size
+        gen = torch.Generator(device="cpu").manual_seed(seed + 5)
+        order = torch.randperm(b * pages + 3, generator=gen)[:b * pages]  # a pool with 3 pages no batch uses
+        self.block_table = order.view(b, pages).to(torch.int32).to(device)
+        pool = b * pages + 3
+        self.k_pages = _randn((pool, h_kv, page_size, d), dtype, device, seed + 6)
+        self.v_pages = _randn((pool, h_kv, page_size, dv), dtype, device, seed + 7)
+        for cache, pages_ in ((self.k_cache, self.k_pages), (self.v_cache, self.v_pages)):
+            for i in range(b):  # the same keys in both layouts
+                blocks = cache[i].unflatten(1, (pages, page_size)).transpose(0, 1)  # (pages, H_kv, page, D)
+                pages_[self.block_table[i].long()] = blocks
+
+    def caches(self, paged):
+        if paged:
+            return self.k_pages.clone(), self.v_pages.clone(), self.block_table
+        return (self.k_cache.clone().transpose(1, 2).contiguous().transpose(1, 2),
+                self.v_cache.clone().transpose(1, 2).contiguous().transpose(1, 2), None)
+
+    def dense_keys(self):
+        """(k, v) of every batch after the append, as (B, H_kv, capacity, D) in float64."""
+        k, v = self.k_cache.double().clone(), self.v_cache.double().clone()
+        for i in range(self.b):
+            s = int(self.seqlens[i])
+            if self.n_new:
+                k[i, :, s:s + self.n_new] = self.k[i].double()
+                v[i, :, s:s + self.n_new] = self.v[i].double()
+        return k, v
+
+    def run(self, paged=False, **kw):
+        k_cache, v_cache, bt = self.caches(paged)
+        if self.q.dtype == torch.float64:  # the op itself: the API takes fp16, bf16 and fp32
+            out, lse = torch.ops.diyflash.attention_with_kvcache(
+                self.q, k_cache, v_cache, self.seqlens, self.k, self.v, bt, kw["causal"], None, *kw["window_size"],
+                kw["softcap"], kw["alibi_slopes"], kw["sinks"], kw["num_splits"])
+        else:
+            out, lse = diyflash.flash_attention_with_kvcache(self.q, k_cache, v_cache, self.seqlens, self.k, self.v,
+                                                             block_table=bt, return_lse=True, **kw)
+        return out, lse, k_cache, v_cache
+
+
+def _oracle(case, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=None, sinks=None, upcast=True):
+    k, v = case.dense_keys()
+    outs, lses = [], []
+    for i in range(case.b):
+        n = int(case.seqlens[i]) + case.n_new
+        q = case.q[i:i + 1]
+        kk, vv = k[i:i + 1, :, :n], v[i:i + 1, :, :n]
+        if not upcast:
+            kk, vv = kk.to(q.dtype), vv.to(q.dtype)
+        al = alibi if alibi is None or alibi.dim() == 1 else alibi[i:i + 1]
+        o, l = attention_ref(q, kk, vv, causal, scale, None, upcast, window_size=window, softcap=softcap,
+                             alibi_slopes=al, sinks=sinks)
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def check(case, paged=False, **kw):
+    ref_kw = {name: kw[name] for name in ("causal", "window", "softcap", "alibi", "sinks") if name in kw}
+    api_kw = dict(causal=kw.get("causal", False), window_size=kw.get("window", (-1, -1)),
+                  softcap=kw.get("softcap", 0.0), alibi_slopes=kw.get("alibi"), sinks=kw.get("sinks"),
+                  num_splits=kw.get("num_splits", 0))
+    out, lse, k_cache, v_cache = case.run(paged, **api_kw)
+    want, want_lse = _oracle(case, **ref_kw)
+    plain, _ = _oracle(case, upcast=False, **ref_kw)
+    report = error_report("out", out, want, plain)
+    assert report.ok, str(report)
+    assert out.shape == (case.b, case.h, case.n_q, case.dv) and out.dtype == case.q.dtype
+    lse_dtype = torch.float64 if case.q.dtype == torch.float64 else torch.float32
+    assert lse.shape == (case.b, case.h, case.n_q) and lse.dtype == lse_dtype
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+    # the cache after the call: the new keys at cache_seqlens[b] + j, nothing else changed
+    k_want, v_want = case.dense_keys()
+    if paged:
+        pages = case.capacity // case.page_size
+        k_cache = torch.stack([k_cache[case.block_table[i].long()].transpose(0, 1).flatten(1, 2)
+                               for i in range(case.b)])
+        v_cache = torch.stack([v_cache[case.block_table[i].long()].transpose(0, 1).flatten(1, 2)
+                               for i in range(case.b)])
+        assert k_cache.shape[2] == pages * case.page_size
+    assert torch.equal(k_cache.double(), k_want) and torch.equal(v_cache.double(), v_want)
+    return out, lse
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("n_q", [1, 3, 8])
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode(device, paged, n_q, causal):
+    case = Case(n_q=n_q, n_new=n_q, device=device)
+    check(case, paged, causal=causal)
+
+
+@pytest.mark.parametrize("h,h_kv", [(4, 4), (8, 1), (8, 2)])
+def test_gqa_packing(device, h, h_kv):
+    case = Case(h=h, h_kv=h_kv, n_q=2, n_new=2, device=device)
+    check(case, causal=True)
+
+
+def test_without_new_keys(device):
+    case = Case(n_q=4, n_new=0, lens=(17, 1, 128), device=device)
+    check(case, causal=True)
+    check(case, True, causal=True)
+
+
+@pytest.mark.parametrize("window", [(8, -1), (4, 0), (20, 3)])
+def test_window(device, window):
+    case = Case(n_q=3, n_new=3, device=device)
+    check(case, True, causal=window[1] == 0, window=window)
+
+
+def test_every_variant(device):
+    case = Case(h=4, h_kv=2, n_q=5, n_new=2, d=16, dv=8, device=device, dtype=torch.float32)
+    slopes = torch.tensor([[0.5, 0.25, 0.125, 0.0625]] * 3, device=device) * torch.tensor([[1.0], [0.5], [2.0]],
+                                                                                          device=device)
+    sinks = torch.tensor([0.3, -1.0, 2.0, 0.0], device=device)
+    for paged in (False, True):
+        check(case, paged, causal=True, window=(30, -1), softcap=3.0, alibi=slopes, sinks=sinks, num_splits=3)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 5, 0])
+def test_split_kv(device, splits):
+    """A long cache cut into ranges and merged by lse: every split count gives the oracle's answer; sinks
+    enter once (in the merge)."""
+    case = Case(n_q=2, n_new=2, lens=(300, 7, 509), capacity=512, device=device)
+    sinks = torch.tensor([0.5] * 8, device=device)
+    check(case, causal=True, sinks=sinks, num_splits=splits)
+
+
+def test_page_size_256_and_paged_equals_contiguous_bitwise(device):
+    case = Case(n_q=3, n_new=3, lens=(200, 0, 509), capacity=512, page_size=256, device=device)
+    for splits in (1, 3):
+        paged = check(case, True, causal=True, num_splits=splits)
+        dense = check(case, False, causal=True, num_splits=splits)
+        assert all(torch.equal(a, b) for a, b in zip(paged, dense))
+    case16 = Case(n_q=1, n_new=1, lens=(33, 100, 0), page_size=16, device=device)
+    for splits in (1, 4):
+        assert all(torch.equal(a, b) for a, b in zip(case16.run(True, num_splits=splits)[:2],
+                                                      case16.run(False, num_splits=splits)[:2]))
+
+
+def test_rows_that_see_no_key(device):
+    case = Case(n_q=1, n_new=0, lens=(0, 5, 0), device=device)
+    out, lse, _, _ = case.run(False, sinks=torch.zeros(8, device=device))
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(lse[0], torch.zeros_like(lse[0]))
+    out, lse, _, _ = case.run(True)
+    assert torch.equal(out[2], torch.zeros_like(out[2])) and torch.isneginf(lse[2]).all()
+
+
+def test_out_of_range_values_are_clamped_not_read(device):
+    """Unchecked values (as while capturing): a length past the capacity, a negative one, a page entry past
+    the pool. The op clamps: no write outside the cache, finite output, untouched pages unchanged."""
+    case = Case(n_q=1, n_new=2, lens=(127, -5, 10), device=device)
+    k_pages, v_pages, bt = case.caches(True)
+    bt = bt.clone()
+    bt[2, 0] = 10_000
+    unused = sorted(set(range(k_pages.shape[0])) - set(case.block_table.flatten().tolist()))
+    guard = k_pages[unused].clone(), v_pages[unused].clone()  # the pages no batch uses
+    out, lse = torch.ops.diyflash.attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens, case.k, case.v, bt)
+    assert torch.isfinite(out).all()
+    assert torch.equal(k_pages[unused], guard[0]) and torch.equal(v_pages[unused], guard[1])
+    with pytest.raises(ValueError, match=r"cache_seqlens must be >= 0, got cache_seqlens\[1\] = -5"):
+        diyflash.flash_attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens, case.k, case.v, block_table=bt)
+
+
+# ---- the op: opcheck (with the mutation), compile, autocast, errors ----------------------------------
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_opcheck(device, paged):
+    case = Case(n_q=2, n_new=2, device=device, dtype=torch.float32)
+    k_cache, v_cache, bt = case.caches(paged)
+    args = (case.q, k_cache, v_cache, case.seqlens, case.k, case.v, bt, True, None, 8, -1, 0.0, None,
+            torch.zeros(8, device=device), 2)
+    torch.library.opcheck(torch.ops.diyflash.attention_with_kvcache.default, args, test_utils="ALL")
+
+
+def test_compile_decode_loop(device):
+    """A decode loop under torch.compile(fullgraph=True): the cache writes happen in the compiled graph,
+    0 graph breaks, and the steps equal the eager ones."""
+    torch._dynamo.reset()
+    case = Case(n_q=1, n_new=1, lens=(5, 9, 0), device=device)
+
+    def step(q, k_cache, v_cache, seqlens, k, v):
+        return diyflash.flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, k, v, causal=True)
+
+    compiled = torch.compile(step, fullgraph=True)
+    caches_c, caches_e = case.caches(False)[:2], case.caches(False)[:2]
+    seqlens = case.seqlens.clone()
+    for i in range(4):
+        q, k, v = (_randn(t.shape, t.dtype, device, 100 + i) for t in (case.q, case.k, case.v))
+        got = compiled(q, *caches_c, seqlens, k, v)
+        want = step(q, *caches_e, seqlens, k, v)
+        assert torch.equal(got, want)
+        seqlens += 1
+    assert all(torch.equal(a, b) for a, b in zip(caches_c, caches_e))
+    explain = torch._dynamo.explain(step)(case.q, *case.caches(False)[:2], case.seqlens, case.k, case.v)
+    assert explain.graph_break_count == 0
+
+
+def test_autocast(device):
+    dtype = torch.bfloat16
+    case = Case(n_q=2, n_new=2, device=device, dtype=dtype)
+    q32, k32, v32 = case.q.float(), case.k.float(), case.v.float()
+    k_cache, v_cache, _ = case.caches(False)
+    with torch.autocast(device.type, dtype=dtype):
+        out = diyflash.flash_attention_with_kvcache(q32, k_cache, v_cache, case.seqlens, k32, v32)
+    assert out.dtype == dtype
+    want = diyflash.flash_attention_with_kvcache(case.q, *case.caches(False)[:2], case.seqlens, case.k, case.v)
+    assert torch.equal(out, want)
+
+
+def _errors(case, device):
+    i32 = dict(dtype=torch.int32, device=device)
+    return [
+        (dict(k_cache=case.k_cache[:, :, :, :8]), ValueError, "q and k_cache must have one head_dim"),
+        (dict(k_cache=case.k_cache[:2], v_cache=case.v_cache[:2]), ValueError, "k_cache must have q's batch 3"),
+        (dict(cache_seqlens=case.seqlens.long()), TypeError, "cache_seqlens must be an int32 tensor"),
+        (dict(k=None), ValueError, "k and v must be given together"),
+        (dict(block_table=case.block_table.long()), TypeError, "block_table must be an int32 tensor"),
+        (dict(block_table=case.block_table[:2]), ValueError, "block_table must have shape (3, max_pages)"),
+        (dict(num_splits=-1), ValueError, "num_splits must be an int in [0, 1024]"),
+        (dict(cache_seqlens=torch.tensor([10, -1, 3], **i32)), ValueError,
+         "cache_seqlens must be >= 0, got cache_seqlens[1] = -1"),
+        (dict(cache_seqlens=torch.tensor([10, 128, 3], **i32)), ValueError,
+         "cache_seqlens[1] + N_new = 129 exceeds the cache's capacity (128 keys)"),
+    ]
+
+
+VALUE_ERRORS = (7, 8)
+
+
+@pytest.mark.parametrize("i", range(9))
+def test_errors_name_the_values(device, i):
+    case = Case(device=device)
+    kw, exc, phrase = _errors(case, device)[i]
+    a = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, cache_seqlens=case.seqlens, k=case.k, v=case.v,
+             block_table=None, num_splits=0)
+    a.update(kw)
+    with pytest.raises(exc) as api:
+        diyflash.flash_attention_with_kvcache(a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["k"], a["v"],
+                                              block_table=a["block_table"], num_splits=a["num_splits"])
+    assert phrase in str(api.value)
+    if i in VALUE_ERRORS:
+        return  # values: the API checks them eagerly; the op never syncs to read them (the kernels clamp)
+    args = (a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["k"], a["v"], a["block_table"], False, None,
+            -1, -1, 0.0, None, None, a["num_splits"])
+    with pytest.raises(exc) as op:
+        torch.ops.diyflash.attention_with_kvcache(*args)
+    assert phrase in str(op.value) and "diyflash::attention_with_kvcache" in str(op.value)
+
+
+def test_pytorch_path_matches_the_kernels(torch_path):
+    case = Case(n_q=3, n_new=3, dtype=torch.float64)
+    for paged in (False, True):
+        check(case, paged, causal=True, window=(40, -1), sinks=torch.zeros(8, dtype=torch.float64))
+
+
+# ---- GPU only: a 64k cache, a captured decode loop -----------------------------------------------------
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a 64k-token cache: the interpreter would take minutes")
+def test_long_cache_gpu(device):
+    case = Case(b=2, h=32, h_kv=8, n_q=1, n_new=1, d=128, lens=(65535, 40000), capacity=65536, page_size=256,
+                dtype=torch.bfloat16, device=device)
+    for paged in (False, True):
+        check(case, paged, causal=True)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_cuda_graph_decode_loop_of_32_steps(device):
+    """32 decode steps captured in one CUDA graph (the lengths advance on the device) equal the eager loop."""
+    case = Case(b=2, h=8, h_kv=2, n_q=1, n_new=1, d=64, lens=(100, 3), capacity=256, page_size=16,
+                dtype=torch.bfloat16, device=device)
+    steps = 32
+    qs = _randn((steps, *case.q.shape), case.q.dtype, device, 11)
+    ks = _randn((steps, *case.k.shape), case.k.dtype, device, 12)
+    vs = _randn((steps, *case.v.shape), case.v.dtype, device, 13)
+
+    def loop(k_cache, v_cache, bt, seqlens, outs):
+        for i in range(steps):
+            outs[i] = diyflash.flash_attention_with_kvcache(qs[i], k_cache, v_cache, seqlens, ks[i], vs[i],
+                                                            block_table=bt, causal=True)
+            seqlens += 1
+
+    eager_cache = case.caches(True)
+    eager_outs = torch.empty(steps, *case.q.shape, dtype=case.q.dtype, device=device)
+    loop(*eager_cache, case.seqlens.clone(), eager_outs)
+
+    graph_cache = case.caches(True)
+    seqlens = case.seqlens.clone()
+    outs = torch.empty_like(eager_outs)
+    loop(*case.caches(True), case.seqlens.clone(), torch.empty_like(eager_outs))  # warm-up: compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loop(*graph_cache, seqlens, outs)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs, eager_outs)
+    assert torch.equal(graph_cache[0], eager_cache[0]) and torch.equal(graph_cache[1], eager_cache[1])
