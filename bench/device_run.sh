@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: GPU test suite, config sweep and benchmark; full logs under $OUT.
-#   bash bench/device_run.sh [tests] [sweep] [groups] [bench] [variants] [short] [overhead] [matmul] [coldstart]
+#   bash bench/device_run.sh [tests] [sweep] [groups] [bench] [variants] [decode] [varlen] [short] [overhead] [matmul]
+#                            [coldstart]
 #   (default: tests sweep bench)
 # The GPU's SM clock, power and temperature are logged every 500 ms to $OUT/clocks.csv throughout.
 set -uo pipefail
@@ -32,6 +33,12 @@ if [[ $parts == *bench* ]]; then
 fi
 if [[ $parts == *variants* ]]; then
   python3 -m bench.attention_variants --out "$OUT/attention_variants.jsonl" ${VARIANTS_ARGS:-} 2>&1 | tee "$OUT/variants.log" | tail -40
+fi
+if [[ $parts == *decode* ]]; then
+  python3 -m bench.decode --out "$OUT/decode.jsonl" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -20
+fi
+if [[ $parts == *varlen* ]]; then
+  python3 -m bench.varlen --out "$OUT/varlen.jsonl" 2>&1 | tee "$OUT/varlen.log" | tail -12
 fi
 if [[ $parts == *short* ]]; then
   python3 -m bench.attention --short --providers diyflash sdpa-flash sdpa-cudnn --out "$OUT/attention_short.jsonl" 2>&1 | tee "$OUT/short.log" | tail -60
