@@ -217,6 +217,7 @@ def flash_attention_varlen(
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     return_lse: bool = False,
+    validate: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over packed sequences (flash-attn's flash_attn_varlen_func), differentiable in q, k, v
     (and sinks), with deterministic gradients.
@@ -235,10 +236,12 @@ def flash_attention_varlen(
             (B, heads).
         return_lse: also return lse (heads, total_q) fp32, flash-attn's varlen layout.
 
-    The values of cu_seqlens are checked eagerly (one device sync): cu[0] = 0, non-decreasing, cu[-1] =
-    the token count, no sequence longer than max_seqlen. Not while compiling, exporting or capturing a
-    CUDA graph; there the kernels clamp every offset into the tensors (nothing is read or written out of
-    bounds), but rows of a sequence longer than max_seqlen_q, or tokens past cu[-1], are not written.
+    validate: check the values of cu_seqlens eagerly (one device sync, which waits for the GPU's queued
+        work): cu[0] = 0, non-decreasing, cu[-1] = the token count, no sequence longer than max_seqlen.
+        Never while compiling, exporting or capturing a CUDA graph. False skips them (a training loop that
+        builds cu_seqlens itself saves the sync); the kernels clamp every offset into the tensors, so
+        nothing is read or written out of bounds, but rows of a sequence longer than max_seqlen_q, or
+        tokens past cu[-1], are then left unwritten.
 
     Returns:
         (total_q, heads, head_dim_v) in q's dtype; with return_lse, (out, lse).
@@ -255,7 +258,7 @@ def flash_attention_varlen(
         raise kind(message)
     sm_scale = _check_scale(sm_scale)
     left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks, cu_seqlens_q.shape[0] - 1)
-    if _values_checkable(q):
+    if _check_bool("validate", validate) and _values_checkable(q):
         for cu, name, total, longest in ((cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q),
                                          (cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k)):
             error = cu_seqlens_error(cu, name, total, longest)
@@ -284,6 +287,7 @@ def flash_attention_with_kvcache(
     sinks: torch.Tensor | None = None,
     return_lse: bool = False,
     num_splits: int = 0,
+    validate: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Inference attention against a KV cache (flash-attn's flash_attn_with_kvcache): decoding (N_q = 1),
     speculative decoding and chunked prefill (N_q up to a few hundred). Not differentiable: no backward.
@@ -304,10 +308,12 @@ def flash_attention_with_kvcache(
         num_splits: how many programs share one (batch, kv head)'s keys (split-KV); 0 chooses from the
             shapes and the GPU's SM count. Results are deterministic for a given split count.
 
-    The values are checked eagerly (one device sync): cache_seqlens >= 0, cache_seqlens + N_new within the
-    capacity (N_cache, or max_pages * page_size), every block_table entry in use a page of the cache. Not
-    while compiling, exporting or capturing a CUDA graph: there the kernels clamp (positions past the
-    capacity are neither written nor read, page entries are clamped into the cache).
+        validate: check the values eagerly (one device sync, which waits for the GPU's queued work):
+            cache_seqlens >= 0, cache_seqlens + N_new within the capacity (N_cache, or max_pages *
+            page_size), every block_table entry in use a page of the cache. Never while compiling, exporting
+            or capturing a CUDA graph. False skips them: an eager decode loop saves the sync (bench.decode:
+            it is most of an eager call's time). The kernels clamp either way: positions past the capacity
+            are neither written nor read, page entries are clamped into the cache.
 
     Returns:
         (batch, heads, N_q, head_dim_v) in q's dtype and layout; with return_lse, (out, lse).
@@ -333,7 +339,7 @@ def flash_attention_with_kvcache(
         raise kind(message)
     sm_scale = _check_scale(sm_scale)
     left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks)
-    if _values_checkable(q):
+    if _check_bool("validate", validate) and _values_checkable(q):
         paged = block_table is not None
         capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
         error = kvcache_values_error(cache_seqlens, 0 if k is None else k.shape[2], capacity, block_table,
