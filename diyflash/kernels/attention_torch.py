@@ -315,7 +315,7 @@ def sinks_grad(sinks, out, dout, lse, dlse):
 
 def _cache_rows(cache_seqlens, n: int, capacity: int, block_table, page_size: int, num_pages: int, start=None):
     """Batch and in-cache (page, row) indices of cache positions start[b] + j, j < n (start = 0 when None),
-    with whether each is inside the cache (decode._cache_rows: out-of-range positions and page entries)."""
+    with whether each is inside the cache (decode._cache_slots: out-of-range positions and page entries)."""
     b = cache_seqlens.shape[0]
     pos = torch.arange(n, device=cache_seqlens.device).view(1, n).expand(b, n).to(torch.long)
     if start is not None:

@@ -21,18 +21,19 @@ from .tiles import _load  # noqa: E402
 
 
 @triton.jit
-def _cache_rows(b, cols, valid, block_table_ptr, stride_btb, stride_kz, stride_kn, num_pages,
-                PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """Element offsets (64-bit) of cache rows `cols` of batch b, heads aside: b * stride_z + col * stride_n
-    for a contiguous cache; for a paged one, page block_table[b, col // PAGE_SIZE] (clamped into
-    [0, num_pages), so that no value reads outside the cache), row col % PAGE_SIZE. Also returns whether
-    each row's page entry was in range (always True for a contiguous cache)."""
+def _cache_slots(b, cols, valid, block_table_ptr, stride_btb, num_pages, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Where cache positions `cols` of batch b live, as (slot, row, ok), 64-bit: slot is dim 0 of the cache
+    (b for a contiguous cache; for a paged one the page block_table[b, col // PAGE_SIZE], clamped into
+    [0, num_pages) so that no value reads outside the cache), row is dim 2 (col, or col % PAGE_SIZE), ok
+    whether the page entry was in range (always True for a contiguous cache). K and V share one lookup:
+    element offsets are slot * stride_z + row * stride_n with each cache's strides (attention_torch's
+    _cache_rows mirrors this)."""
     if PAGED:
         page = tl.load(block_table_ptr + b.to(tl.int64) * stride_btb + cols // PAGE_SIZE, mask=valid, other=0)
         ok = (page >= 0) & (page < num_pages)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
-        return page.to(tl.int64) * stride_kz + (cols % PAGE_SIZE).to(tl.int64) * stride_kn, ok
-    return b.to(tl.int64) * stride_kz + cols.to(tl.int64) * stride_kn, cols >= 0
+        return page.to(tl.int64), (cols % PAGE_SIZE).to(tl.int64), ok
+    return b.to(tl.int64) + tl.zeros_like(cols).to(tl.int64), cols.to(tl.int64), cols >= 0  # one type per branch
 
 
 @triton.jit
@@ -53,10 +54,9 @@ def _cache_append_kernel(
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     pos = tl.load(cache_seqlens_ptr + b) + j
     ok = (j < n_new) & (pos >= 0) & (pos < capacity)
-    rows, page_ok = _cache_rows(b, pos, ok, block_table_ptr, stride_btb, stride_kcz, stride_kcn, num_pages, PAGED,
-                                PAGE_SIZE)
-    vrows, _ = _cache_rows(b, pos, ok, block_table_ptr, stride_btb, stride_vcz, stride_vcn, num_pages, PAGED,
-                           PAGE_SIZE)
+    slot, row, page_ok = _cache_slots(b, pos, ok, block_table_ptr, stride_btb, num_pages, PAGED, PAGE_SIZE)
+    rows = slot * stride_kcz + row * stride_kcn
+    vrows = slot * stride_vcz + row * stride_vcn
     ok = ok & page_ok
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
@@ -149,10 +149,9 @@ def _attn_decode_kernel(
     for start_n in range(my_lo, my_hi, BLOCK_N):
         cols = start_n + offs_n
         key_ok = cols < my_hi
-        k_rows, _ = _cache_rows(b, cols, key_ok, block_table_ptr, stride_btb, stride_kz, stride_kn, num_pages, PAGED,
-                                PAGE_SIZE)
-        v_rows, _ = _cache_rows(b, cols, key_ok, block_table_ptr, stride_btb, stride_vz, stride_vn, num_pages, PAGED,
-                                PAGE_SIZE)
+        slot, row, _ = _cache_slots(b, cols, key_ok, block_table_ptr, stride_btb, num_pages, PAGED, PAGE_SIZE)
+        k_rows = slot * stride_kz + row * stride_kn
+        v_rows = slot * stride_vz + row * stride_vn
         k = _load(k_head + k_rows[None, :] + offs_d[:, None] * stride_kd, key_ok[None, :] & d_mask[:, None], UPCAST)
         s, _ = _scores(tl.dot(q, k, input_precision=DOT_PRECISION), qi[:, None], cols[None, :], causal_offset,
                        qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)

@@ -6,6 +6,7 @@ import torch
 
 from .._runtime import device_limits, require_triton
 from ..attention_configs import head_dim_pad
+from ..attention_torch import empty_out
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from .._launch import DirectLauncher, cdiv  # noqa: E402
@@ -60,8 +61,6 @@ def attention_kvcache(
     N_cache, D) with any strides, or paged (num_pages, H_kv, page_size, D) through block_table (B,
     max_pages) int32. cache_seqlens int32 (B,) contiguous. num_splits: 0 picks (num_splits_for).
     Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32."""
-    from ..attention_torch import empty_out
-
     out = empty_out(q, v_cache.shape[-1])
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     b, h, n_q, d = q.shape
