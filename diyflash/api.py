@@ -62,6 +62,11 @@ def _check_devices(**tensors: torch.Tensor) -> None:
         )
 
 
+def _values_checkable(t: torch.Tensor) -> bool:
+    # data-dependent checks sync the device: not while compiling, exporting or capturing a CUDA graph
+    return not (_tracing() or (t.is_cuda and torch.cuda.is_current_stream_capturing()))
+
+
 def _check_seq_lens(seq_lens, batch: int, seq_len_k: int, device: torch.device) -> None:
     if not isinstance(seq_lens, torch.Tensor):
         raise ValueError(f"seq_lens must be a torch.Tensor of dtype torch.int32, got {type(seq_lens).__name__}")
@@ -71,7 +76,7 @@ def _check_seq_lens(seq_lens, batch: int, seq_len_k: int, device: torch.device) 
         raise ValueError(f"seq_lens must have shape (batch,) = ({batch},), got {tuple(seq_lens.shape)}")
     if seq_lens.device != device:
         raise ValueError(f"seq_lens must be on the inputs' device {device}, got {seq_lens.device}")
-    if _tracing() or seq_lens.numel() == 0 or (seq_lens.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if seq_lens.numel() == 0 or not _values_checkable(seq_lens):
         # values are data: checked eagerly only. Compiling or exporting has none, and a CUDA graph being
         # captured must not sync; the kernels clamp them to [0, N], so nothing is read out of bounds
         return
@@ -196,11 +201,6 @@ def _check_variant_args(q, window_size, softcap, alibi_slopes, sinks, packed_bat
     return left, right, softcap
 
 
-def _values_checkable(t: torch.Tensor) -> bool:
-    # data-dependent checks sync the device: not while compiling, exporting or capturing a CUDA graph
-    return not (_tracing() or (t.is_cuda and torch.cuda.is_current_stream_capturing()))
-
-
 def flash_attention_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -321,13 +321,11 @@ def flash_attention_with_kvcache(
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    new = {} if k is None else dict(k=k)
-    new.update({} if v is None else dict(v=v))
     if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
         # the op's autocast casts q, k and v (never the caches it writes); cast here so the checks see that
         dtype = torch.get_autocast_dtype(q.device.type)
         q, k, v = (None if t is None else t.to(dtype) for t in (q, k, v))
-        new = {name: t.to(dtype) for name, t in new.items()}
+    new = {name: t for name, t in (("k", k), ("v", v)) if t is not None}
     if not _usual(q, k_cache, v_cache, *new.values()):
         _check_dtypes(q=q, k_cache=k_cache, v_cache=v_cache, **new)
         _check_devices(q=q, k_cache=k_cache, v_cache=v_cache, **new)

@@ -63,3 +63,15 @@ def copies_of(fn, *tensors) -> list[str]:
     names = ("aten::contiguous", "aten::clone", "aten::copy_", "aten::_to_copy")
     return [f"{e.name}{e.input_shapes}" for e in prof.events()
             if e.name in names and any(tuple(s) in shapes for s in e.input_shapes if s)]
+
+
+def slopes(h, b=None, device="cpu"):
+    """ALiBi slopes (h,), or (b, h) scaled per batch row: the variants' and varlen tests' one recipe."""
+    base = torch.tensor([2.0 ** (-8 * (i + 1) / h) for i in range(h)])
+    return (base if b is None else base * torch.linspace(0.5, 1.5, b)[:, None]).to(device)
+
+
+def sink_logits(h, device="cpu"):
+    """Seeded sink logits (h,)."""
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    return torch.randn(h, generator=gen).to(device)

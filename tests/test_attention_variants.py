@@ -12,7 +12,7 @@ import torch
 import diyflash
 from diyflash.reference import attention_ref
 from diyflash.utils.validation import compare_with_oracle
-from helpers import ON_GPU, copies_of
+from helpers import ON_GPU, copies_of, sink_logits, slopes
 
 _GEN_SEED = 0
 
@@ -81,16 +81,6 @@ def _finite(lse):
 def _lse_grad(q, seq_lens):
     gen = torch.Generator(device="cpu").manual_seed(5)
     return torch.randn(q.shape[:-1], generator=gen).to(q.device)
-
-
-def slopes(h, b=None, device="cpu"):
-    base = torch.tensor([2.0 ** (-8 * (i + 1) / h) for i in range(h)])
-    return (base if b is None else base * torch.linspace(0.5, 1.5, b)[:, None]).to(device)
-
-
-def sink_logits(h, device="cpu"):
-    gen = torch.Generator(device="cpu").manual_seed(7)
-    return torch.randn(h, generator=gen).to(device)
 
 
 @pytest.mark.parametrize("h,h_kv", [(8, 2), (4, 1), (8, 1), (3, 3)])

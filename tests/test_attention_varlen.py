@@ -11,7 +11,7 @@ import torch
 import diyflash
 from diyflash.reference import attention_varlen_ref
 from diyflash.utils.validation import compare_with_oracle
-from helpers import ON_GPU, copies_of
+from helpers import ON_GPU, copies_of, sink_logits, slopes
 
 
 def cu(lens, device):
@@ -36,16 +36,6 @@ def packed(lens_q, lens_k, h, h_kv, d, dv=None, dtype=torch.float16, device="cpu
         return torch.randn(t, heads, dim, generator=gen).to(device=device, dtype=dtype)
 
     return one(t_q, h, d), one(t_k, h_kv, d), one(t_k, h_kv, dv)
-
-
-def slopes(h, b=None, device="cpu"):
-    base = torch.tensor([2.0 ** (-8 * (i + 1) / h) for i in range(h)])
-    return (base if b is None else base * torch.linspace(0.5, 1.5, b)[:, None]).to(device)
-
-
-def sink_logits(h, device="cpu"):
-    gen = torch.Generator(device="cpu").manual_seed(7)
-    return torch.randn(h, generator=gen).to(device)
 
 
 def check(q, k, v, lens_q, lens_k, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=None, sinks=None):

@@ -130,22 +130,28 @@ def _attention_fwd_fake(q, k, v, causal, scale, seq_lens, window_left=-1, window
     return empty_out(q, v.shape[-1]), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
 
 
-def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes,
-               sinks) -> None:
-    _check_qkv("attention_bwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
-    one_device("attention_bwd", q=q, dout=dout, dlse=dlse, out=out, lse=lse)
+def check_saved(op: str, fwd: str, dout, dlse, q, v, out, lse, lse_shape) -> None:
+    """A backward op's own inputs beside q and v: dout and out shaped (..., D_v) like the forward's output
+    and of q's dtype, lse and dlse shaped lse_shape in the forward's lse dtype, all on q's device."""
+    one_device(op, q=q, dout=dout, dlse=dlse, out=out, lse=lse)
     out_shape = (*q.shape[:-1], v.shape[-1])
-    for name, t, shape in (("dout", dout, out_shape), ("out", out, out_shape), ("lse", lse, q.shape[:-1]),
-                           ("dlse", dlse, q.shape[:-1])):
+    for name, t, shape in (("dout", dout, out_shape), ("out", out, out_shape), ("lse", lse, lse_shape),
+                           ("dlse", dlse, lse_shape)):
         if t is not None and tuple(t.shape) != tuple(shape):
-            raise ValueError(f"diyflash::attention_bwd: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+            raise ValueError(f"diyflash::{op}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
     if dout.dtype != q.dtype or out.dtype != q.dtype:
-        raise TypeError(f"diyflash::attention_bwd: dout and out must have q's dtype {q.dtype}, "
+        raise TypeError(f"diyflash::{op}: dout and out must have q's dtype {q.dtype}, "
                         f"got dout {dout.dtype}, out {out.dtype}")
     for name, t in (("lse", lse), ("dlse", dlse)):
         if t is not None and t.dtype != _lse_dtype(q.dtype):
-            raise TypeError(f"diyflash::attention_bwd: {name} must have attention_fwd's lse dtype "
+            raise TypeError(f"diyflash::{op}: {name} must have {fwd}'s lse dtype "
                             f"{_lse_dtype(q.dtype)} for {q.dtype} inputs, got {t.dtype}")
+
+
+def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes,
+               sinks) -> None:
+    _check_qkv("attention_bwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
+    check_saved("attention_bwd", "attention_fwd", dout, dlse, q, v, out, lse, q.shape[:-1])
 
 
 def _no_sinks_grad(q: torch.Tensor) -> torch.Tensor:

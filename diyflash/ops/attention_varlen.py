@@ -13,7 +13,8 @@ from torch.library import Library, custom_op
 
 from ..kernels import device_guard, uses_triton
 from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, empty_out, sinks_grad
-from .attention import _kernels, _lse_dtype, _no_sinks_grad, _prepare_variants, _resolve_scale, _variant_kwargs
+from .attention import (_kernels, _lse_dtype, _no_sinks_grad, _prepare_variants, _resolve_scale, _variant_kwargs,
+                        check_saved)
 from .autocast import register_autocast
 from .checks import check_dtype, check_variants, check_varlen, one_device
 from .eager import dispatcher_free
@@ -73,20 +74,7 @@ def _check_bwd(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, window_l
                alibi_slopes, sinks) -> None:
     _check("attention_varlen_bwd", q, k, v, cu_q, cu_k, max_q, max_k, window_left, window_right, softcap,
            alibi_slopes, sinks)
-    one_device("attention_varlen_bwd", q=q, dout=dout, dlse=dlse, out=out, lse=lse)
-    out_shape, lse_shape = (*q.shape[:-1], v.shape[-1]), (q.shape[1], q.shape[0])
-    for name, t, shape in (("dout", dout, out_shape), ("out", out, out_shape), ("lse", lse, lse_shape),
-                           ("dlse", dlse, lse_shape)):
-        if t is not None and tuple(t.shape) != tuple(shape):
-            raise ValueError(f"diyflash::attention_varlen_bwd: {name} must have shape {tuple(shape)}, "
-                             f"got {tuple(t.shape)}")
-    if dout.dtype != q.dtype or out.dtype != q.dtype:
-        raise TypeError(f"diyflash::attention_varlen_bwd: dout and out must have q's dtype {q.dtype}, "
-                        f"got dout {dout.dtype}, out {out.dtype}")
-    for name, t in (("lse", lse), ("dlse", dlse)):
-        if t is not None and t.dtype != _lse_dtype(q.dtype):
-            raise TypeError(f"diyflash::attention_varlen_bwd: {name} must have the lse dtype {_lse_dtype(q.dtype)} "
-                            f"for {q.dtype} inputs, got {t.dtype}")
+    check_saved("attention_varlen_bwd", "attention_varlen_fwd", dout, dlse, q, v, out, lse, (q.shape[1], q.shape[0]))
 
 
 def _bwd_impl(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1,
