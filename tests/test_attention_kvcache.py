@@ -202,6 +202,28 @@ def test_out_of_range_values_are_clamped_not_read(device):
 # ---- the op: opcheck (with the mutation), compile, autocast, errors ----------------------------------
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_raw_dot_past_fp32_range_stays_finite(device, splits):
+    """Issue 23, item 9, in the decode kernel: q of 3e19 against new keys of 3e19 (raw q.k 9e38, past
+    fp32's range; scaled by 1/8, 1.1e38, inside it) is finite and meets the error rule against plain
+    PyTorch that scales q first (exact at head_dim 64), split or not."""
+    case = Case(d=64, n_q=2, n_new=2, dtype=torch.bfloat16, device=device)
+    case.q[:, :, 1, 0] = 3e19
+    case.q[:, ::3, 0, 0] = -3e19
+    case.k[:, :, 0, 0] = 3e19
+    out, lse, _, _ = case.run(False, causal=True, window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None,
+                              num_splits=splits)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    want, want_lse = _oracle(case, causal=True)
+    q = case.q
+    case.q = q * 0.125
+    plain, _ = _oracle(case, causal=True, scale=1.0, upcast=False)
+    case.q = q
+    report = error_report("out", out, want, plain)
+    assert report.ok, str(report)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_opcheck(device, paged):
     case = Case(n_q=2, n_new=2, device=device, dtype=torch.float32)

@@ -11,6 +11,7 @@ and v through broadcasting views: no copy, no repeat.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -138,6 +139,13 @@ def _scores(qk, rows, cols, causal_offset: int, scale: float, softcap: float, sl
     return s, t
 
 
+def _prescaled(q5: torch.Tensor, scale: float):
+    """(q5 * p2, scale / p2) with p2 = 2^e <= 1 from scale's exponent (semantics._prescaled): both exact,
+    so the scores round as before, but q.k overflows only where the scaled score does."""
+    e = min(max(math.frexp(scale)[1] - 1, -64), 0)
+    return q5 * 2.0**e, scale * 2.0**-e
+
+
 def _per_head(t: torch.Tensor | None, h_kv: int, groups: int, acc_t) -> torch.Tensor | None:
     """ALiBi slopes (H,) or (Z, H) -> (Z or 1, Hkv, G, 1, 1) in the accumulation dtype."""
     if t is None:
@@ -146,14 +154,14 @@ def _per_head(t: torch.Tensor | None, h_kv: int, groups: int, acc_t) -> torch.Te
     return t.reshape(-1, h_kv, groups, 1, 1)
 
 
-def _key_block(q5, k5, v5, n0: int, block_n: int, acc_t, geo: _Geometry, causal: bool, bounded: bool, left: int,
+def _key_block(qs, k5, v5, n0: int, block_n: int, acc_t, geo: _Geometry, causal: bool, bounded: bool, left: int,
                right: int, scale: float, softcap: float, slopes):
-    """Keys [n0, n0 + block_n): their k and v in the accumulation dtype, the block's scores (_scores),
-    the softcap's tanh, and which (row, key) pairs are visible."""
+    """Keys [n0, n0 + block_n): their k and v in the accumulation dtype, the block's scores (_scores of
+    qs.k with qs, scale from _prescaled), the softcap's tanh, and which (row, key) pairs are visible."""
     kb = k5[..., n0 : n0 + block_n, :].to(acc_t)
     vb = v5[..., n0 : n0 + block_n, :].to(acc_t)
-    cols, same = geo.cols(n0, kb.shape[-2], q5.device)
-    s, t = _scores(torch.matmul(q5, kb.transpose(-1, -2)), geo.rows, cols, geo.offset, scale, softcap, slopes)
+    cols, same = geo.cols(n0, kb.shape[-2], qs.device)
+    s, t = _scores(torch.matmul(qs, kb.transpose(-1, -2)), geo.rows, cols, geo.offset, scale, softcap, slopes)
     vis = _visible(geo.rows, cols, geo.q_len, geo.kv_len, causal, geo.offset, bounded, left, right)
     return kb, vb, s, t, vis if same is None else vis & same
 
@@ -229,8 +237,9 @@ def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n
         m = sinks.to(acc_t).view(1, h_kv, g, 1).expand(stats).clone()
         l = torch.ones(stats, dtype=acc_t, device=q.device)
     acc = torch.zeros((*stats, v.shape[-1]), dtype=acc_t, device=q.device)
+    qs, rest = _prescaled(q5, scale)
     for n0 in range(0, k5.shape[-2], block_n):
-        kb, vb, s, _, vis = _key_block(q5, k5, v5, n0, block_n, acc_t, geo, causal, bounded, left, right, scale,
+        kb, vb, s, _, vis = _key_block(qs, k5, v5, n0, block_n, acc_t, geo, causal, bounded, left, right, rest,
                                        softcap, slopes)
         s = s.masked_fill(~vis, float("-inf"))
         # -- online softmax update (a row with no visible key keeps m = -inf and gets p = 0) --
@@ -284,8 +293,9 @@ def attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal: bool, scale: fl
     dq5 = torch.zeros(q5.shape, dtype=acc_t, device=q.device)
     dk5 = torch.zeros(k5.shape, dtype=acc_t, device=q.device)
     dv5 = torch.zeros(v5.shape, dtype=acc_t, device=q.device)
+    qs, rest = _prescaled(q5, scale)
     for n0 in range(0, k5.shape[-2], block_n):
-        kb, vb, s, t, vis = _key_block(q5, k5, v5, n0, block_n, acc_t, geo, causal, bounded, left, right, scale,
+        kb, vb, s, t, vis = _key_block(qs, k5, v5, n0, block_n, acc_t, geo, causal, bounded, left, right, rest,
                                        softcap, slopes)
         p = torch.where(vis, torch.exp(s - lse5.unsqueeze(-1)), 0.0)
         # the group's query heads (dim 2) sum into their kv head, in a fixed order

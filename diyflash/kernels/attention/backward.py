@@ -9,7 +9,7 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import _band, _inv, _query_band, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
+from .semantics import _band, _inv, _prescaled, _query_band, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
 from .tiles import _desc_load, _load, _rows, _stepped, _streamed  # noqa: E402
 
 
@@ -242,6 +242,7 @@ def _attn_bwd_dkdv_kernel(
         v = _load(v_base + _rows(offs_n, ROW32)[:, None] * stride_vn + offs_dv[None, :] * stride_vd, vd_mask, UPCAST)
     else:
         v = k
+    k, qk_scale = _prescaled(k, qk_scale)  # k enters only the score dots here (dk reads q and ds)
     inv_cap2 = _inv(cap2, SOFTCAP)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
@@ -418,6 +419,7 @@ def _attn_bwd_dq_kernel(
     k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
     v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM_V, BLOCK_N, HEAD_DIM_V_PAD,
                        True, TMA)
+    q, qk_scale = _prescaled(q, qk_scale)  # q enters only the score dots here (dq reads ds and k)
     slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI)
     inv_cap2 = _inv(cap2, SOFTCAP)
 

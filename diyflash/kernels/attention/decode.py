@@ -16,7 +16,7 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import _inv, _scores, _visible  # noqa: E402
+from .semantics import _inv, _prescaled, _scores, _visible  # noqa: E402
 from .tiles import _load  # noqa: E402
 
 
@@ -136,6 +136,7 @@ def _attn_decode_kernel(
                   * 1.4426950408889634)[:, None]
     else:
         slope2 = 0.0
+    q, qk_scale = _prescaled(q, qk_scale)  # the raw dot overflows only where the scaled score does
     inv_cap2 = _inv(cap2, SOFTCAP)
     if SINKS:
         m_i = tl.load(sinks_ptr + off_h, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634

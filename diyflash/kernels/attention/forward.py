@@ -8,7 +8,7 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
 from .lazy import LAZY_SLACK, _rescale  # noqa: E402
-from .semantics import _band, _inv, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
+from .semantics import _band, _inv, _prescaled, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
 from .tiles import _desc_load, _desc_load4, _load, _rows, _rows_desc, _stepped, _streamed  # noqa: E402
 
 
@@ -184,6 +184,7 @@ def _attn_fwd_kernel(
         k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
         v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM_V, BLOCK_N, HEAD_DIM_V_PAD,
                            False, TMA)
+    q, qk_scale = _prescaled(q, qk_scale)  # the raw dot overflows only where the scaled score does
     if SINKS:  # the sink is a logit of its own: the row starts with max = sink, sum = exp(sink - sink) = 1
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(sinks_ptr + off_h).to(tl.float32) * 1.4426950408889634
         l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)

@@ -104,6 +104,21 @@ def _key_range(start_m, q_len, kv_len, causal_offset,
 
 
 @triton.jit
+def _prescaled(x, qk_scale):
+    """The operand a program holds for its score dots (q, or k in the dk/dv kernel) times a power of two
+    p2, and the rest of the scale: (x * p2, qk_scale / p2), p2 = 2^e <= 1 the power of qk_scale's exponent
+    (e in [-64, 0]). Both factors are exact (exponent arithmetic on the bits), so (x * p2).y * rest rounds
+    to the same bits as (x.y) * qk_scale; but the raw dot now overflows fp32 only where the scaled score
+    itself leaves the fp32 range, not already where q.k passes 3.4e38 (issue 23: bf16 inputs of ~1e19
+    gave NaN where SDPA, which scales before its matmul, stays finite)."""
+    bits = tl.cast(qk_scale, tl.float32).to(tl.int32, bitcast=True)
+    e = tl.minimum(tl.maximum((bits >> 23) & 0xFF, 63), 127)  # biased exponent of p2
+    p2 = (e << 23).to(tl.float32, bitcast=True)
+    inv_p2 = ((254 - e) << 23).to(tl.float32, bitcast=True)
+    return (x * p2).to(x.dtype), qk_scale * inv_p2
+
+
+@triton.jit
 def _tanh(x):
     """tanh in fp32 to a few ulps, by 1 - 2 / (exp(2x) + 1), which saturates to +-1 without overflow,
     and a Taylor polynomial where that formula cancels (|x| < 0.125; error < 3e-10 relative there).
