@@ -7,6 +7,7 @@ torch.compile(fullgraph=True) and torch.export.
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
 from .api import flash_attention, flash_attention_varlen, flash_attention_with_kvcache, triton_matmul
+from .integrations.sdpa import scaled_dot_product_attention
 from .precompile import precompile
 from .reference import reference_attention
 from .selector import (
@@ -25,6 +26,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_varlen",
     "flash_attention_with_kvcache",
+    "scaled_dot_product_attention",
     "triton_matmul",
     "reference_attention",
     "precompile",

@@ -43,6 +43,6 @@ def test_ci_runs_the_readme_commands_verbatim():
     ci = (root / ".ci" / "run").read_text()
     block = readme.split("```bash", 1)[1].split("```", 1)[0]
     commands = [line.strip() for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
-    assert commands == ["pip install -e . && python -m diyflash", 'pip install -e ".[test]" && python -m pytest']
-    assert "(pip install -e . && python -m diyflash)" in ci and 'pip install -e ".[test]" && python -m pytest' in ci
+    assert commands == ["pip install -e . && python -m diyflash", 'pip install -e ".[test,transformers]" && python -m pytest']
+    assert "(pip install -e . && python -m diyflash)" in ci and 'pip install -e ".[test,transformers]" && python -m pytest' in ci
     assert "python -m venv" in ci and "--system-site-packages" not in ci and "validation: PASSED" in ci

@@ -1,0 +1,120 @@
+"""diyflash as a Hugging Face transformers attention backend.
+
+    import diyflash.integrations.transformers as dt          # registers it (register() is idempotent)
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=dt.ATTN_IMPLEMENTATION)
+    model.set_attn_implementation(dt.ATTN_IMPLEMENTATION)    # or switch a loaded model
+
+The name has no "flash" in it: transformers 5.x routes any name containing "flash" to its flash-attention
+kernel loader. Registered through the public AttentionInterface and AttentionMaskInterface: the mask
+function is transformers' own flash_attention_mask, so no 4-D mask is ever built; the attention function
+gets a (B, S) padding mask or None.
+
+What transformers passes maps onto diyflash natively: GQA (k and v never repeated), `scaling`,
+`sliding_window` (window (w - 1, w - 1), causal caps the right side), `softcap` (Gemma 2), `s_aux`
+(gpt-oss's sinks), causal aligned bottom-right (decode steps: q shorter than k). Padding (right or left)
+runs the kept tokens as packed sequences through flash_attention_varlen (as transformers' flash path
+unpads); packed rows (batch 1, position_ids restarting) and the padding-free collator's cu_seq_lens_* too.
+Attention dropout in training, output_attentions and a custom 4-D mask raise NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..api import flash_attention, flash_attention_varlen
+from .padding import kept, pad, sequences_from_positions, token_major
+
+ATTN_IMPLEMENTATION = "diyattention"
+MIN_TRANSFORMERS = "5.0"  # tested: see README (5.17 on the GPU machine, the version CI installs)
+
+
+def _variants(module, sliding_window, softcap, s_aux):
+    window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, int(sliding_window) - 1)
+    sinks = None if s_aux is None else s_aux.float()  # (H,) logits; diyflash takes them in fp32
+    return dict(window_size=window, softcap=0.0 if softcap is None else float(softcap), sinks=sinks)
+
+
+def _packed_call(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, variants):
+    return flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, validate=False, **variants)
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
+                      s_aux: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: query (B, H, L, D), key and value (B, H_kv, S, D);
+    returns ((B, L, H, D_v), None)."""
+    if dropout and module.training:
+        raise NotImplementedError(f"diyflash has no attention dropout; got dropout={dropout} in training "
+                                  "(set the config's attention_dropout to 0 or call model.eval())")
+    if kwargs.get("output_attentions"):
+        raise NotImplementedError("diyflash does not materialise attention weights (output_attentions=True)")
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise NotImplementedError(
+            f"diyflash takes a (batch, keys) padding mask; got a {attention_mask.dim()}-D attention mask of shape "
+            f"{tuple(attention_mask.shape)} (a custom mask the kernels cannot express)")
+    causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
+    variants = _variants(module, sliding_window, softcap, s_aux)
+    batch, _, len_q, _ = query.shape
+    len_k = key.shape[2]
+
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None:  # the padding-free collator: sequences flattened into one row
+        max_q, max_k = kwargs.get("max_length_q") or batch * len_q, kwargs.get("max_length_k") or batch * len_k
+        out = _packed_call(token_major(query), token_major(key), token_major(value), cu_q.to(torch.int32),
+                           cu_k.to(torch.int32), int(max_q), int(max_k), causal, scaling, variants)
+        return out.view(batch, len_q, *out.shape[1:]), None
+
+    if attention_mask is not None:
+        mask = attention_mask[:, -len_k:].to(torch.bool)
+        keep_k, cu_k = kept(mask)
+        k, v = token_major(key)[keep_k], token_major(value)[keep_k]
+        if len_q == len_k:
+            keep_q, cu_q, q = keep_k, cu_k, token_major(query)[keep_k]
+        elif len_q == 1:  # a decode step: every row is a query
+            keep_q = None
+            cu_q = torch.arange(batch + 1, dtype=torch.int32, device=query.device)
+            q = token_major(query)
+        else:  # several new tokens against a cache: the last len_q positions (left padding, as transformers)
+            keep_q, cu_q = kept(mask[:, -len_q:])
+            q = token_major(query)[keep_q]
+        out = _packed_call(q, k, v, cu_q, cu_k, len_q, len_k, causal, scaling, variants)
+        if keep_q is None:
+            return out.view(batch, 1, *out.shape[1:]), None
+        return pad(out, keep_q, batch, len_q), None
+
+    position_ids = kwargs.get("position_ids")
+    if batch == 1 and len_q > 1 and len_q == len_k and position_ids is not None and _restarts(position_ids):
+        cu, _ = sequences_from_positions(position_ids)
+        out = _packed_call(token_major(query), token_major(key), token_major(value), cu, cu, len_q, len_k, causal,
+                           scaling, variants)
+        return out.view(1, len_q, *out.shape[1:]), None
+
+    out = flash_attention(query, key, value, causal, scaling, **variants)
+    return out.transpose(1, 2), None
+
+
+def _restarts(position_ids: torch.Tensor) -> bool:
+    """Whether one row of position_ids packs several sequences (it is not min, min + 1, ...). Eagerly a
+    device sync; while compiling, always True (sequences_from_positions then keeps shapes static)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return True
+    pos = position_ids.reshape(-1)
+    return bool((pos != torch.arange(pos.shape[0], device=pos.device) + pos.min()).any())
+
+
+def register() -> str:
+    """Register the attention function and its mask function with transformers (idempotent); returns the
+    name to pass as attn_implementation."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    except ImportError as e:  # pragma: no cover - exercised without the extra only
+        raise ModuleNotFoundError(
+            "diyflash.integrations.transformers needs transformers: pip install 'diyflash[transformers]'") from e
+    AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flash_attention_mask)
+    return ATTN_IMPLEMENTATION
+
+
+register()

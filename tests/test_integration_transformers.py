@@ -1,0 +1,189 @@
+"""diyflash as a transformers attention backend (issue 26): tiny random-weight models built from configs
+(no download) against attn_implementation="sdpa" (or "eager" where sdpa lacks the feature) under the 2x
+rule, with a float64 copy of the model as the oracle: logits and every parameter gradient of a training
+step, greedy generation with right- and left-padded batches (identical tokens), packed rows, compile.
+The same file runs on CPU (interpreter) and on CUDA."""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the transformers extra: pip install 'diyflash[transformers]'")
+
+import diyflash.integrations.transformers as dt  # noqa: E402
+from diyflash.utils.validation import error_report  # noqa: E402
+from helpers import ON_GPU  # noqa: E402
+
+VOCAB = 128
+
+
+def _config(kind, head_dim=16):
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=512, attention_dropout=0.0)
+    if kind == "llama":  # GQA 4/2
+        return transformers.LlamaConfig(**common), "sdpa"
+    if kind == "mistral":  # sliding window on every layer
+        return transformers.MistralConfig(**common, sliding_window=8), "sdpa"
+    if kind == "gemma2":  # softcap + alternating windows; sdpa refuses softcap: eager is the peer
+        return transformers.Gemma2Config(**common, sliding_window=8, attn_logit_softcapping=5.0,
+                                         final_logit_softcapping=None, query_pre_attn_scalar=head_dim), "eager"
+    if kind == "gpt_oss":  # sinks (s_aux) + alternating windows; no sdpa sinks: eager
+        if not hasattr(transformers, "GptOssConfig"):
+            pytest.skip(f"transformers {transformers.__version__} has no gpt-oss")
+        return transformers.GptOssConfig(**common, sliding_window=8, num_local_experts=4, num_experts_per_tok=2,
+                                         layer_types=["sliding_attention", "full_attention"]), "eager"
+    raise ValueError(kind)
+
+
+def _models(kind, device, head_dim=16):
+    cfg, peer = _config(kind, head_dim)
+    # gpt-oss's experts: the plain loop (grouped_mm has no float64 for the oracle)
+    extra = {"experts_implementation": "eager"} if kind == "gpt_oss" else {}
+    torch.manual_seed(0)
+    # each model its own config: from_config records the implementation in the config object it is given
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=dt.ATTN_IMPLEMENTATION,
+                                                         **extra)
+    if kind == "gpt_oss":  # sinks start at 0 in a fresh model: make them matter
+        with torch.no_grad():
+            for layer in ours.model.layers:
+                layer.self_attn.sinks.normal_()
+    plain = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=peer, **extra)
+    plain.load_state_dict(ours.state_dict())
+    oracle = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager",
+                                                           **extra).double()
+    oracle.load_state_dict(ours.state_dict())
+    assert ours.config._attn_implementation == dt.ATTN_IMPLEMENTATION
+    return [m.to(device) for m in (ours, plain, oracle)]
+
+
+def _batch(device, length=24, pad_side=None):
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (2, length), generator=gen)
+    mask = torch.ones(2, length, dtype=torch.long)
+    if pad_side == "left":
+        mask[1, :7] = 0
+    elif pad_side == "right":
+        mask[1, -7:] = 0
+    return ids.to(device), mask.to(device)
+
+
+def _step(model, ids, mask):
+    model.train()
+    model.zero_grad()
+    labels = ids.masked_fill(mask == 0, -100)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    return out.logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("pad_side", [None, "right"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
+def test_training_step_meets_the_error_rule(device, kind, pad_side):
+    """Logits (valid tokens) and every parameter gradient of a step with a masked loss. (Left padding
+    is for generation: in training, transformers' own eager and sdpa paths give NaN there, its fully
+    masked pad rows' NaN values reaching valid rows through p = 0 times v = NaN; ours outputs 0 for them.)"""
+    ours, plain, oracle = _models(kind, device)
+    ids, mask = _batch(device, pad_side=pad_side)
+    valid = mask.bool()
+    got, got_g = _step(ours, ids, mask)
+    base, base_g = _step(plain, ids, mask)
+    want, want_g = _step(oracle, ids, mask)
+    report = error_report("logits", got[valid], want[valid], base[valid])
+    assert report.ok, str(report)
+    assert set(got_g) == set(want_g)
+    for name in want_g:
+        report = error_report(name, got_g[name], want_g[name], base_g[name])
+        assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("pad_side", [None, "left"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
+def test_greedy_generation_gives_the_same_tokens(device, kind, pad_side):
+    """8 greedy tokens after a prompt, unpadded or left-padded (prefill, then decode steps against the KV
+    cache). Not right-padded: generate then reads the logits of a pad position, whose query row diyflash
+    (like transformers' flash-attention path) leaves at 0 where sdpa attends it to the valid keys; the
+    valid positions of right-padded batches are compared in test_training_step_meets_the_error_rule."""
+    ours, plain, _ = _models(kind, device)
+    ids, mask = _batch(device, length=16, pad_side=pad_side)
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
+
+
+def test_packed_rows_through_position_ids(device):
+    """One row packing three sequences (position_ids restart): equal to the three run alone."""
+    ours, _, _ = _models("llama", device)
+    ours.eval()
+    gen = torch.Generator().manual_seed(2)
+    lengths = (9, 5, 12)
+    ids = torch.randint(0, VOCAB, (1, sum(lengths)), generator=gen).to(device)
+    pos = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).to(device)
+    with torch.no_grad():
+        packed = ours(input_ids=ids, position_ids=pos).logits[0]
+        alone = torch.cat([ours(input_ids=part).logits[0] for part in ids.split(lengths, 1)])
+    torch.testing.assert_close(packed, alone, atol=2e-5, rtol=2e-5)
+
+
+def test_compiled_training_step_has_no_graph_break(device):
+    ours, _, _ = _models("llama", device)
+    ids, _ = _batch(device)
+    calls = []
+    ours.model.layers[0].self_attn.register_forward_hook(lambda *a: calls.append(1))
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    compiled = torch.compile(ours, fullgraph=True)
+    out = compiled(input_ids=ids, labels=ids)
+    out.loss.backward()
+    assert not counts["graph_break"] and calls  # compiled through our attention, in one graph
+    grads = {n: p.grad.clone() for n, p in ours.named_parameters()}
+    ours.zero_grad()
+    eager = ours(input_ids=ids, labels=ids)
+    eager.loss.backward()
+    torch.testing.assert_close(out.logits, eager.logits, atol=1e-4, rtol=1e-4)
+    for n, p in ours.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_register_is_idempotent_and_switches_models(device):
+    assert dt.register() == dt.register() == dt.ATTN_IMPLEMENTATION
+    assert "flash" not in dt.ATTN_IMPLEMENTATION
+    cfg, _ = _config("llama")
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    model.set_attn_implementation(dt.ATTN_IMPLEMENTATION)
+    assert model.config._attn_implementation == dt.ATTN_IMPLEMENTATION
+
+
+def test_what_the_kernels_cannot_express_raises(device):
+    ours, _, _ = _models("llama", device)
+    ids, mask = _batch(device)
+    attn = ours.model.layers[0].self_attn
+    q = torch.randn(2, 4, 8, 16, device=device)
+    k = v = torch.randn(2, 2, 8, 16, device=device)
+    attn.train()
+    with pytest.raises(NotImplementedError, match="dropout=0.1"):
+        dt.attention_forward(attn, q, k, v, None, dropout=0.1)
+    with pytest.raises(NotImplementedError, match="4-D attention mask"):
+        dt.attention_forward(attn, q, k, v, torch.zeros(2, 1, 8, 8, device=device))
+    with pytest.raises(NotImplementedError, match="output_attentions"):
+        dt.attention_forward(attn, q, k, v, None, output_attentions=True)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="head_dim 256 in bf16: GPU suite (the interpreter would take minutes)")
+def test_gemma2_head_dim_256_bf16(device):
+    cfg, _ = _config("gemma2", head_dim=256)
+    torch.manual_seed(0)
+    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=dt.ATTN_IMPLEMENTATION)
+    plain = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager")
+    plain.load_state_dict(ours.state_dict())
+    oracle = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager").double()
+    oracle.load_state_dict(ours.state_dict())
+    ours, plain, oracle = ours.to(device, torch.bfloat16), plain.to(device, torch.bfloat16), oracle.to(device)
+    ids, mask = _batch(device, length=300, pad_side="left")
+    valid = mask.bool()
+    got, _ = _step(ours, ids, mask)
+    base, _ = _step(plain, ids, mask)
+    want, _ = _step(oracle, ids, mask)
+    report = error_report("logits", got[valid], want[valid], base[valid])
+    assert report.ok, str(report)
