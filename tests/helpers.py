@@ -75,3 +75,14 @@ def sink_logits(h, device="cpu"):
     """Seeded sink logits (h,)."""
     gen = torch.Generator(device="cpu").manual_seed(7)
     return torch.randn(h, generator=gen).to(device)
+
+
+def opcheck_backward(fwd, bwd, args):
+    """opcheck ALL of a backward op (attention_bwd, attention_varlen_bwd) on its forward op's outputs for
+    args (the forward's arguments), without and with a gradient of lse."""
+    out, lse = fwd(*args)
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    dout = torch.randn(out.shape, generator=gen).to(out.device, out.dtype)
+    dlse = torch.randn(lse.shape, generator=gen).to(lse.device)
+    for dl in (None, dlse):
+        torch.library.opcheck(bwd, (dout, dl, *args[:3], out, lse, *args[3:]), test_utils="ALL")

@@ -12,7 +12,7 @@ import torch
 import diyflash
 from diyflash.reference import attention_ref
 from diyflash.utils.validation import compare_with_oracle
-from helpers import ON_GPU, copies_of, sink_logits, slopes
+from helpers import ON_GPU, copies_of, opcheck_backward, sink_logits, slopes
 
 _GEN_SEED = 0
 
@@ -277,14 +277,8 @@ def test_opcheck_variants(device, case, requires_grad):
 
 @pytest.mark.parametrize("case", range(len(VARIANT_CASES)))
 def test_opcheck_variants_bwd(device, case):
-    args = _variant_args(VARIANT_CASES[case], device)
-    out, lse = torch.ops.diyflash.attention_fwd(*args)
-    gen = torch.Generator(device="cpu").manual_seed(3)
-    dout = torch.randn(out.shape, generator=gen).to(device, out.dtype)
-    dlse = torch.randn(lse.shape, generator=gen).to(device)
-    for dl in (None, dlse):
-        torch.library.opcheck(torch.ops.diyflash.attention_bwd.default, (dout, dl, *args[:3], out, lse, *args[3:]),
-                              test_utils="ALL")
+    opcheck_backward(torch.ops.diyflash.attention_fwd, torch.ops.diyflash.attention_bwd.default,
+                     _variant_args(VARIANT_CASES[case], device))
 
 
 def test_compile_fullgraph_one_graph_across_lengths(device):

@@ -11,7 +11,7 @@ import torch
 import diyflash
 from diyflash.reference import attention_varlen_ref
 from diyflash.utils.validation import compare_with_oracle
-from helpers import ON_GPU, copies_of, sink_logits, slopes
+from helpers import ON_GPU, copies_of, opcheck_backward, sink_logits, slopes
 
 
 def cu(lens, device):
@@ -192,14 +192,8 @@ def test_opcheck_varlen(device, requires_grad, variants):
 
 
 def test_opcheck_varlen_bwd(device):
-    args = _op_args(device)
-    out, lse = torch.ops.diyflash.attention_varlen_fwd(*args)
-    gen = torch.Generator(device="cpu").manual_seed(3)
-    dout = torch.randn(out.shape, generator=gen).to(device, out.dtype)
-    dlse = torch.randn(lse.shape, generator=gen).to(device)
-    for dl in (None, dlse):
-        torch.library.opcheck(torch.ops.diyflash.attention_varlen_bwd.default, (dout, dl, *args[:3], out, lse, *args[3:]),
-                              test_utils="ALL")
+    opcheck_backward(torch.ops.diyflash.attention_varlen_fwd, torch.ops.diyflash.attention_varlen_bwd.default,
+                     _op_args(device))
 
 
 def test_compile_fullgraph_no_graph_breaks(device):

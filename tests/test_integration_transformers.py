@@ -36,7 +36,8 @@ def _config(kind, head_dim=16):
     raise ValueError(kind)
 
 
-def _models(kind, device, head_dim=16):
+def _models(kind, device, head_dim=16, dtype=torch.float32):
+    """(ours, the peer, a float64 eager oracle) with the same weights; ours and the peer in dtype."""
     cfg, peer = _config(kind, head_dim)
     # gpt-oss's experts: the plain loop (grouped_mm has no float64 for the oracle)
     extra = {"experts_implementation": "eager"} if kind == "gpt_oss" else {}
@@ -54,7 +55,7 @@ def _models(kind, device, head_dim=16):
                                                            **extra).double()
     oracle.load_state_dict(ours.state_dict())
     assert ours.config._attn_implementation == dt.ATTN_IMPLEMENTATION
-    return [m.to(device) for m in (ours, plain, oracle)]
+    return ours.to(device, dtype), plain.to(device, dtype), oracle.to(device)
 
 
 def _batch(device, length=24, pad_side=None):
@@ -77,19 +78,22 @@ def _step(model, ids, mask):
     return out.logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _steps(models, ids, mask):
+    """_step of (ours, peer, oracle), and the error report of the logits at the valid tokens."""
+    results = [_step(m, ids, mask) for m in models]
+    (got, _), (base, _), (want, _) = results
+    valid = mask.bool()
+    return results, error_report("logits", got[valid], want[valid], base[valid])
+
+
 @pytest.mark.parametrize("pad_side", [None, "right"])
 @pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
 def test_training_step_meets_the_error_rule(device, kind, pad_side):
     """Logits (valid tokens) and every parameter gradient of a step with a masked loss. (Left padding
     is for generation: in training, transformers' own eager and sdpa paths give NaN there, its fully
     masked pad rows' NaN values reaching valid rows through p = 0 times v = NaN; ours outputs 0 for them.)"""
-    ours, plain, oracle = _models(kind, device)
     ids, mask = _batch(device, pad_side=pad_side)
-    valid = mask.bool()
-    got, got_g = _step(ours, ids, mask)
-    base, base_g = _step(plain, ids, mask)
-    want, want_g = _step(oracle, ids, mask)
-    report = error_report("logits", got[valid], want[valid], base[valid])
+    ((_, got_g), (_, base_g), (_, want_g)), report = _steps(_models(kind, device), ids, mask)
     assert report.ok, str(report)
     assert set(got_g) == set(want_g)
     for name in want_g:
@@ -172,18 +176,8 @@ def test_what_the_kernels_cannot_express_raises(device):
 
 @pytest.mark.skipif(not ON_GPU, reason="head_dim 256 in bf16: GPU suite (the interpreter would take minutes)")
 def test_gemma2_head_dim_256_bf16(device):
-    cfg, _ = _config("gemma2", head_dim=256)
-    torch.manual_seed(0)
-    ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=dt.ATTN_IMPLEMENTATION)
-    plain = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager")
-    plain.load_state_dict(ours.state_dict())
-    oracle = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager").double()
-    oracle.load_state_dict(ours.state_dict())
-    ours, plain, oracle = ours.to(device, torch.bfloat16), plain.to(device, torch.bfloat16), oracle.to(device)
-    ids, mask = _batch(device, length=300, pad_side="left")
-    valid = mask.bool()
-    got, _ = _step(ours, ids, mask)
-    base, _ = _step(plain, ids, mask)
-    want, _ = _step(oracle, ids, mask)
-    report = error_report("logits", got[valid], want[valid], base[valid])
+    """Right padding: left-padded training gives NaN in transformers' own eager path (see
+    test_training_step_meets_the_error_rule), which is the peer here."""
+    ids, mask = _batch(device, length=300, pad_side="right")
+    _, report = _steps(_models("gemma2", device, head_dim=256, dtype=torch.bfloat16), ids, mask)
     assert report.ok, str(report)

@@ -32,9 +32,9 @@ def pad(packed: torch.Tensor, index: torch.Tensor, batch: int, length: int) -> t
     return out.view(batch, length, *packed.shape[1:])
 
 
-def sequences_from_positions(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+def sequences_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
     """cu_seqlens of the sequences packed in one row of position_ids (1, T) (a sequence starts wherever the
-    position is the row's smallest, as in transformers), and their count bound. Eagerly the starts are
+    position is the row's smallest, as in transformers). Eagerly the starts are
     found with nonzero (one device sync); while compiling, a fixed-size (T + 1,) cu_seqlens (sequences past
     the last are empty) keeps shapes static and the graph whole, at the cost of T grid slices."""
     pos = position_ids.reshape(-1)
@@ -42,8 +42,8 @@ def sequences_from_positions(position_ids: torch.Tensor) -> tuple[torch.Tensor, 
     starts = pos == pos.min()
     if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
         first = starts.nonzero().squeeze(1).to(torch.int32)
-        return torch.cat([first, first.new_full((1,), total)]), first.shape[0]
+        return torch.cat([first, first.new_full((1,), total)])
     seq = torch.cumsum(starts.to(torch.int32), 0) - 1  # sequence of each token (0 when the row starts mid-way)
     lengths = torch.zeros(total, dtype=torch.int32, device=pos.device).scatter_add(
         0, seq.clamp(min=0).long(), torch.ones_like(seq))
-    return cu_seqlens(lengths), total
+    return cu_seqlens(lengths)

@@ -25,10 +25,9 @@ from ..api import flash_attention, flash_attention_varlen
 from .padding import kept, pad, sequences_from_positions, token_major
 
 ATTN_IMPLEMENTATION = "diyattention"
-MIN_TRANSFORMERS = "5.0"  # tested: see README (5.17 on the GPU machine, the version CI installs)
 
 
-def _variants(module, sliding_window, softcap, s_aux):
+def _variants(sliding_window, softcap, s_aux):
     window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, int(sliding_window) - 1)
     sinks = None if s_aux is None else s_aux.float()  # (H,) logits; diyflash takes them in fp32
     return dict(window_size=window, softcap=0.0 if softcap is None else float(softcap), sinks=sinks)
@@ -54,7 +53,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             f"diyflash takes a (batch, keys) padding mask; got a {attention_mask.dim()}-D attention mask of shape "
             f"{tuple(attention_mask.shape)} (a custom mask the kernels cannot express)")
     causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
-    variants = _variants(module, sliding_window, softcap, s_aux)
+    variants = _variants(sliding_window, softcap, s_aux)
     batch, _, len_q, _ = query.shape
     len_k = key.shape[2]
 
@@ -85,7 +84,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     position_ids = kwargs.get("position_ids")
     if batch == 1 and len_q > 1 and len_q == len_k and position_ids is not None and _restarts(position_ids):
-        cu, _ = sequences_from_positions(position_ids)
+        cu = sequences_from_positions(position_ids)
         out = _packed_call(token_major(query), token_major(key), token_major(value), cu, cu, len_q, len_k, causal,
                            scaling, variants)
         return out.view(1, len_q, *out.shape[1:]), None
