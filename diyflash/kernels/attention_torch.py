@@ -297,7 +297,7 @@ def attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal: bool, scale: fl
     for n0 in range(0, k5.shape[-2], block_n):
         kb, vb, s, t, vis = _key_block(qs, k5, v5, n0, block_n, acc_t, geo, causal, bounded, left, right, rest,
                                        softcap, slopes)
-        p = torch.where(vis, torch.exp(s - lse5.unsqueeze(-1)), 0.0)
+        p = torch.where(vis, torch.exp((s - lse5.unsqueeze(-1)).clamp(max=0.0)), 0.0)  # <= 1 (backward._probs)
         # the group's query heads (dim 2) sum into their kv head, in a fixed order
         dv5[..., n0 : n0 + block_n, :] = torch.matmul(p.transpose(-1, -2), g5).sum(2, keepdim=True)
         ds = p * (torch.matmul(g5, vb.transpose(-1, -2)) - delta.unsqueeze(-1))

@@ -9,7 +9,7 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import _band, _inv, _prescaled, _query_band, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
+from .semantics import _band, _inv, _prescaled, _probs, _query_band, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
 from .tiles import _desc_load, _load, _rows, _stepped, _streamed  # noqa: E402
 
 
@@ -98,7 +98,7 @@ def _attn_bwd_dkdv_inner(
         # -- p^T (keys x queries) from the saved statistics --
         s_t, t_t = _scores(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION), rows[None, :], offs_n[:, None],
                            causal_offset, qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
-        p_t = tl.math.exp2(s_t - lse2[None, :])
+        p_t = _probs(s_t, lse2[None, :])
         if MASKED:
             visible = _visible(rows[None, :], offs_n[:, None], kv_len, causal_offset, win_left, win_right,
                                True, CAUSAL, WINDOW) & row_mask[None, :]
@@ -331,7 +331,7 @@ def _attn_bwd_dq_inner(
             v_t = _load(v_at, None if EVEN_DV else dv_mask[:, None], UPCAST)
         s, t = _scores(tl.dot(q, k_t, input_precision=DOT_PRECISION), offs_m[:, None], cols[None, :], causal_offset,
                        qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
-        p = tl.math.exp2(s - lse2[:, None])
+        p = _probs(s, lse2[:, None])
         if MASKED:
             visible = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
                                True, CAUSAL, WINDOW)

@@ -21,7 +21,7 @@ def _attn_fwd_inner(
     win_left, win_right, cap2, inv_cap2, slope2,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_N: tl.constexpr,
-    FOLD_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr,
     WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, HOST_DESC: tl.constexpr, LAZY: tl.constexpr,
     VOTE_ROWS: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
@@ -33,8 +33,7 @@ def _attn_fwd_inner(
     WS: Triton's automatic warp specialization of the loop (loads, dots and softmax in separate warps).
     ROWOFF: each pointer tile is the first tile plus a row offset (_stepped), instead of pointer tiles
     advanced block by block (AttnConfig.rowoff: the same loads, which ptxas schedules differently).
-    off_h is the kv head. WINDOW, SOFTCAP, ALIBI: the variants of semantics.py (_scores, _visible);
-    FOLD_SCALE is never set with SOFTCAP or ALIBI."""
+    off_h is the kv head. WINDOW, SOFTCAP, ALIBI: the variants of semantics.py (_scores, _visible)."""
     KEY_MASK: tl.constexpr = MASKED and not EVEN_N
     if not TMA and not ROWOFF:
         k_ptrs += tl.cast(lo, tl.int64) * step_k
@@ -54,21 +53,15 @@ def _attn_fwd_inner(
             k = _load(k_at, None, UPCAST)
         else:
             k = _load(k_at, d_mask[:, None], UPCAST)
-        # -- scores, base 2. FOLD_SCALE (qk_scale > 0): the row max of the raw dot scales to the max
-        # of the scaled scores, so the scale rides in the exponent's FMA: one op per score saved --
-        s = tl.dot(q, k, input_precision=DOT_PRECISION)
-        if not FOLD_SCALE:
-            s, _ = _scores(s, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, slope2,
-                           SOFTCAP, ALIBI)
+        # -- scores, base 2, exact (semantics._mul_exact: the top score of a row gets exp2(0) = 1) --
+        s, _ = _scores(tl.dot(q, k, input_precision=DOT_PRECISION), offs_m[:, None], cols[None, :], causal_offset,
+                       qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
         if MASKED:
             visible = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
                                KEY_MASK, CAUSAL, WINDOW)
             s = tl.where(visible, s, float("-inf"))
         # -- online softmax update --
-        if FOLD_SCALE:
-            m_blk = tl.max(s, 1) * qk_scale
-        else:
-            m_blk = tl.max(s, 1)
+        m_blk = tl.max(s, 1)
         if LAZY:
             grew = m_blk > m_i + LAZY_SLACK
             m_new = tl.where(grew, m_blk, m_i)
@@ -80,10 +73,7 @@ def _attn_fwd_inner(
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
-        if FOLD_SCALE:
-            p = tl.math.exp2(s * qk_scale - m_sub[:, None])
-        else:
-            p = tl.math.exp2(s - m_sub[:, None])
+        p = tl.math.exp2(s - m_sub[:, None])
         alpha = tl.math.exp2(m_i - m_sub)
         if LAZY:
             alpha = tl.where(grew, alpha, 1.0)
@@ -121,7 +111,7 @@ def _attn_fwd_kernel(
     win_left, win_right, cap2,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, FOLD_SCALE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
     HOST_DESC: tl.constexpr, LAZY: tl.constexpr, VOTE_ROWS: tl.constexpr,
@@ -202,14 +192,14 @@ def _attn_fwd_kernel(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, dv_mask, lo, full_lo, kv_len, causal_offset, qk_scale, off_z, off_hk,
             win_left, win_right, cap2, inv_cap2, slope2,
-            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, ROWOFF,
+            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, DOT_PRECISION, UPCAST, TMA, False, ROWOFF,
             ROW32, HOST_DESC, False, 0, WINDOW, SOFTCAP, ALIBI,
         )
     acc, l_i, m_i = _attn_fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         offs_m, offs_n, d_mask, dv_mask, full_lo, full_hi, kv_len, causal_offset, qk_scale, off_z, off_hk,
         win_left, win_right, cap2, inv_cap2, slope2,
-        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
+        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
         HOST_DESC, LAZY, VOTE_ROWS, WINDOW, SOFTCAP, ALIBI,
     )
     if CAUSAL or WINDOW or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
@@ -217,7 +207,7 @@ def _attn_fwd_kernel(
             acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
             offs_m, offs_n, d_mask, dv_mask, full_hi, hi, kv_len, causal_offset, qk_scale, off_z, off_hk,
             win_left, win_right, cap2, inv_cap2, slope2,
-            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, FOLD_SCALE, DOT_PRECISION, UPCAST, TMA, False, ROWOFF,
+            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, DOT_PRECISION, UPCAST, TMA, False, ROWOFF,
             ROW32, HOST_DESC, False, 0, WINDOW, SOFTCAP, ALIBI,
         )
 

@@ -397,7 +397,6 @@ def attention_fwd(
     meta = dict(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
-        FOLD_SCALE=scale > 0 and not var.softcap and alibi_slopes is None,
         DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), HOST_DESC=host_desc,
         LAZY=cfg.lazy, VOTE_ROWS=vote_rows(cfg, dv_pad) if cfg.lazy and not INTERPRETED else 0,
         SINKS=sinks is not None, VARLEN=packed is not None, **_variant_meta(var, alibi_slopes),

@@ -7,6 +7,8 @@ from .._runtime import require_triton
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
+from triton.language.extra import libdevice  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
 
 
 @triton.jit
@@ -118,6 +120,32 @@ def _prescaled(x, qk_scale):
     return (x * p2).to(x.dtype), qk_scale * inv_p2
 
 
+# -- Exact scores (issue 23). Every kernel rounds the scaled score on its own (_mul_exact) before any
+# exp2(s - m): a compiled kernel would otherwise contract s * scale - m into one FMA, whose single rounding
+# is against m, so the row's top score got exp2 of up to half an ulp of m instead of exactly 1: gradients
+# off from scores of ~1e4 on, p overflowing (NaN) from ~1e11. Costs one op per score where the FMA saved
+# one (H100, bf16: head_dim 64 forward and backward 2-6 % slower, head_dim 128 unchanged). --
+_COMPILED: tl.constexpr = tl.constexpr(isinstance(_valid_lengths, JITFunction))
+
+
+@triton.jit
+def _mul_exact(a, b):
+    """a * b, rounded on its own: PTX's mul.rn is never contracted into a following add, so exp2(s - m)
+    sees the same s as the max did. The interpreter (numpy) never contracts."""
+    if _COMPILED:
+        return libdevice.mul_rn(a, b)
+    else:
+        return a * b
+
+
+@triton.jit
+def _probs(s, lse2):
+    """The backward's p = exp2(s - lse2) from the saved base-2 log-sum-exp, capped at 1 as it is
+    mathematically: at huge scores the recomputed s (another dot order) and lse's round trip through
+    natural units differ by ulps of the score, which exp2 would turn into inf."""
+    return tl.math.exp2(tl.minimum(s - lse2, 0.0))
+
+
 @triton.jit
 def _tanh(x):
     """tanh in fp32 to a few ulps, by 1 - 2 / (exp(2x) + 1), which saturates to +-1 without overflow,
@@ -169,9 +197,10 @@ def _inv(cap2, SOFTCAP: tl.constexpr):
 @triton.jit
 def _scores(qk, q_pos, k_pos, causal_offset, qk_scale, cap2, inv_cap2, slope2,
             SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
-    """The base-2 scores of a raw q.k tile: scaled, softcapped, ALiBi-biased (in that order, before any
-    mask). Returns (s, t), t the softcap's tanh for the backward (without SOFTCAP, s again: unused)."""
-    s = qk * qk_scale
+    """The base-2 scores of a raw q.k tile: scaled (rounded on its own: _mul_exact), softcapped,
+    ALiBi-biased (in that order, before any mask). Returns (s, t), t the softcap's tanh for the backward
+    (without SOFTCAP, s again: unused)."""
+    s = _mul_exact(qk, qk_scale)
     t = s
     if SOFTCAP:
         s, t = _softcap(s, cap2, inv_cap2)
