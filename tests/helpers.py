@@ -86,3 +86,16 @@ def opcheck_backward(fwd, bwd, args):
     dlse = torch.randn(lse.shape, generator=gen).to(lse.device)
     for dl in (None, dlse):
         torch.library.opcheck(bwd, (dout, dl, *args[:3], out, lse, *args[3:]), test_utils="ALL")
+
+
+def cancellation_bands(q, k, v, dout, scale: float) -> dict:
+    """Rounding bands for dq, dk (dv: 0) at the scale of their terms, for where plain autograd is exact
+    by algebra and FlashAttention is not: ds = p (dp - delta) cancels two fp32 sums of ~|dp| taken in
+    different orders (~eps |dp| each), and dq = scale ds k, dk = scale ds^T q sum many such terms (over
+    keys, or over rows and a GQA group's heads). 64 fp32 ulps of scale |dp| |k| or |q|: room for ~4 ulps
+    per term over a random walk of 256 terms. (B, H, N, D) inputs, k and v with H_kv heads."""
+    group = q.shape[-3] // k.shape[-3] if q.dim() == 4 else 1
+    v_q = v.double().repeat_interleave(group, dim=-3) if group > 1 else v.double()
+    dp = (dout.double() @ v_q.transpose(-1, -2)).abs().max().item()
+    eps = 64 * torch.finfo(torch.float32).eps * scale * dp
+    return {"dq": eps * k.double().abs().max().item(), "dk": eps * q.double().abs().max().item(), "dv": 0.0}
