@@ -356,3 +356,36 @@ def test_cuda_graph_decode_loop_of_32_steps(device):
     torch.cuda.synchronize()
     assert torch.equal(outs, eager_outs)
     assert torch.equal(graph_cache[0], eager_cache[0]) and torch.equal(graph_cache[1], eager_cache[1])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans bind compiled kernels; the interpreter has none")
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
+    """An eager decode loop's host cost (issue 25): a call with the layouts of an earlier one replays
+    that call's bound launches (append, decode, combine) with the new pointers. Bit-identical to the
+    same call planned afresh, for other q, new keys, lengths and caches of the same layouts."""
+    from diyflash.kernels.attention import kvcache as kv
+
+    replays = []
+    real = kv._replay
+    monkeypatch.setattr(kv, "_replay", lambda plan, env: (replays.append(1), real(plan, env)))
+    monkeypatch.setattr(kv, "_KV_PLANS", {})
+    first, second = Case(n_new=2, device=device, seed=0), Case(n_new=2, lens=(3, 50, 7), device=device, seed=10)
+
+    def call(case):
+        k_cache, v_cache, table = case.caches(paged)
+        out, lse = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, case.k, case.v,
+                                                         block_table=table, causal=True, num_splits=splits,
+                                                         return_lse=True)
+        return out, lse, k_cache, v_cache
+
+    call(first)
+    assert len(kv._KV_PLANS) == 1 and not replays
+    replayed = call(second)
+    assert replays == [1]
+    monkeypatch.setattr(kv, "_KV_PLANS", {})
+    fresh = call(second)
+    assert replays == [1] and len(kv._KV_PLANS) == 1  # planned afresh, not replayed
+    for a, b in zip(replayed, fresh):
+        assert torch.equal(a, b)

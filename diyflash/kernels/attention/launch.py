@@ -95,16 +95,28 @@ def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = ()) -> None:
             lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
     if key is None or len(chunks) != 1:
         return
-    env, launches = chunks[0]
+    plan = _bind(chunks[0], tma, descs)
+    if plan is not None:
+        _remember(_PLANS, key, plan)
+
+
+def _bind(chunk, tma: bool, descs: tuple = ()) -> _Plan | None:
+    """The plan of one chunk's launches, just run: each bound to its compiled kernel with its pointers
+    left open. None when some launch has no compiled kernel (the interpreter, a defaulted parameter)."""
+    env, launches = chunk
     bound = []
     for lc in launches:
         b = lc.launcher.bind(lc.grid, tuple(env[name] for name in lc.pointers), lc.args, lc.meta)
         if b is None:
-            return
+            return None
         bound.append((b, lc.pointers))
-    if len(_PLANS) >= MAX_PLANS:
-        _PLANS.clear()
-    _PLANS[key] = _Plan(tuple(bound), tma, descs)
+    return _Plan(tuple(bound), tma, descs)
+
+
+def _remember(plans: dict, key: tuple, value) -> None:
+    if len(plans) >= MAX_PLANS:  # a workload with ever-new shapes starts over instead of growing
+        plans.clear()
+    plans[key] = value
 
 
 def _replay(plan: _Plan, env: dict) -> None:

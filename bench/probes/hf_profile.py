@@ -1,0 +1,43 @@
+"""Probe (issue 26: why the transformers backend is not faster than sdpa): torch.profiler over one
+training step of bench.hf_model's Llama stack (2 layers, B2 N4096, bf16) per attn_implementation; prints
+the top CUDA kernels by total time and the step's CPU and CUDA totals.
+    python -m bench.probes.hf_profile"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import transformers
+from torch.profiler import ProfilerActivity, profile
+
+import diyflash.integrations.transformers as dt
+
+
+def main():
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=2,
+                                   num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=8192)
+    ids = torch.randint(0, 32000, (2, 4096), device="cuda")
+    for impl in (dt.ATTN_IMPLEMENTATION, "sdpa"):
+        torch.manual_seed(0)
+        m = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
+        m = m.to("cuda", torch.bfloat16)
+
+        def step():
+            m.zero_grad(set_to_none=True)
+            m(input_ids=ids, labels=ids).loss.backward()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+        print(f"#### {impl}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
+        del m
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
