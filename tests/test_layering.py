@@ -1,7 +1,9 @@
-"""The dependency direction of STYLE.md, enforced: api -> ops -> kernels -> (triton, torch).
+"""The dependency direction of STYLE.md, enforced: api -> ops -> kernels -> (triton, torch), with
+integrations and distributed on top of the public API.
 
 kernels never import torch.library, diyflash.ops or diyflash.api; ops never import diyflash.api;
-neither imports the oracle (diyflash.reference). Parsed from the source, so it cannot rot.
+neither imports the oracle (diyflash.reference); integrations and distributed import neither ops nor
+kernels. Parsed from the source, so it cannot rot.
 """
 
 import ast
@@ -36,6 +38,9 @@ def imported_modules(path: Path) -> set[str]:
 RULES = {
     "kernels": ("torch.library", "diyflash.ops", "diyflash.api", "diyflash.reference", "diyflash.utils"),
     "ops": ("diyflash.api", "diyflash.reference", "diyflash.utils"),
+    # integrations sit on the public API (diyflash.api, torch.ops.diyflash.*), never on its insides
+    "integrations": ("diyflash.kernels", "diyflash.ops", "diyflash.reference", "diyflash.distributed"),
+    "distributed": ("diyflash.kernels", "diyflash.ops", "diyflash.reference", "diyflash.integrations"),
 }
 
 

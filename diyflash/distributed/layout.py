@@ -1,0 +1,114 @@
+"""Sequence layouts of context parallelism and the communication the attentions share.
+
+A sequence of N tokens over W ranks is cut into chunks: `contiguous`, W chunks, rank r holds chunk r;
+`zigzag`, 2W chunks, rank r holds chunks r and 2W-1-r (in that order), so that under a causal mask every
+rank has as much work as every other. shard_sequence / gather_sequence convert between the full
+sequence and a rank's shard; `chunks_of` says which chunks a shard holds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+LAYOUTS = ("zigzag", "contiguous")
+
+
+def world(group) -> tuple[int, int]:
+    """(rank in group, group size); a single process without torch.distributed is (0, 1)."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def check_layout(layout) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def num_chunks(size: int, layout: str) -> int:
+    return 2 * size if layout == "zigzag" else size
+
+
+def chunks_of(rank: int, size: int, layout: str) -> tuple[int, ...]:
+    """The chunk indices a rank's shard holds, in the shard's order."""
+    return (rank, 2 * size - 1 - rank) if layout == "zigzag" else (rank,)
+
+
+def _chunk_len(n: int, size: int, layout: str, what: str) -> int:
+    parts = num_chunks(size, layout)
+    if n % parts:
+        raise ValueError(f"{what} ({n}) must divide into {parts} equal chunks (layout {layout!r} over {size} "
+                         f"ranks)")
+    return n // parts
+
+
+def shard_sequence(x: torch.Tensor, group=None, dim: int = -2, layout: str = "zigzag") -> torch.Tensor:
+    """This rank's shard of the full sequence x along dim: a view for `contiguous`, a copy (two chunks
+    concatenated) for `zigzag`. The length must divide into the layout's chunks."""
+    check_layout(layout)
+    rank, size = world(group)
+    c = _chunk_len(x.shape[dim], size, layout, f"the sequence length along dim {dim}")
+    parts = [x.narrow(dim, i * c, c) for i in chunks_of(rank, size, layout)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+def unshard(shards: list[torch.Tensor], dim: int, layout: str) -> torch.Tensor:
+    """The full sequence from every rank's shard (shards[r] of rank r), along dim."""
+    size = len(shards)
+    per = len(chunks_of(0, size, layout))
+    order: list[torch.Tensor | None] = [None] * num_chunks(size, layout)
+    for r, shard in enumerate(shards):
+        for piece, i in zip(shard.chunk(per, dim), chunks_of(r, size, layout)):
+            order[i] = piece
+    return torch.cat(order, dim)
+
+
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, shard, group, dim, layout):
+        ctx.group, ctx.dim, ctx.layout = group, dim, layout
+        _, size = world(group)
+        shards = [torch.empty_like(shard) for _ in range(size)]
+        dist.all_gather(shards, shard.contiguous(), group=group)
+        return unshard(shards, dim, layout)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # every rank holds the whole sequence: the shard's gradient sums what each rank's use of it gave
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return shard_sequence(grad, ctx.group, ctx.dim, ctx.layout).contiguous(), None, None, None
+
+
+def gather_sequence(shard: torch.Tensor, group=None, dim: int = -2, layout: str = "zigzag") -> torch.Tensor:
+    """The full sequence on every rank from each rank's shard (all_gather). Differentiable: the
+    shard's gradient is the sum over ranks of their gradients of its part (an all_reduce)."""
+    check_layout(layout)
+    _, size = world(group)
+    if size == 1:
+        return shard
+    dim = dim % shard.dim()
+    return _Gather.apply(shard, group, dim, layout)
+
+
+def peer(group, rank: int) -> int:
+    """A group rank's global rank (what point-to-point ops address)."""
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def ring_shift(tensors: list[torch.Tensor], group, forward: bool = True):
+    """Start sending each tensor to the next rank of the ring (forward) or the previous one, and
+    receiving the same shapes from the other side. Returns (received buffers, requests): wait on the
+    requests before reading the buffers. Asynchronous, so the caller computes while they travel."""
+    rank, size = world(group)
+    to, frm = ((rank + 1) % size, (rank - 1) % size) if forward else ((rank - 1) % size, (rank + 1) % size)
+    bufs = [torch.empty_like(t) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), peer(group, to), group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, b, peer(group, frm), group) for b in bufs]
+    return bufs, dist.batch_isend_irecv(ops)
+
+
+def wait(requests) -> None:
+    for r in requests:
+        r.wait()

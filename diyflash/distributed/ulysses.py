@@ -1,0 +1,93 @@
+"""Ulysses attention (DeepSpeed-Ulysses): an all-to-all turns the sequence-sharded (B, H, N/W, D) into
+head-sharded (B, H/W, N, D), each rank runs torch.ops.diyflash.attention_fwd (flash_attention's op, with
+the lse) on the whole sequence for its heads (so every variant works: causal, windows, softcap, sinks,
+GQA), and a second all-to-all turns the output back. The two exchanges are each other's backward."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .layout import check_layout, chunks_of, unshard, world
+
+
+def _to_heads(x, group, layout):
+    """(B, H, N/W, D) sequence shard -> (B, H/W, N, D): the whole sequence of this rank's heads."""
+    rank, size = world(group)
+    sends = [part.contiguous() for part in x.chunk(size, dim=1)]  # head group g goes to rank g
+    recvs = [torch.empty_like(sends[rank]) for _ in range(size)]  # rank s's shard of my heads
+    dist.all_to_all(recvs, sends, group=group)
+    return unshard(recvs, 2, layout)
+
+
+def _to_sequence(x, group, layout):
+    """(B, H/W, N, D) -> (B, H, N/W, D): the inverse of _to_heads."""
+    rank, size = world(group)
+    per = len(chunks_of(0, size, layout))
+    chunks = x.chunk(per * size if layout == "zigzag" else size, dim=2)
+    sends = [torch.cat([chunks[i] for i in chunks_of(r, size, layout)], dim=2).contiguous() for r in range(size)]
+    recvs = [torch.empty_like(sends[0]) for _ in range(size)]  # head group s, my part of the sequence
+    dist.all_to_all(recvs, sends, group=group)
+    return torch.cat(recvs, dim=1)
+
+
+class _ToHeads(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, layout):
+        ctx.args = (group, layout)
+        return _to_heads(x, group, layout)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _to_sequence(grad, *ctx.args), None, None
+
+
+class _ToSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, layout):
+        ctx.args = (group, layout)
+        return _to_sequence(x, group, layout)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _to_heads(grad, *ctx.args), None, None
+
+
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                      sm_scale: float | None = None, *, group=None, layout: str = "zigzag",
+                      window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                      sinks: torch.Tensor | None = None, return_lse: bool = False):
+    """Context-parallel attention by two all-to-alls over the ranks of `group` (any torch.distributed
+    backend with all_to_all: NCCL, gloo). Shards as in ring_attention; H must divide by the group size W.
+    GQA: the H_kv kv heads are split the same way when W divides H_kv; otherwise each kv head is repeated
+    to the H query heads first (more traffic, the same result). Every variant of flash_attention applies
+    on the whole sequence: causal, windows, softcap, sinks ((H,): each rank takes its heads' sinks)."""
+    check_layout(layout)
+    rank, size = world(group)
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"ulysses_attention takes (B, H, N/W, D) shards, got q {tuple(q.shape)}, k "
+                         f"{tuple(k.shape)}, v {tuple(v.shape)}")
+    h, h_kv = q.shape[1], k.shape[1]
+    if h % size:
+        raise ValueError(f"ulysses_attention splits the {h} query heads over {size} ranks: H must divide by the "
+                         "group size")
+    if h_kv == 0 or h % h_kv:
+        raise ValueError(f"the number of query heads ({h}) must be a multiple of the number of kv heads ({h_kv})")
+    left, right = (int(x) for x in window_size)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    if size == 1:
+        out, lse = torch.ops.diyflash.attention_fwd(q, k, v, bool(causal), scale, None, left, right, float(softcap),
+                                                    None, sinks)
+        return (out, lse) if return_lse else out
+    if h_kv % size:
+        k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
+    qh, kh, vh = (_ToHeads.apply(t, group, layout) for t in (q, k, v))
+    if sinks is not None:
+        sinks = sinks.chunk(size)[rank]
+    out, lse = torch.ops.diyflash.attention_fwd(qh, kh, vh, bool(causal), scale, None, left, right, float(softcap),
+                                                None, sinks)
+    if not return_lse:
+        return _ToSequence.apply(out, group, layout)
+    return _ToSequence.apply(out, group, layout), _ToSequence.apply(lse.unsqueeze(-1), group, layout).squeeze(-1)

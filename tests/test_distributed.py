@@ -1,0 +1,140 @@
+"""Context parallelism (issue 27): diyflash.distributed's ring and Ulysses attention on 2 and 3 processes
+(gloo, torch.multiprocessing spawn), against the float64 oracle on the gathered sequence under the 2x
+rule, on the interpreter (CI). Skipped in the GPU suite: the NCCL run needs the 2-GPU machine. Each world
+size is one spawn: the workers run every case and raise on the first failure."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import diyflash.distributed as dd
+from diyflash.reference import attention_ref
+from diyflash.utils.validation import error_report
+from helpers import ON_GPU, cancellation_bands
+
+pytestmark = pytest.mark.skipif(ON_GPU or not dist.is_available() or not dist.is_gloo_available(),
+                                reason="gloo on CPU processes; the GPU run (NCCL) needs the 2-GPU machine")
+
+
+def _inputs(b, h, h_kv, n, d, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, g = (torch.randn(b, hh, n, d, generator=gen) for hh in (h, h_kv, h_kv, h))
+    return q, k, v, g
+
+
+def _check(fn, q, k, v, g, layout, causal, **kw):
+    """fn on this rank's shards: out, lse and grads gathered, each against the oracle under the 2x rule."""
+    leaves = [dd.shard_sequence(t, layout=layout).requires_grad_() for t in (q, k, v)]
+    fn_kw = {("sm_scale" if name == "scale" else name): value for name, value in kw.items()}
+    out, lse = fn(*leaves, causal, layout=layout, return_lse=True, **fn_kw)
+    grads = torch.autograd.grad(out, leaves, dd.shard_sequence(g, layout=layout))
+    ours = [dd.gather_sequence(t, dim=-1 if t is lse else -2, layout=layout) for t in (out, lse, *grads)]
+    plain_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    plain = attention_ref(*plain_leaves, causal=causal, upcast=False, **kw)
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = attention_ref(*ref_leaves, causal=causal, **kw)
+    want = (ref[0], ref[1], *torch.autograd.grad(ref[0], ref_leaves, g.double()))
+    base = (plain[0], plain[1], *torch.autograd.grad(plain[0], plain_leaves, g))
+    bands = cancellation_bands(q, k, v, g, kw.get("scale") or q.shape[-1] ** -0.5)
+    for name, a, w, p in zip(("out", "lse", "dq", "dk", "dv"), ours, want, base):
+        report = error_report(name, a, w.detach(), p.detach())
+        bound = report.bound + bands.get(name, 0.0)
+        assert not report.has_nan and report.err <= bound, f"{fn.__name__} {layout} causal={causal} {kw}: {report}"
+    return ours
+
+
+def _worker(rank, world, port, cases):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        cases(world)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world, cases):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(world, port, cases), nprocs=world)
+
+
+def _cases_2(world):
+    q, k, v, g = _inputs(2, 4, 2, 24, 16)  # GQA 4/2; zigzag chunks of 6 tokens
+    for fn in (dd.ring_attention, dd.ulysses_attention):
+        for layout in dd.LAYOUTS:
+            for causal in (False, True):
+                _check(fn, q, k, v, g, layout, causal)
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(3))
+    _check(dd.ring_attention, q, k, v, g, "zigzag", True, softcap=5.0, sinks=sinks, scale=0.3)
+    _check(dd.ulysses_attention, q, k, v, g, "zigzag", True, softcap=5.0, sinks=sinks, window_size=(5, 0))
+    _check(dd.ulysses_attention, q, k, v, g, "contiguous", False, window_size=(3, 4))
+    # the sinks' gradient: each rank's share of its rows, summed over ranks = the oracle's
+    s = sinks.clone().requires_grad_()
+    shards = [dd.shard_sequence(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+    out = dd.ring_attention(*shards, True, sinks=s)
+    (ds,) = torch.autograd.grad(out, s, dd.shard_sequence(g, layout="zigzag"))
+    dist.all_reduce(ds)
+    s64 = sinks.double().requires_grad_()
+    ref = attention_ref(q.double(), k.double(), v.double(), causal=True, sinks=s64)[0]
+    (want,) = torch.autograd.grad(ref, s64, g.double())
+    torch.testing.assert_close(ds.double(), want, rtol=0, atol=1e-5)
+    # deterministic: bitwise the same twice
+    a = [dd.shard_sequence(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+    runs = []
+    for _ in range(2):
+        o = dd.ring_attention(*a, True)
+        runs.append((o, *torch.autograd.grad(o, a, dd.shard_sequence(g, layout="zigzag"))))
+    assert all(torch.equal(x, y) for x, y in zip(*runs))
+    # torch.compile of a caller runs and equals eager; the collectives are graph breaks (README)
+    for fn in (dd.ring_attention, dd.ulysses_attention):
+        f = lambda a, b, c: fn(a, b, c, True)  # noqa: E731
+        compiled = torch.compile(f, backend="aot_eager")
+        got, want = compiled(*a), f(*a)
+        assert torch.equal(got, want)
+        assert all(torch.equal(x, y) for x, y in zip(torch.autograd.grad(got.sum(), a), torch.autograd.grad(want.sum(), a)))
+    # shard and gather are inverse, along any dim
+    x = torch.randn(3, 8, 5, generator=torch.Generator().manual_seed(4))
+    for layout in dd.LAYOUTS:
+        for dim in (1, -2):
+            assert torch.equal(dd.gather_sequence(dd.shard_sequence(x, dim=dim, layout=layout), dim=dim, layout=layout), x)
+    # the errors name what is wrong
+    sh = [dd.shard_sequence(t) for t in (q, k, v)]
+    for call, kind, words in [
+        (lambda: dd.ring_attention(*sh, window_size=(4, 0)), NotImplementedError, "ulysses_attention runs them"),
+        (lambda: dd.ring_attention(*sh, layout="striped"), ValueError, "layout must be one of"),
+        (lambda: dd.shard_sequence(torch.zeros(1, 1, 10, 4)), ValueError, "must divide into 4 equal chunks"),
+        (lambda: dd.ulysses_attention(sh[0][:, :3], sh[1][:, :1], sh[2][:, :1]), ValueError, "H must divide"),
+        (lambda: dd.ring_attention(sh[0], sh[1][..., :4, :], sh[2]), ValueError, "one length"),
+    ]:
+        with pytest.raises(kind, match=words):
+            call()
+
+
+def _cases_3(world):
+    q, k, v, g = _inputs(1, 6, 2, 36, 8, seed=5)  # H_kv 2 does not divide by 3: Ulysses repeats kv heads
+    _check(dd.ring_attention, q, k, v, g, "zigzag", True)
+    _check(dd.ring_attention, q, k, v, g, "contiguous", True)
+    _check(dd.ulysses_attention, q, k, v, g, "zigzag", True)
+    _check(dd.ulysses_attention, q, k, v, g, "contiguous", False)
+
+
+def test_two_processes():
+    _spawn(2, _cases_2)
+
+
+def test_three_processes():
+    _spawn(3, _cases_3)
+
+
+def test_one_process_without_a_group_is_plain_attention():
+    """W = 1 (no process group): ring and Ulysses are flash_attention on the whole sequence."""
+    q, k, v, g = _inputs(1, 2, 2, 10, 8)
+    want = torch.ops.diyflash.attention(q, k, v, causal=True)
+    for fn in (dd.ring_attention, dd.ulysses_attention):
+        torch.testing.assert_close(fn(q, k, v, True, layout="contiguous"), want, rtol=0, atol=1e-6)
+    assert torch.equal(dd.shard_sequence(q, layout="contiguous"), q)
