@@ -214,14 +214,14 @@ def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_spl
         return ValueError, (f"q, k_cache and v_cache must be 4-D, got q {tuple(q.shape)}, k_cache "
                             f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
     b, h, _, d = q.shape
-    caches = f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}"
+    caches = lambda: f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}"  # noqa: E731  (built on error only)
     if k_cache.shape[:3] != v_cache.shape[:3]:
-        return ValueError, f"Incompatible caches {caches}: v_cache must have k_cache's first three dims"
+        return ValueError, f"Incompatible caches {caches()}: v_cache must have k_cache's first three dims"
     if k_cache.shape[-1] != d:
-        return ValueError, f"Incompatible shapes q {tuple(q.shape)}, {caches}: q and k_cache must have one head_dim"
+        return ValueError, f"Incompatible shapes q {tuple(q.shape)}, {caches()}: q and k_cache must have one head_dim"
     h_kv = k_cache.shape[1]
     if h_kv == 0 or h % h_kv:
-        return ValueError, (f"Incompatible shapes q {tuple(q.shape)}, {caches}: the number of query heads ({h}) "
+        return ValueError, (f"Incompatible shapes q {tuple(q.shape)}, {caches()}: the number of query heads ({h}) "
                             f"must be a multiple of the number of kv heads ({h_kv})")
     for name, dim in (("q/k", d), ("v", v_cache.shape[-1])):
         error = head_dim_error(dim)
@@ -229,7 +229,7 @@ def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_spl
             return ValueError, f"{error} ({name} head_dim)"
     if block_table is None:
         if k_cache.shape[0] != b:
-            return ValueError, f"k_cache must have q's batch {b} in dim 0 (or be paged with a block_table), got {caches}"
+            return ValueError, f"k_cache must have q's batch {b} in dim 0 (or be paged with a block_table), got {caches()}"
     else:
         if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
             return TypeError, f"block_table must be an int32 tensor, got {getattr(block_table, 'dtype', block_table)}"
