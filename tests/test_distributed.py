@@ -83,6 +83,18 @@ def _cases_2(world):
     ref = attention_ref(q.double(), k.double(), v.double(), causal=True, sinks=s64)[0]
     (want,) = torch.autograd.grad(ref, s64, g.double())
     torch.testing.assert_close(ds.double(), want, rtol=0, atol=1e-5)
+    # a loss on lse too (its gradient joins each pair's backward as dlse)
+    for fn in (dd.ring_attention, dd.ulysses_attention):
+        shards = [dd.shard_sequence(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+        glse = torch.randn(2, 4, 24, generator=torch.Generator().manual_seed(6))
+        out, lse = fn(*shards, True, return_lse=True)
+        got = torch.autograd.grad((out, lse), shards, (dd.shard_sequence(g, layout="zigzag"),
+                                                       dd.shard_sequence(glse, dim=-1, layout="zigzag")))
+        leaves = [t.double().requires_grad_() for t in (q, k, v)]
+        ref_out, ref_lse = attention_ref(*leaves, causal=True)
+        want = torch.autograd.grad((ref_out, ref_lse), leaves, (g.double(), glse.double()))
+        for a, w in zip(got, want):
+            torch.testing.assert_close(dd.gather_sequence(a, layout="zigzag").double(), w, rtol=0, atol=2e-5)
     # deterministic: bitwise the same twice
     a = [dd.shard_sequence(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
     runs = []

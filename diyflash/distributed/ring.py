@@ -78,6 +78,7 @@ class _Ring(torch.autograd.Function):
         lse = torch.cat([l for _, l in acc], dim=-1)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.args = (causal, scale, softcap, group, layout)
+        ctx.set_materialize_grads(False)  # an unused lse gets no gradient: no dlse term in the backward
         return out, lse
 
     @staticmethod
@@ -88,7 +89,7 @@ class _Ring(torch.autograd.Function):
         mine = chunks_of(rank, size, layout)
         per = len(mine)
         acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
-        dout = dout.contiguous()
+        dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         qs, dos, outs, lses = (t.chunk(per, dim=-2 if t.dim() == q.dim() else -1) for t in (q, dout, out, lse))
         dlses = dlse.chunk(per, dim=-1) if dlse is not None else [None] * per
         dq = [torch.zeros(c.shape, dtype=acc_t, device=q.device) for c in qs]
