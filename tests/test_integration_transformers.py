@@ -115,6 +115,28 @@ def test_greedy_generation_gives_the_same_tokens(device, kind, pad_side):
         assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
 
 
+def test_one_unpadding_per_forward(device, monkeypatch):
+    """A padded forward finds the kept tokens (nonzero: a device sync) once, not once per layer: every
+    layer of a forward gets the same mask tensor. The same tensor changed in place is unpadded again."""
+    calls = []
+    real = dt.kept
+    monkeypatch.setattr(dt, "kept", lambda mask: (calls.append(1), real(mask))[1])
+    monkeypatch.setattr(dt, "_LAST", [None])
+    ours, _, _ = _models("llama", device)  # 2 layers
+    ids, mask = _batch(device, pad_side="right")
+    with torch.no_grad():
+        first = ours(input_ids=ids, attention_mask=mask).logits
+        assert len(calls) == 1
+        again = ours(input_ids=ids, attention_mask=mask).logits
+        assert len(calls) == 2 and torch.equal(first, again)  # one per forward
+    m = mask.bool()
+    a = dt._unpadding(m, 24, 24)
+    assert dt._unpadding(m, 24, 24) is a and len(calls) == 3
+    m[0, -3:] = False  # in place: the version moves
+    keep_k, cu_k, _, _ = dt._unpadding(m, 24, 24)
+    assert len(calls) == 4 and cu_k.tolist() == [0, 21, 38]
+
+
 def test_packed_rows_through_position_ids(device):
     """One row packing three sequences (position_ids restart): equal to the three run alone."""
     ours, _, _ = _models("llama", device)

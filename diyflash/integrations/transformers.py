@@ -19,6 +19,8 @@ Attention dropout in training, output_attentions and a custom 4-D mask raise Not
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..api import flash_attention, flash_attention_varlen
@@ -65,18 +67,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return out.view(batch, len_q, *out.shape[1:]), None
 
     if attention_mask is not None:
-        mask = attention_mask[:, -len_k:].to(torch.bool)
-        keep_k, cu_k = kept(mask)
+        keep_k, cu_k, keep_q, cu_q = _unpadding(attention_mask, len_q, len_k)
         k, v = token_major(key)[keep_k], token_major(value)[keep_k]
-        if len_q == len_k:
-            keep_q, cu_q, q = keep_k, cu_k, token_major(query)[keep_k]
-        elif len_q == 1:  # a decode step: every row is a query
-            keep_q = None
-            cu_q = torch.arange(batch + 1, dtype=torch.int32, device=query.device)
-            q = token_major(query)
-        else:  # several new tokens against a cache: the last len_q positions (left padding, as transformers)
-            keep_q, cu_q = kept(mask[:, -len_q:])
-            q = token_major(query)[keep_q]
+        q = token_major(query) if keep_q is None else token_major(query)[keep_q]
         out = _packed_call(q, k, v, cu_q, cu_k, len_q, len_k, causal, scaling, variants)
         if keep_q is None:
             return out.view(batch, 1, *out.shape[1:]), None
@@ -91,6 +84,42 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     out = flash_attention(query, key, value, causal, scaling, **variants)
     return out.transpose(1, 2), None
+
+
+_LAST: list = [None]  # the last mask's (weakref, version, len_q, len_k, result): one forward's layers share it
+
+
+def _unpadding(attention_mask: torch.Tensor, len_q: int, len_k: int):
+    """(keep_k, cu_k, keep_q, cu_q) of a (B, keys) padding mask: the kept keys' flat indices and
+    cu_seqlens, and the queries' (keep_q None: every row is a query, a decode step). Every layer of a
+    forward gets the same mask tensor, so eagerly the result (and its device sync, nonzero) is computed
+    once per forward and reused while the mask is unchanged (same object, same version; never while
+    compiling, nor for inference-mode masks, which have no version)."""
+    eager = not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+    version = _version(attention_mask) if eager else None
+    if version is not None:
+        last = _LAST[0]
+        if last is not None and last[0]() is attention_mask and last[1:4] == (version, len_q, len_k):
+            return last[4]
+    mask = attention_mask[:, -len_k:].to(torch.bool)
+    keep_k, cu_k = kept(mask)
+    if len_q == len_k:
+        keep_q, cu_q = keep_k, cu_k
+    elif len_q == 1:  # a decode step: every row is a query
+        keep_q, cu_q = None, torch.arange(mask.shape[0] + 1, dtype=torch.int32, device=mask.device)
+    else:  # several new tokens against a cache: the last len_q positions (left padding, as transformers)
+        keep_q, cu_q = kept(mask[:, -len_q:])
+    result = (keep_k, cu_k, keep_q, cu_q)
+    if version is not None:
+        _LAST[0] = (weakref.ref(attention_mask), version, len_q, len_k, result)
+    return result
+
+
+def _version(t: torch.Tensor) -> int | None:
+    try:
+        return t._version
+    except RuntimeError:  # an inference-mode tensor keeps no version counter: nothing is cached for it
+        return None
 
 
 def _restarts(position_ids: torch.Tensor) -> bool:
