@@ -114,6 +114,11 @@ def _cases_2(world):
     for layout in dd.LAYOUTS:
         for dim in (1, -2):
             assert torch.equal(dd.gather_sequence(dd.shard_sequence(x, dim=dim, layout=layout), dim=dim, layout=layout), x)
+    # gather's gradient: every rank's loss on the whole sequence reaches each shard (an all_reduce)
+    wgt = torch.randn(3, 8, 5, generator=torch.Generator().manual_seed(7))
+    piece = dd.shard_sequence(x, dim=1).requires_grad_()
+    (dpiece,) = torch.autograd.grad((dd.gather_sequence(piece, dim=1) * wgt).sum(), piece)
+    assert torch.equal(dpiece, world * dd.shard_sequence(wgt, dim=1))
     # the errors name what is wrong
     sh = [dd.shard_sequence(t) for t in (q, k, v)]
     for call, kind, words in [

@@ -76,7 +76,7 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # every rank holds the whole sequence: the shard's gradient sums what each rank's use of it gave
-        grad = grad.contiguous()
+        grad = grad.clone(memory_format=torch.contiguous_format)  # all_reduce writes in place: not autograd's tensor
         dist.all_reduce(grad, group=ctx.group)
         return shard_sequence(grad, ctx.group, ctx.dim, ctx.layout).contiguous(), None, None, None
 
