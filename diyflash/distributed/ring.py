@@ -46,12 +46,21 @@ def _with_sinks(out, lse, sinks):
     return out * torch.exp(lse - new).unsqueeze(-1), new
 
 
+def _pairs(rank: int, src: int, size: int, layout: str, causal: bool):
+    """(a, b, diagonal) for each pair of this rank's q chunk a and rank src's kv chunk b that has visible
+    keys, in a fixed order."""
+    for a, i in enumerate(chunks_of(rank, size, layout)):
+        for b, j in enumerate(chunks_of(src, size, layout)):
+            how = _pair(i, j, causal)
+            if how is not None:
+                yield a, b, how == "diagonal"
+
+
 class _Ring(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, causal, scale, softcap, group, layout):
         rank, size = world(group)
-        mine = chunks_of(rank, size, layout)
-        per = len(mine)
+        per = len(chunks_of(rank, size, layout))
         acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
         qs = q.chunk(per, dim=-2)
         acc = [None] * per
@@ -61,14 +70,10 @@ class _Ring(torch.autograd.Function):
                 nxt, reqs = ring_shift(kv, group)  # travels while this step computes
             src = (rank - step) % size
             ks, vs = kv[0].chunk(per, dim=-2), kv[1].chunk(per, dim=-2)
-            for a, i in enumerate(mine):
-                for b, j in enumerate(chunks_of(src, size, layout)):
-                    how = _pair(i, j, causal)
-                    if how is None:
-                        continue
-                    out, lse = torch.ops.diyflash.attention_fwd(qs[a], ks[b], vs[b], how == "diagonal", scale, None,
-                                                                -1, -1, softcap, None, None)
-                    acc[a] = _merge(acc[a], out.to(acc_t), lse)
+            for a, b, diagonal in _pairs(rank, src, size, layout, causal):
+                out, lse = torch.ops.diyflash.attention_fwd(qs[a], ks[b], vs[b], diagonal, scale, None, -1, -1,
+                                                            softcap, None, None)
+                acc[a] = _merge(acc[a], out.to(acc_t), lse)
             if step + 1 < size:
                 wait(reqs)
                 kv = nxt
@@ -86,8 +91,7 @@ class _Ring(torch.autograd.Function):
         q, k, v, out, lse, sinks = ctx.saved_tensors
         causal, scale, softcap, group, layout = ctx.args
         rank, size = world(group)
-        mine = chunks_of(rank, size, layout)
-        per = len(mine)
+        per = len(chunks_of(rank, size, layout))
         acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         qs, dos, outs, lses = (t.chunk(per, dim=-2 if t.dim() == q.dim() else -1) for t in (q, dout, out, lse))
@@ -101,16 +105,12 @@ class _Ring(torch.autograd.Function):
             src = (rank - step) % size
             ks, vs = kv[0].chunk(per, dim=-2), kv[1].chunk(per, dim=-2)
             dks, dvs = dkv[0].chunk(per, dim=-2), dkv[1].chunk(per, dim=-2)
-            for a, i in enumerate(mine):
-                for b, j in enumerate(chunks_of(src, size, layout)):
-                    how = _pair(i, j, causal)
-                    if how is None:
-                        continue
-                    g = torch.ops.diyflash.attention_bwd(dos[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a],
-                                                         how == "diagonal", scale, None, -1, -1, softcap, None, None)
-                    dq[a] += g[0]
-                    dks[b].add_(g[1])  # views of dkv: the accumulators travel with their k and v
-                    dvs[b].add_(g[2])
+            for a, b, diagonal in _pairs(rank, src, size, layout, causal):
+                g = torch.ops.diyflash.attention_bwd(dos[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a], diagonal,
+                                                     scale, None, -1, -1, softcap, None, None)
+                dq[a] += g[0]
+                dks[b].add_(g[1])  # views of dkv: the accumulators travel with their k and v
+                dvs[b].add_(g[2])
             if size > 1:  # the accumulators follow their k and v; after the last step they reach the owner
                 dkv_next, dkv_reqs = ring_shift(dkv, group)
                 if step + 1 < size:

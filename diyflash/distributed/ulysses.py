@@ -33,26 +33,18 @@ def _to_sequence(x, group, layout):
     return torch.cat(recvs, dim=1)
 
 
-class _ToHeads(torch.autograd.Function):
+class _Exchange(torch.autograd.Function):
+    """_to_heads (to_heads) or _to_sequence; each is the other's backward."""
+
     @staticmethod
-    def forward(ctx, x, group, layout):
-        ctx.args = (group, layout)
-        return _to_heads(x, group, layout)
+    def forward(ctx, x, group, layout, to_heads):
+        ctx.args = (group, layout, to_heads)
+        return (_to_heads if to_heads else _to_sequence)(x, group, layout)
 
     @staticmethod
     def backward(ctx, grad):
-        return _to_sequence(grad, *ctx.args), None, None
-
-
-class _ToSequence(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, layout):
-        ctx.args = (group, layout)
-        return _to_sequence(x, group, layout)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _to_heads(grad, *ctx.args), None, None
+        group, layout, to_heads = ctx.args
+        return (_to_sequence if to_heads else _to_heads)(grad, group, layout), None, None, None
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -83,11 +75,12 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         return (out, lse) if return_lse else out
     if h_kv % size:
         k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
-    qh, kh, vh = (_ToHeads.apply(t, group, layout) for t in (q, k, v))
+    qh, kh, vh = (_Exchange.apply(t, group, layout, True) for t in (q, k, v))
     if sinks is not None:
         sinks = sinks.chunk(size)[rank]
     out, lse = torch.ops.diyflash.attention_fwd(qh, kh, vh, bool(causal), scale, None, left, right, float(softcap),
                                                 None, sinks)
     if not return_lse:
-        return _ToSequence.apply(out, group, layout)
-    return _ToSequence.apply(out, group, layout), _ToSequence.apply(lse.unsqueeze(-1), group, layout).squeeze(-1)
+        return _Exchange.apply(out, group, layout, False)
+    return (_Exchange.apply(out, group, layout, False),
+            _Exchange.apply(lse.unsqueeze(-1), group, layout, False).squeeze(-1))
