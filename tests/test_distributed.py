@@ -16,8 +16,8 @@ from diyflash.reference import attention_ref
 from diyflash.utils.validation import error_report
 from helpers import ON_GPU, cancellation_bands
 
-pytestmark = pytest.mark.skipif(ON_GPU or not dist.is_available() or not dist.is_gloo_available(),
-                                reason="gloo on CPU processes; the GPU run (NCCL) needs the 2-GPU machine")
+processes = pytest.mark.skipif(ON_GPU or not dist.is_available() or not dist.is_gloo_available(),
+                               reason="gloo on CPU processes; the GPU run (NCCL) needs the 2-GPU machine")
 
 
 def _inputs(b, h, h_kv, n, d, seed=0):
@@ -140,18 +140,28 @@ def _cases_3(world):
     _check(dd.ulysses_attention, q, k, v, g, "contiguous", False)
 
 
+@processes
 def test_two_processes():
     _spawn(2, _cases_2)
 
 
+@processes
 def test_three_processes():
     _spawn(3, _cases_3)
 
 
-def test_one_process_without_a_group_is_plain_attention():
-    """W = 1 (no process group): ring and Ulysses are flash_attention on the whole sequence."""
-    q, k, v, g = _inputs(1, 2, 2, 10, 8)
-    want = torch.ops.diyflash.attention(q, k, v, causal=True)
+def test_one_process_without_a_group_is_plain_attention(device):
+    """W = 1 (no process group; on the GPU too): ring and Ulysses are the attention of the whole sequence,
+    forward and backward, and shard_sequence is the identity."""
+    q, k, v, g = (t.to(device, torch.float16) for t in _inputs(1, 4, 2, 10, 16))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = torch.ops.diyflash.attention(*leaves, causal=True)
+    want_grads = torch.autograd.grad(want, leaves, g)
     for fn in (dd.ring_attention, dd.ulysses_attention):
-        torch.testing.assert_close(fn(q, k, v, True, layout="contiguous"), want, rtol=0, atol=1e-6)
+        for layout in dd.LAYOUTS:
+            ins = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = fn(*ins, True, layout=layout)
+            torch.testing.assert_close(out, want, rtol=0, atol=2e-3)
+            for got, w in zip(torch.autograd.grad(out, ins, g), want_grads):
+                torch.testing.assert_close(got, w, rtol=0, atol=2e-3)
     assert torch.equal(dd.shard_sequence(q, layout="contiguous"), q)
