@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import time
 import warnings
 
 import torch
@@ -62,6 +63,18 @@ def provenance() -> dict:
         "python": platform.python_version(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def per_call_us(fn, calls: int = 2000, warmup: int = 50) -> float:
+    """Wall clock per call in a tight loop, one sync at the end: max(host cost, GPU time) per call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def graph_ms(fn, warm_calls: int = 1, **do_bench_kw) -> float:

@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.common import compiled_flex, graph_ms, provenance
+from bench.common import compiled_flex, graph_ms, per_call_us, provenance
 
 H, H_KV, D = 32, 8, 128
 CELLS = [(1, 1024), (1, 8192), (1, 65536), (1, 131072), (8, 8192), (8, 65536), (64, 1024), (64, 8192), (64, 32768)]
@@ -37,16 +36,6 @@ def copy_bandwidth() -> float:
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
     return 2 * src.numel() * src.element_size() / (ms * 1e-3)
-
-
-def eager_us(fn, calls: int = 200) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def providers(b: int, n: int):
@@ -102,7 +91,7 @@ def main(argv=None) -> int:
                 got = fn().float()
                 err = (got - want).abs().max().item()
                 ms = graph_ms(fn)
-                row[name] = dict(us=ms * 1e3, bw_share=kv_bytes / (ms * 1e-3) / copy_bw, eager_us=eager_us(fn),
+                row[name] = dict(us=ms * 1e3, bw_share=kv_bytes / (ms * 1e-3) / copy_bw, eager_us=per_call_us(fn, 200, warmup=1),
                                  max_diff=err)
             except Exception as e:  # a backend that refuses the shape: recorded, not timed
                 row[name] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")

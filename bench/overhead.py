@@ -13,19 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.common import attention_flops, graph_ms
-
-
-def per_call_us(fn, iters=2000) -> float:
-    """Wall clock per call in a tight loop, one sync at the end: max(host cost, GPU time) per call."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e6
+from bench.common import attention_flops, graph_ms, per_call_us
 
 
 def host_us(fn, calls=20, reps=200) -> float:

@@ -9,25 +9,14 @@ from __future__ import annotations
 import cProfile
 import pstats
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import diyflash
+from bench.common import per_call_us
 from diyflash.ops.attention import _kernels
-
-
-def per_call_us(fn, calls=300):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
 
 
 def main():
@@ -56,7 +45,7 @@ def main():
     times = {name: [] for name in fns}
     for _ in range(7):  # in turns, so that clock ramps and drift reach every layer alike
         for name, fn in fns.items():
-            times[name].append(per_call_us(fn, calls=200))
+            times[name].append(per_call_us(fn, 200, warmup=20))
     for name, ts in times.items():
         print(f"{name:>24}: {statistics.median(ts):7.1f} us/call (min {min(ts):.1f})")
     fn = fns["api validate=False"]

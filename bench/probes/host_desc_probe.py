@@ -34,7 +34,7 @@ def main(argv=None) -> int:
 
     import diyflash
     from bench.attention_configs import SHAPES
-    from bench.overhead import per_call_us
+    from bench.common import per_call_us
     from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import fwd_config, head_dim_pad
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
                             ka.HOST_DESC_MIN_WORK = threshold
                             ka._PLANS.clear()  # a plan remembers whether it builds host descriptors
                             times[name].append(per_call_us(lambda: diyflash.flash_attention(q, k, v, causal=causal),
-                                                           iters=300))
+                                                           calls=300))
                     med = {name: statistics.median(ts) for name, ts in times.items()}
                     work = 16 * h * n * n * head_dim_pad(d)
                     print(f"D{d} H{h} N{n} {'causal' if causal else 'plain'}: work 2^{work.bit_length() - 1:<3} "
