@@ -12,8 +12,8 @@ require_triton()  # before anything imports triton: its absence is then the erro
 from .._launch import DirectLauncher, cdiv  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch import (  # noqa: E402
-    INTERPRETED, LOG2E, _aligned, _alibi_stride, _bind, _dot_precision, _Launch, _plan_key, _remember, _replay, _upcast,
-    _v_pad, variant,
+    INTERPRETED, LOG2E, _aligned, _alibi_stride, _bind, _dot_precision, _Launch, _plan_key, _remember, _replay,
+    _run_launches, _upcast, _v_pad, variant,
 )
 
 _APPEND = DirectLauncher(_cache_append_kernel)
@@ -79,7 +79,7 @@ def attention_kvcache(
     if hit is not None:  # the launches of an earlier call with the same layouts: only the pointers change
         plan, splits = hit
         env.update(_partials(out, lse, splits))
-        if _aligned(*(t for t in env.values() if t is not None)):
+        if _aligned(out, lse, env["dst"], env["dst_lse"]):  # the inputs' alignment is part of the key
             _replay(plan, env)
             return out, lse
     paged = block_table is not None
@@ -99,7 +99,7 @@ def attention_kvcache(
             (*k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(), bt_stride, n_new, capacity,
              num_pages), dict(BLOCK=block, num_warps=4, **common)))
     if out.numel() == 0:
-        _run_all(env, launches)
+        _run_launches(env, launches)
         return out, lse
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
@@ -127,8 +127,8 @@ def attention_kvcache(
             (*out.stride(), *lse.stride(), h, n_q, splits),
             dict(HEAD_DIM_V=dv, HEAD_DIM_V_PAD=head_dim_pad(dv), SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()),
                  SINKS=sinks is not None, num_warps=4)))
-    _run_all(env, launches)
-    if key is not None and _aligned(*(t for t in env.values() if t is not None)):
+    _run_launches(env, launches)
+    if key is not None and _aligned(out, lse, env["dst"], env["dst_lse"]):
         plan = _bind((env, launches), False)
         if plan is not None:
             _remember(_KV_PLANS, key, (plan, splits))
@@ -143,8 +143,3 @@ def _partials(out: torch.Tensor, lse: torch.Tensor, splits: int) -> dict:
     b, h, n_q = lse.shape
     return {"dst": torch.empty((b, h, n_q, splits, out.shape[-1]), dtype=torch.float32, device=out.device),
             "dst_lse": torch.empty((b, h, n_q, splits), dtype=torch.float32, device=out.device)}
-
-
-def _run_all(env: dict, launches: list) -> None:
-    for lc in launches:
-        lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)

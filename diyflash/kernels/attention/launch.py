@@ -91,13 +91,18 @@ def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = ()) -> None:
     if descs:
         chunks = [(_with_descriptors(env, descs), launches) for env, launches in chunks]
     for env, launches in chunks:
-        for lc in launches:
-            lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
+        _run_launches(env, launches)
     if key is None or len(chunks) != 1:
         return
     plan = _bind(chunks[0], tma, descs)
     if plan is not None:
         _remember(_PLANS, key, plan)
+
+
+def _run_launches(env: dict, launches) -> None:
+    """Each launch through its launcher, its pointers looked up by name in env."""
+    for lc in launches:
+        lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
 
 
 def _bind(chunk, tma: bool, descs: tuple = ()) -> _Plan | None:
