@@ -47,7 +47,11 @@ def shard_sequence(x: torch.Tensor, group=None, dim: int = -2, layout: str = "zi
     """This rank's shard of the full sequence x along dim: a view for `contiguous`, a copy (two chunks
     concatenated) for `zigzag`. The length must divide into the layout's chunks."""
     check_layout(layout)
-    rank, size = world(group)
+    return shard_of(x, *world(group), dim, layout)
+
+
+def shard_of(x: torch.Tensor, rank: int, size: int, dim: int, layout: str) -> torch.Tensor:
+    """Rank `rank`'s shard (of `size`) of the full sequence x along dim (shard_sequence for any rank)."""
     c = _chunk_len(x.shape[dim], size, layout, f"the sequence length along dim {dim}")
     parts = [x.narrow(dim, i * c, c) for i in chunks_of(rank, size, layout)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim)

@@ -99,6 +99,8 @@ class _Ring(torch.autograd.Function):
         dq = [torch.zeros(c.shape, dtype=acc_t, device=q.device) for c in qs]
         kv = [k, v]
         dkv = [torch.zeros(k.shape, dtype=acc_t, device=k.device), torch.zeros(v.shape, dtype=acc_t, device=v.device)]
+        want_dsinks = sinks is not None and ctx.needs_input_grad[3]
+        dsinks_of = {}
         for step in range(size):
             if step + 1 < size:
                 nxt, reqs = ring_shift(kv, group)
@@ -106,8 +108,12 @@ class _Ring(torch.autograd.Function):
             ks, vs = kv[0].chunk(per, dim=-2), kv[1].chunk(per, dim=-2)
             dks, dvs = dkv[0].chunk(per, dim=-2), dkv[1].chunk(per, dim=-2)
             for a, b, diagonal in _pairs(rank, src, size, layout, causal):
+                # the sinks' gradient is the op's (a sum over chunk a's rows): asked for once per q chunk
+                ask = sinks if want_dsinks and a not in dsinks_of else None
                 g = torch.ops.diyflash.attention_bwd(dos[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a], diagonal,
-                                                     scale, None, -1, -1, softcap, None, None)
+                                                     scale, None, -1, -1, softcap, None, ask)
+                if ask is not None:
+                    dsinks_of[a] = g[3]
                 dq[a] += g[0]
                 dks[b].add_(g[1])  # views of dkv: the accumulators travel with their k and v
                 dvs[b].add_(g[2])
@@ -118,14 +124,7 @@ class _Ring(torch.autograd.Function):
                     kv = nxt
                 wait(dkv_reqs)
                 dkv = dkv_next
-        dsinks = None
-        if sinks is not None and ctx.needs_input_grad[3]:
-            # d lse / d sink = p_sink, d out / d sink = -p_sink out: sum over rows of p_sink (dlse - dout . out)
-            p_sink = torch.exp(sinks.to(lse.dtype).view(1, -1, 1) - lse)
-            delta = (dout.to(acc_t) * out.to(acc_t)).sum(-1)
-            if dlse is not None:
-                delta = delta - dlse
-            dsinks = -(p_sink * delta).sum(dim=(0, 2)).to(sinks.dtype)
+        dsinks = sum(dsinks_of[a] for a in sorted(dsinks_of)) if want_dsinks else None  # chunk order: deterministic
         return (torch.cat(dq, dim=-2).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dsinks,
                 None, None, None, None, None)
 

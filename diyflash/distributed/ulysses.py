@@ -10,7 +10,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .layout import check_layout, chunks_of, unshard, world
+from .layout import check_layout, shard_of, unshard, world
 
 
 def _to_heads(x, group, layout):
@@ -24,10 +24,8 @@ def _to_heads(x, group, layout):
 
 def _to_sequence(x, group, layout):
     """(B, H/W, N, D) -> (B, H, N/W, D): the inverse of _to_heads."""
-    rank, size = world(group)
-    per = len(chunks_of(0, size, layout))
-    chunks = x.chunk(per * size if layout == "zigzag" else size, dim=2)
-    sends = [torch.cat([chunks[i] for i in chunks_of(r, size, layout)], dim=2).contiguous() for r in range(size)]
+    _, size = world(group)
+    sends = [shard_of(x, r, size, 2, layout).contiguous() for r in range(size)]  # rank r's part of the sequence
     recvs = [torch.empty_like(sends[0]) for _ in range(size)]  # head group s, my part of the sequence
     dist.all_to_all(recvs, sends, group=group)
     return torch.cat(recvs, dim=1)
