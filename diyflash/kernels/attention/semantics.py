@@ -124,7 +124,7 @@ def _prescaled(x, qk_scale):
 # exp2(s - m): a compiled kernel would otherwise contract s * scale - m into one FMA, whose single rounding
 # is against m, so the row's top score got exp2 of up to half an ulp of m instead of exactly 1: gradients
 # off from scores of ~1e4 on, p overflowing (NaN) from ~1e11. Costs one op per score where the FMA saved
-# one (H100, bf16: head_dim 64 forward and backward 2-6 % slower, head_dim 128 unchanged). --
+# one (H100, bf16: head_dim 64 forward 2-5 % and backward 3-8 % slower, head_dim 128 unchanged). --
 _COMPILED: tl.constexpr = tl.constexpr(isinstance(_valid_lengths, JITFunction))
 
 
