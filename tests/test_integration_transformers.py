@@ -117,11 +117,12 @@ def test_greedy_generation_gives_the_same_tokens(device, kind, pad_side):
 
 def test_one_unpadding_per_forward(device, monkeypatch):
     """A padded forward finds the kept tokens (nonzero: a device sync) once, not once per layer: every
-    layer of a forward gets the same mask tensor. The same tensor changed in place is unpadded again."""
+    layer of a forward gets the same mask tensor. The same tensor changed in place is unpadded again.
+    Likewise a batch-1 forward with position_ids looks for packed sequences once."""
     calls = []
     real = dt.kept
     monkeypatch.setattr(dt, "kept", lambda mask: (calls.append(1), real(mask))[1])
-    monkeypatch.setattr(dt, "_LAST", [None])
+    monkeypatch.setattr(dt, "_LAST", {})
     ours, _, _ = _models("llama", device)  # 2 layers
     ids, mask = _batch(device, pad_side="right")
     with torch.no_grad():
@@ -135,6 +136,14 @@ def test_one_unpadding_per_forward(device, monkeypatch):
     m[0, -3:] = False  # in place: the version moves
     keep_k, cu_k, _, _ = dt._unpadding(m, 24, 24)
     assert len(calls) == 4 and cu_k.tolist() == [0, 21, 38]
+    # position_ids (batch 1): whether the row packs several sequences (a sync) is found once per forward too
+    found = []
+    real_restarts = dt._restarts
+    monkeypatch.setattr(dt, "_restarts", lambda pos: (found.append(1), real_restarts(pos))[1])
+    pos = torch.cat([torch.arange(10), torch.arange(14)]).unsqueeze(0).to(device)
+    with torch.no_grad():
+        ours(input_ids=ids[:1], position_ids=pos)
+    assert len(found) == 1
 
 
 def test_packed_rows_through_position_ids(device):

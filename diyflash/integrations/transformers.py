@@ -24,7 +24,7 @@ import weakref
 import torch
 
 from ..api import flash_attention, flash_attention_varlen
-from .padding import kept, pad, sequences_from_positions, token_major
+from .padding import kept, pad, sequences_from_positions, token_major, uniform
 
 ATTN_IMPLEMENTATION = "diyattention"
 
@@ -76,8 +76,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return pad(out, keep_q, batch, len_q), None
 
     position_ids = kwargs.get("position_ids")
-    if batch == 1 and len_q > 1 and len_q == len_k and position_ids is not None and _restarts(position_ids):
-        cu = sequences_from_positions(position_ids)
+    cu = None
+    if batch == 1 and len_q > 1 and len_q == len_k and position_ids is not None:
+        cu = _per_forward("positions", position_ids, None, lambda: _packed_sequences(position_ids))
+    if cu is not None:
         out = _packed_call(token_major(query), token_major(key), token_major(value), cu, cu, len_q, len_k, causal,
                            scaling, variants)
         return out.view(1, len_q, *out.shape[1:]), None
@@ -86,33 +88,47 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out.transpose(1, 2), None
 
 
-_LAST: list = [None]  # the last mask's (weakref, version, len_q, len_k, result): one forward's layers share it
+_LAST: dict = {}  # per kind: the last (weakref to the tensor, its version, extra, result)
+
+
+def _per_forward(kind: str, t: torch.Tensor, extra, compute):
+    """compute(), remembered for t: every layer of a forward gets the same mask and position_ids tensors,
+    so eagerly what is derived from them (and its device sync) is computed once per forward and reused
+    while t is unchanged (same object, same version, same extra); never while compiling, nor for
+    inference-mode tensors, which have no version."""
+    eager = not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
+    version = _version(t) if eager else None
+    if version is not None:
+        last = _LAST.get(kind)
+        if last is not None and last[0]() is t and last[1:3] == (version, extra):
+            return last[3]
+    result = compute()
+    if version is not None:
+        _LAST[kind] = (weakref.ref(t), version, extra, result)
+    return result
 
 
 def _unpadding(attention_mask: torch.Tensor, len_q: int, len_k: int):
-    """(keep_k, cu_k, keep_q, cu_q) of a (B, keys) padding mask: the kept keys' flat indices and
-    cu_seqlens, and the queries' (keep_q None: every row is a query, a decode step). Every layer of a
-    forward gets the same mask tensor, so eagerly the result (and its device sync, nonzero) is computed
-    once per forward and reused while the mask is unchanged (same object, same version; never while
-    compiling, nor for inference-mode masks, which have no version)."""
-    eager = not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
-    version = _version(attention_mask) if eager else None
-    if version is not None:
-        last = _LAST[0]
-        if last is not None and last[0]() is attention_mask and last[1:4] == (version, len_q, len_k):
-            return last[4]
+    """(keep_k, cu_k, keep_q, cu_q) of a (B, keys) padding mask, once per forward (_per_forward): the kept
+    keys' flat indices and cu_seqlens, and the queries' (keep_q None: every row is a query, a decode step)."""
+    return _per_forward("mask", attention_mask, (len_q, len_k), lambda: _unpad(attention_mask, len_q, len_k))
+
+
+def _unpad(attention_mask: torch.Tensor, len_q: int, len_k: int):
     mask = attention_mask[:, -len_k:].to(torch.bool)
     keep_k, cu_k = kept(mask)
     if len_q == len_k:
         keep_q, cu_q = keep_k, cu_k
     elif len_q == 1:  # a decode step: every row is a query
-        keep_q, cu_q = None, torch.arange(mask.shape[0] + 1, dtype=torch.int32, device=mask.device)
+        keep_q, cu_q = None, uniform(mask.shape[0], 1, mask.device)
     else:  # several new tokens against a cache: the last len_q positions (left padding, as transformers)
         keep_q, cu_q = kept(mask[:, -len_q:])
-    result = (keep_k, cu_k, keep_q, cu_q)
-    if version is not None:
-        _LAST[0] = (weakref.ref(attention_mask), version, len_q, len_k, result)
-    return result
+    return keep_k, cu_k, keep_q, cu_q
+
+
+def _packed_sequences(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """cu_seqlens of the sequences one row of position_ids packs, or None when it holds one sequence."""
+    return sequences_from_positions(position_ids) if _restarts(position_ids) else None
 
 
 def _version(t: torch.Tensor) -> int | None:
