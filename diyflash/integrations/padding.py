@@ -20,6 +20,11 @@ def cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
     return F.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
 
 
+def uniform(batch: int, length: int, device) -> torch.Tensor:
+    """cu_seqlens of `batch` sequences of `length` tokens each."""
+    return torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=device)
+
+
 def kept(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat indices of the True entries of a (B, N) bool mask, and their cu_seqlens."""
     return mask.reshape(-1).nonzero().squeeze(1), cu_seqlens(mask.sum(1, dtype=torch.int32))

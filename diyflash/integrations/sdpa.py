@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..api import flash_attention, flash_attention_varlen
-from .padding import kept, token_major
+from .padding import kept, token_major, uniform
 
 
 def _key_padding(attn_mask: torch.Tensor, batch: int, len_k: int) -> torch.Tensor:
@@ -65,7 +65,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         keep, cu_k = kept(_key_padding(attn_mask, batch, len_k))
         q = token_major(query)
         k, v = token_major(key)[keep], token_major(value)[keep]
-        cu_q = torch.arange(0, (batch + 1) * len_q, len_q, dtype=torch.int32, device=query.device)
+        cu_q = uniform(batch, len_q, query.device)
         out = flash_attention_varlen(q, k, v, cu_q, cu_k, len_q, len_k, sm_scale=scale, validate=False)
         return out.view(batch, len_q, *out.shape[1:]).transpose(1, 2)
     if not is_causal:
