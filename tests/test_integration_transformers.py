@@ -78,20 +78,22 @@ def _step(model, ids, mask):
     return out.logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _steps(models, ids, mask):
-    """_step of (ours, peer, oracle), and the error report of the logits at the valid tokens."""
+def _steps(models, ids, mask, rows=None):
+    """_step of (ours, peer, oracle), and the error report of the logits at `rows` (default: every row;
+    the valid tokens' only where pad rows see no key, which transformers' eager path fills with garbage)."""
     results = [_step(m, ids, mask) for m in models]
     (got, _), (base, _), (want, _) = results
-    valid = mask.bool()
-    return results, error_report("logits", got[valid], want[valid], base[valid])
+    rows = torch.ones_like(mask, dtype=torch.bool) if rows is None else rows
+    return results, error_report("logits", got[rows], want[rows], base[rows])
 
 
 @pytest.mark.parametrize("pad_side", [None, "right"])
 @pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
 def test_training_step_meets_the_error_rule(device, kind, pad_side):
-    """Logits (valid tokens) and every parameter gradient of a step with a masked loss. (Left padding
-    is for generation: in training, transformers' own eager and sdpa paths give NaN there, its fully
-    masked pad rows' NaN values reaching valid rows through p = 0 times v = NaN; ours outputs 0 for them.)"""
+    """Logits (every row, the pad rows of right padding included: they see the last kept keys in their
+    window) and every parameter gradient of a step with a masked loss. (Left padding is for generation: in
+    training, transformers' own eager and sdpa paths give NaN there, its fully masked pad rows' NaN values
+    reaching valid rows through p = 0 times v = NaN; ours outputs 0 for them.)"""
     ids, mask = _batch(device, pad_side=pad_side)
     ((_, got_g), (_, base_g), (_, want_g)), report = _steps(_models(kind, device), ids, mask)
     assert report.ok, str(report)
@@ -101,13 +103,13 @@ def test_training_step_meets_the_error_rule(device, kind, pad_side):
         assert report.ok, str(report)
 
 
-@pytest.mark.parametrize("pad_side", [None, "left"])
+@pytest.mark.parametrize("pad_side", [None, "left", "right"])
 @pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
 def test_greedy_generation_gives_the_same_tokens(device, kind, pad_side):
-    """8 greedy tokens after a prompt, unpadded or left-padded (prefill, then decode steps against the KV
-    cache). Not right-padded: generate then reads the logits of a pad position, whose query row diyflash
-    (like transformers' flash-attention path) leaves at 0 where sdpa attends it to the valid keys; the
-    valid positions of right-padded batches are compared in test_training_step_meets_the_error_rule."""
+    """8 greedy tokens after a prompt, unpadded, left- or right-padded (prefill, then decode steps against
+    the KV cache). Right padding: generate reads a pad row's logits (it sees the last kept keys in its
+    window), then decodes over a mask with a gap (the padding between the prompt and the new tokens), where
+    the window counts the gap's positions as sdpa's mask does."""
     ours, plain, _ = _models(kind, device)
     ids, mask = _batch(device, length=16, pad_side=pad_side)
     kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
@@ -115,13 +117,80 @@ def test_greedy_generation_gives_the_same_tokens(device, kind, pad_side):
         assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
 
 
+class _Layer(torch.nn.Module):
+    def __init__(self, causal):
+        super().__init__()
+        self.is_causal = causal
+
+
+_MASKS = {  # (B=3, S=20) padding masks
+    "none": [[1] * 20] * 3,
+    "right": [[1] * 20, [1] * 13 + [0] * 7, [1] * 19 + [0]],
+    "left": [[1] * 20, [0] * 7 + [1] * 13, [0] + [1] * 19],
+    "gap": [[1] * 20, [1] * 9 + [0] * 5 + [1] * 6, [1] * 4 + [0] + [1] * 15],  # right padding, then new tokens
+    "empty row": [[1] * 20, [0] * 20, [1] * 12 + [0] * 8],
+}
+
+
+def _masked_reference(q, k, v, mask, causal, window):
+    """What transformers' sdpa path computes (float64 here, or plain PyTorch in q's dtype): the query rows are
+    the last L of the S positions; the row at position p sees key j iff mask[b, j], j <= p (causal) and
+    p - window < j (and j < p + window when not causal). A row that sees nothing is 0."""
+    length, keys = q.shape[2], k.shape[2]
+    p = torch.arange(keys - length, keys, device=q.device)[:, None]
+    j = torch.arange(keys, device=q.device)[None]
+    allowed = mask.bool()[:, None, None, :] & (j <= p if causal else torch.ones_like(j <= p))
+    if window is not None:
+        allowed = allowed & (j > p - window) & (causal or (j < p + window))
+    rep = q.shape[1] // k.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=allowed)
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("window", [None, 4, 8])
+@pytest.mark.parametrize("len_q", [20, 3, 1])
+@pytest.mark.parametrize("pattern", list(_MASKS))
+def test_padding_masks_give_sdpa_rows(device, pattern, len_q, window):
+    """Every query row (pad rows included) as transformers' sdpa path computes it, for right, left and no
+    padding, a row of padding only, and a gap (a right-padded prompt followed by new tokens), prefill (20
+    rows), a chunk of 3 and a decode step, with and without a sliding window; under the 2x rule against
+    the float64 reference. Several rows over a gap with a window, or a pad row inside a gap, raise."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(3, h, n, 16, generator=gen).to(device) for h, n in ((4, len_q), (2, 20), (2, 20)))
+    mask = torch.tensor(_MASKS[pattern], device=device)
+    call = lambda: dt.attention_forward(_Layer(True), q, k, v, mask, sliding_window=window)[0]  # noqa: E731
+    inner_gap = pattern == "gap" and len_q == 20
+    if inner_gap or (pattern == "gap" and len_q > 1 and window is not None):
+        with pytest.raises(NotImplementedError, match="gap among the query" if inner_gap else "sliding window"):
+            call()
+        return
+    got = call()
+    want = _masked_reference(q.double(), k.double(), v.double(), mask, True, window)
+    report = error_report("out", got, want, _masked_reference(q, k, v, mask, True, window))
+    assert report.ok, str(report)
+
+
+def test_padding_masks_without_causal_masking(device):
+    """A bidirectional layer: every row (pad rows too) sees every kept key; a window there raises."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(3, h, 20, 16, generator=gen).to(device) for h in (4, 2, 2))
+    mask = torch.tensor(_MASKS["right"], device=device)
+    got = dt.attention_forward(_Layer(False), q, k, v, mask)[0]
+    want = _masked_reference(q.double(), k.double(), v.double(), mask, False, None)
+    report = error_report("out", got, want, _masked_reference(q, k, v, mask, False, None))
+    assert report.ok, str(report)
+    with pytest.raises(NotImplementedError, match="without causal masking"):
+        dt.attention_forward(_Layer(False), q, k, v, mask, sliding_window=4)
+
+
 def test_one_unpadding_per_forward(device, monkeypatch):
     """A padded forward finds the kept tokens (nonzero: a device sync) once, not once per layer: every
     layer of a forward gets the same mask tensor. The same tensor changed in place is unpadded again.
     Likewise a batch-1 forward with position_ids looks for packed sequences once."""
     calls = []
-    real = dt.kept
-    monkeypatch.setattr(dt, "kept", lambda mask: (calls.append(1), real(mask))[1])
+    real = dt.unpad_attention
+    monkeypatch.setattr(dt, "unpad_attention", lambda *a: (calls.append(1), real(*a))[1])
     monkeypatch.setattr(dt, "_LAST", {})
     ours, _, _ = _models("llama", device)  # 2 layers
     ids, mask = _batch(device, pad_side="right")
@@ -131,11 +200,12 @@ def test_one_unpadding_per_forward(device, monkeypatch):
         again = ours(input_ids=ids, attention_mask=mask).logits
         assert len(calls) == 2 and torch.equal(first, again)  # one per forward
     m = mask.bool()
-    a = dt._unpadding(m, 24, 24)
-    assert dt._unpadding(m, 24, 24) is a and len(calls) == 3
+    a = dt._unpadding(m, 24, 24, True, -1)
+    assert dt._unpadding(m, 24, 24, True, -1) is a and len(calls) == 3
+    b = dt._unpadding(m, 24, 24, True, 7)  # a sliding layer: its own plan, kept beside the full layers' one
+    assert dt._unpadding(m, 24, 24, True, -1) is a and dt._unpadding(m, 24, 24, True, 7) is b and len(calls) == 4
     m[0, -3:] = False  # in place: the version moves
-    keep_k, cu_k, _, _ = dt._unpadding(m, 24, 24)
-    assert len(calls) == 4 and cu_k.tolist() == [0, 21, 38]
+    assert dt._unpadding(m, 24, 24, True, -1).cu_k.tolist() == [0, 21, 38] and len(calls) == 5
     # position_ids (batch 1): whether the row packs several sequences (a sync) is found once per forward too
     found = []
     real_restarts = dt._restarts

@@ -1,9 +1,11 @@
 """Padded batches and packed rows as packed sequences for diyflash.flash_attention_varlen: the tokens a
 (B, S) key-padding mask keeps, or the sequences position_ids restart. Used by the SDPA drop-in and the
 transformers backend. Unpadding gathers the kept tokens (one copy of each of q, k, v, as flash-attn's and
-transformers' unpad_input do); the padded output has zeros where a query row was dropped."""
+transformers' unpad_input do); the padded output has zeros where a query row sees no key."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -30,11 +32,83 @@ def kept(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mask.reshape(-1).nonzero().squeeze(1), cu_seqlens(mask.sum(1, dtype=torch.int32))
 
 
-def pad(packed: torch.Tensor, index: torch.Tensor, batch: int, length: int) -> torch.Tensor:
-    """(T, H, D) rows at flat positions `index` of (B * N) -> (B, N, H, D), zeros elsewhere."""
-    out = packed.new_zeros(batch * length, *packed.shape[1:])
-    out = out.index_copy(0, index, packed)
-    return out.view(batch, length, *packed.shape[1:])
+def pad(parts, batch: int, length: int) -> torch.Tensor:
+    """[(index, rows (T, H, D)), ...] -> (B, N, H, D): rows at flat positions `index` of (B * N), zeros
+    elsewhere; an index equal to B * N is a discarded row (a slot that holds no query)."""
+    rows = parts[0][1]
+    out = rows.new_zeros(batch * length + 1, *rows.shape[1:])
+    for index, rows in parts:
+        out.index_copy_(0, index, rows)
+    return out[:-1].view(batch, length, *rows.shape[1:])
+
+
+class Unpadded(NamedTuple):
+    """How an attention under a (B, S) padding mask runs as packed sequences (see `unpad_attention`)."""
+    keep_k: torch.Tensor  # flat indices (of B * len_k) of the keys attended, in order
+    cu_k: torch.Tensor
+    keep_q: torch.Tensor | None  # flat indices (of B * len_q) of the query rows run; None: every row
+    cu_q: torch.Tensor
+    left: int  # the window's left side for that call (-1: none)
+    tail: tuple | None  # trailing pad rows: (rows, destination, cu_seqlens, slots, left) or None
+
+
+def unpad_attention(mask: torch.Tensor, len_q: int, len_k: int, causal: bool, left: int) -> Unpadded:
+    """Attention of the last len_q of len_k positions under a (B, len_k) bool key-padding mask and a window
+    of `left` keys before the diagonal (-1: none), in the positions of the padded batch, as packed sequences
+    of the kept keys, exactly as a dense masked attention (sdpa) computes every query row:
+    - not causal: every row sees every kept key (a window with padding: NotImplementedError);
+    - one query (a decode step): the keys kept by the mask *and* the window, each seen by the query: exact
+      for any mask, gaps (a right-padded prompt followed by generated tokens) included;
+    - several: the kept query rows against the kept keys (causal order survives the gather; the window does
+      when a row's kept keys are contiguous); pad rows before a row's first kept key see nothing (0); pad rows
+      after its last kept key (right padding) see the last kept keys in their window: `tail`, a second call
+      with `slots` query rows per batch row (positions last + 1, ...), aligned so that window (left - slots,
+      -1), non-causal, is each one's window. Pad rows inside a gap, or a window over a mask with gaps, would
+      need per-row key ranges: NotImplementedError.
+    Two device syncs (the counts, then the indices): compute once per forward."""
+    batch = mask.shape[0]
+    pos = torch.arange(len_k, device=mask.device)
+    if not causal:
+        if left >= 0:
+            raise NotImplementedError(
+                f"a sliding window ({left + 1} positions) without causal masking over a padded batch: the pad "
+                "rows' windows would need per-row key ranges")
+        keep_k, cu_k = kept(mask)
+        return Unpadded(keep_k, cu_k, None, uniform(batch, len_q, mask.device), -1, None)
+    if len_q == 1:
+        if left >= 0:
+            mask = mask & (pos >= len_k - 1 - left)
+        keep_k, cu_k = kept(mask)
+        return Unpadded(keep_k, cu_k, None, uniform(batch, 1, mask.device), -1, None)
+    q0 = len_k - len_q  # position of the first query row
+    count = mask.sum(1)
+    first = torch.where(mask, pos, len_k).amin(1, keepdim=True)
+    last = torch.where(mask, pos, -1).amax(1, keepdim=True)
+    gaps = (count > 0) & (last.squeeze(1) - first.squeeze(1) + 1 != count)
+    inner = ~mask[:, q0:] & (pos[q0:] > first) & (pos[q0:] < last)  # pad query rows inside a gap
+    trailing = torch.where(count > 0, len_k - 1 - last.squeeze(1), 0)
+    has_gaps, has_inner, most = torch.stack([gaps.any(), inner.any(), trailing.amax()]).tolist()
+    if has_inner:
+        raise NotImplementedError(
+            "a padding mask with a gap among the query positions (a masked query row between kept tokens): its "
+            "row would see a prefix of the kept keys, which packed sequences cannot express")
+    if has_gaps and left >= 0:
+        raise NotImplementedError(
+            f"a sliding window ({left + 1} positions) over a padding mask with a gap (kept tokens, padding, kept "
+            "tokens) for several query rows at once: the window counts the padding's positions, which packed "
+            "sequences cannot express (one query row at a time can)")
+    keep_k, cu_k = kept(mask)
+    keep_q, cu_q = (keep_k, cu_k) if len_q == len_k else kept(mask[:, q0:])
+    slots = most if left < 0 else min(most, left)  # rows past last + left see no key: they stay 0
+    tail = None
+    if slots > 0:
+        at = last + 1 + torch.arange(slots, device=mask.device)  # (B, slots) positions after the last kept key
+        real = (count > 0).unsqueeze(1) & (at >= q0) & (at < len_k)
+        flat = torch.arange(batch, device=mask.device).unsqueeze(1) * len_q + at - q0
+        rows = torch.where(real, flat, 0).reshape(-1)
+        dest = torch.where(real, flat, batch * len_q).reshape(-1)
+        tail = (rows, dest, uniform(batch, slots, mask.device), slots, -1 if left < 0 else left - slots)
+    return Unpadded(keep_k, cu_k, keep_q, cu_q, left, tail)
 
 
 def sequences_from_positions(position_ids: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,9 @@ gets a (B, S) padding mask or None.
 What transformers passes maps onto diyflash natively: GQA (k and v never repeated), `scaling`,
 `sliding_window` (window (w - 1, w - 1), causal caps the right side), `softcap` (Gemma 2), `s_aux`
 (gpt-oss's sinks), causal aligned bottom-right (decode steps: q shorter than k). Padding (right or left)
-runs the kept tokens as packed sequences through flash_attention_varlen (as transformers' flash path
-unpads); packed rows (batch 1, position_ids restarting) and the padding-free collator's cu_seq_lens_* too.
+runs the kept tokens as packed sequences through flash_attention_varlen, every query row (pad rows too)
+as sdpa's mask computes it (padding.unpad_attention); packed rows (batch 1, position_ids restarting) and
+the padding-free collator's cu_seq_lens_* run as packed sequences too.
 Attention dropout in training, output_attentions and a custom 4-D mask raise NotImplementedError.
 """
 
@@ -24,7 +25,7 @@ import weakref
 import torch
 
 from ..api import flash_attention, flash_attention_varlen
-from .padding import kept, pad, sequences_from_positions, token_major, uniform
+from .padding import pad, sequences_from_positions, token_major, unpad_attention
 
 ATTN_IMPLEMENTATION = "diyattention"
 
@@ -67,13 +68,21 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return out.view(batch, len_q, *out.shape[1:]), None
 
     if attention_mask is not None:
-        keep_k, cu_k, keep_q, cu_q = _unpadding(attention_mask, len_q, len_k)
-        k, v = token_major(key)[keep_k], token_major(value)[keep_k]
-        q = token_major(query) if keep_q is None else token_major(query)[keep_q]
-        out = _packed_call(q, k, v, cu_q, cu_k, len_q, len_k, causal, scaling, variants)
-        if keep_q is None:
-            return out.view(batch, 1, *out.shape[1:]), None
-        return pad(out, keep_q, batch, len_q), None
+        plan = _unpadding(attention_mask, len_q, len_k, causal, variants["window_size"][0])
+        k, v = token_major(key)[plan.keep_k], token_major(value)[plan.keep_k]
+        rows = token_major(query)
+        q = rows if plan.keep_q is None else rows[plan.keep_q]
+        out = _packed_call(q, k, v, plan.cu_q, plan.cu_k, len_q, len_k, causal, scaling,
+                           dict(variants, window_size=(plan.left, plan.left)))
+        if plan.keep_q is None:
+            return out.view(batch, len_q, *out.shape[1:]), None
+        parts = [(plan.keep_q, out)]
+        if plan.tail is not None:  # right padding: the pad rows after the last kept key
+            tail_rows, dest, cu_tail, slots, left = plan.tail
+            tail = _packed_call(rows[tail_rows], k, v, cu_tail, plan.cu_k, slots, len_k, False, scaling,
+                                dict(variants, window_size=(left, -1)))
+            parts.append((dest, tail))
+        return pad(parts, batch, len_q), None
 
     position_ids = kwargs.get("position_ids")
     cu = None
@@ -88,42 +97,31 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out.transpose(1, 2), None
 
 
-_LAST: dict = {}  # per kind: the last (weakref to the tensor, its version, extra, result)
+_LAST: dict = {}  # per kind: (weakref to the last tensor, its version, {extra: result})
 
 
 def _per_forward(kind: str, t: torch.Tensor, extra, compute):
     """compute(), remembered for t: every layer of a forward gets the same mask and position_ids tensors,
     so eagerly what is derived from them (and its device sync) is computed once per forward and reused
-    while t is unchanged (same object, same version, same extra); never while compiling, nor for
-    inference-mode tensors, which have no version."""
+    while t is unchanged (same object, same version), one result per extra (alternating sliding and full
+    layers ask with different extras); never while compiling, nor for inference-mode tensors, which have
+    no version."""
     eager = not (torch.compiler.is_compiling() or torch.compiler.is_exporting())
     version = _version(t) if eager else None
-    if version is not None:
-        last = _LAST.get(kind)
-        if last is not None and last[0]() is t and last[1:3] == (version, extra):
-            return last[3]
-    result = compute()
-    if version is not None:
-        _LAST[kind] = (weakref.ref(t), version, extra, result)
-    return result
+    if version is None:
+        return compute()
+    last = _LAST.get(kind)
+    if last is None or last[0]() is not t or last[1] != version:
+        last = _LAST[kind] = (weakref.ref(t), version, {})
+    if extra not in last[2]:
+        last[2][extra] = compute()
+    return last[2][extra]
 
 
-def _unpadding(attention_mask: torch.Tensor, len_q: int, len_k: int):
-    """(keep_k, cu_k, keep_q, cu_q) of a (B, keys) padding mask, once per forward (_per_forward): the kept
-    keys' flat indices and cu_seqlens, and the queries' (keep_q None: every row is a query, a decode step)."""
-    return _per_forward("mask", attention_mask, (len_q, len_k), lambda: _unpad(attention_mask, len_q, len_k))
-
-
-def _unpad(attention_mask: torch.Tensor, len_q: int, len_k: int):
-    mask = attention_mask[:, -len_k:].to(torch.bool)
-    keep_k, cu_k = kept(mask)
-    if len_q == len_k:
-        keep_q, cu_q = keep_k, cu_k
-    elif len_q == 1:  # a decode step: every row is a query
-        keep_q, cu_q = None, uniform(mask.shape[0], 1, mask.device)
-    else:  # several new tokens against a cache: the last len_q positions (left padding, as transformers)
-        keep_q, cu_q = kept(mask[:, -len_q:])
-    return keep_k, cu_k, keep_q, cu_q
+def _unpadding(attention_mask: torch.Tensor, len_q: int, len_k: int, causal: bool, left: int):
+    """padding.unpad_attention of a (B, keys) padding mask, once per forward (_per_forward)."""
+    return _per_forward("mask", attention_mask, (len_q, len_k, causal, left),
+                        lambda: unpad_attention(attention_mask[:, -len_k:].to(torch.bool), len_q, len_k, causal, left))
 
 
 def _packed_sequences(position_ids: torch.Tensor) -> torch.Tensor | None:
