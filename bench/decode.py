@@ -7,7 +7,7 @@ and paged (page 256). Bandwidth = bytes of K and V read (2 * B * L * 8 * 128 * 2
 of the device's copy bandwidth measured in the same run (a 1 GiB device-to-device copy: read + write
 bytes / time). GPU time is a CUDA graph's replay (graph_ms: no host cost); "eager us" is the wall time
 per call of 200 eager calls in a row (host cost included; the default validate=True syncs once a call,
-diyflash-novalidate skips that check). Peers: SDPA with every backend that takes the
+diyflash-novalidate skips that check; diyflash-dense is flash_attention, the dense API, at N_q = 1). Peers: SDPA with every backend that takes the
 shape (enable_gqa=True) and FlexAttention's decode path (compiled), all on the same contiguous cache.
 """
 
@@ -61,6 +61,8 @@ def providers(b: int, n: int):
         "diyflash": lambda: diyflash.flash_attention_with_kvcache(q, k, v, seqlens),
         "diyflash-novalidate": lambda: diyflash.flash_attention_with_kvcache(q, k, v, seqlens, validate=False),
         "diyflash-paged": lambda: diyflash.flash_attention_with_kvcache(q, k_pages, v_pages, seqlens, block_table=table),
+        # the dense API at N_q = 1 (what the transformers backend calls in an unpadded generate step)
+        "diyflash-dense": lambda: diyflash.flash_attention(q, k, v, causal=True),
     }
     for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION)):
@@ -106,7 +108,7 @@ def main(argv=None) -> int:
     return 0
 
 
-NAMES = ("diyflash", "diyflash-novalidate", "diyflash-paged", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
+NAMES = ("diyflash", "diyflash-novalidate", "diyflash-paged", "diyflash-dense", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
 
 
 def line(row) -> str:

@@ -183,6 +183,36 @@ def test_lse_is_a_loss(device):
     assert torch.equal(v.grad, torch.zeros_like(v))
 
 
+_FEW_ROWS = [  # (h, h_kv, n_q, n_k, d, dv, layout, variants): N_q x group <= 64, the decode kernel's tile
+    (8, 2, 1, 113, 64, None, "bhnd", dict(causal=True)),  # a decode step, GQA 4
+    (8, 1, 8, 1023 if ON_GPU else 300, 80, None, "bnhd", dict(causal=True, window=(64, 0), softcap=20.0)),  # 8 x 8
+    (4, 4, 16, 17, 32, 16, "bhnd", dict(alibi=True, sinks=True)),  # group 1, D_v != D
+    (8, 2, 3, 1, 64, None, "bhnd", dict(causal=False)),  # fewer keys than rows
+]
+
+
+@pytest.mark.parametrize("case", range(len(_FEW_ROWS)))
+def test_few_query_rows_run_the_decode_kernel(device, monkeypatch, case):
+    """flash_attention with N_q x (H / H_kv) <= 64 rows runs the decode kernel (split-KV, the q heads of a
+    kv head in one tile; launch.decode_route): out, lse and the gradients through the dense backward under
+    the 2x rule. One more row (N_q 17, group 4) stays on the forward kernel."""
+    from diyflash.kernels.attention import kvcache
+
+    calls = []
+    real = kvcache.attention_kvcache
+    monkeypatch.setattr(kvcache, "attention_kvcache", lambda *a, **kw: (calls.append(a[3]), real(*a, **kw))[1])
+    h, h_kv, n_q, n_k, d, dv, layout, var = _FEW_ROWS[case]
+    q, k, v = make(2, h, h_kv, n_q, n_k, d, dv, device=device, layout=layout)
+    sinks = sink_logits(h, device) if var.get("sinks") else None
+    alibi = slopes(h, device=device) if var.get("alibi") else None
+    check(q, k, v, var.get("causal", False), window=var.get("window", (-1, -1)), softcap=var.get("softcap", 0.0),
+          alibi=alibi, sinks=sinks)
+    assert calls and all(lengths is None for lengths in calls)  # the dense call: every key, no cache lengths
+    calls.clear()
+    diyflash.flash_attention(*make(1, 8, 2, 17, 40, 64, device=device), causal=True)
+    assert not calls
+
+
 @pytest.mark.parametrize("n_q,n_k", [(0, 9), (9, 0), (0, 0)])
 def test_empty_lengths_with_variants(device, n_q, n_k):
     """Length 0 on either side: no NaN; with no key at all every row outputs 0 and its lse is the sink."""

@@ -17,6 +17,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import diyflash
 from bench.common import per_call_us
 from diyflash.ops.attention import _kernels
+from diyflash.ops.attention_kvcache import _impl
+
+
+def _unguarded(q, k, v, lens, scale):
+    """_impl's work without device_guard (the launcher alone plus the argument handling)."""
+    return _kernels().attention_kvcache(q, k, v, lens.contiguous(), None, None, None, False, scale)
 
 
 def main():
@@ -30,6 +36,9 @@ def main():
         "api validate=False": lambda: diyflash.flash_attention_with_kvcache(q, k, v, lens, validate=False),
         "api": lambda: diyflash.flash_attention_with_kvcache(q, k, v, lens),
         "torch.ops (dispatcher)": lambda: torch.ops.diyflash.attention_with_kvcache(q, k, v, lens),
+        "op impl (no API checks)": lambda: _impl(q, k, v, lens),
+        "dense api flash_attention": lambda: diyflash.flash_attention(q, k, v, causal=True),
+        "op impl, no device guard": lambda: _unguarded(q, k, v, lens, scale),
         "launcher alone": lambda: _kernels().attention_kvcache(q, k, v, lens, None, None, None, False, scale),
         "launcher, 1 split": lambda: _kernels().attention_kvcache(q, k, v, lens, None, None, None, False, scale,
                                                                   num_splits=1),

@@ -87,11 +87,11 @@ def _attn_decode_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, LENGTHS: tl.constexpr,
 ):
     """One (batch, kv head, row tile, split): rows r = i * kv_group + g of the tile are query i of head
-    h_kv * kv_group + g. Batch b attends to its first kv_len = min(cache_seqlens[b] + n_new, capacity) keys,
-    bottom-right aligned (off = kv_len - n_q). The keys the tile's rows can see (causal and window bands)
+    h_kv * kv_group + g. Batch b attends to its first kv_len = min(cache_seqlens[b] + n_new, capacity) keys
+    (every key, kv_len = capacity, without LENGTHS: a dense call), bottom-right aligned (off = kv_len - n_q). The keys the tile's rows can see (causal and window bands)
     are cut into num_splits BLOCK_N-aligned ranges; this program takes range program_id(2). out/lse have a
     split axis (stride_os, stride_ls): with one split they are the final output (the sink, SINKS, enters
     the running max and sum here), else fp32 partials that _attn_decode_combine_kernel merges."""
@@ -100,7 +100,10 @@ def _attn_decode_kernel(
     off_hk = bh % num_kv_heads
     start_r = tl.program_id(1) * BLOCK_M
     split = tl.program_id(2)
-    kv_len = tl.minimum(tl.maximum(tl.load(cache_seqlens_ptr + b) + n_new, 0), capacity)
+    if LENGTHS:
+        kv_len = tl.minimum(tl.maximum(tl.load(cache_seqlens_ptr + b) + n_new, 0), capacity)
+    else:
+        kv_len = capacity
     causal_offset = kv_len - n_q
 
     rows = start_r + tl.arange(0, BLOCK_M)

@@ -48,7 +48,7 @@ def attention_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor,
+    cache_seqlens: torch.Tensor | None,
     k_new: torch.Tensor | None,
     v_new: torch.Tensor | None,
     block_table: torch.Tensor | None,
@@ -64,7 +64,8 @@ def attention_kvcache(
     """Write k_new / v_new (B, H_kv, N_new, D) into the cache at cache_seqlens[b] + j (in place), then
     attend q (B, H, N_q, D) to each batch's first cache_seqlens[b] + N_new keys. The cache is (B, H_kv,
     N_cache, D) with any strides, or paged (num_pages, H_kv, page_size, D) through block_table (B,
-    max_pages) int32. cache_seqlens int32 (B,) contiguous. num_splits: 0 picks (num_splits_for).
+    max_pages) int32. cache_seqlens int32 (B,) contiguous, or None: every batch attends to all N_cache keys
+    (no new keys then; launch.attention_fwd's route for a few query rows). num_splits: 0 picks (num_splits_for).
     Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32. A call with the layouts of an
     earlier one replays that call's bound launches (launch._replay: ~the launches' own host cost)."""
     b, h, n_q, d = q.shape
@@ -119,7 +120,8 @@ def attention_kvcache(
         ("q", "k_cache", "v_cache", "dst", "dst_lse", "cache_seqlens", "block_table", "alibi", "sinks"), args,
         dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap,
              ALIBI=alibi_slopes is not None, SINKS=sinks is not None and splits == 1,
-             DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), num_warps=4,
+             DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), LENGTHS=cache_seqlens is not None,
+             num_warps=4,
              num_stages=1 if INTERPRETED else 3, **common)))
     if splits > 1:
         launches.append(_Launch(

@@ -345,6 +345,18 @@ def _alibi_stride(alibi: torch.Tensor | None) -> int:
     return 0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)
 
 
+DECODE_ROUTE_ROWS = 64  # kvcache.decode_rows' largest tile
+
+
+def decode_route(q, k, seq_lens, packed, config, group) -> bool:
+    """Whether attention_fwd runs the decode kernel: 4-D q and k (no seq_lens, not packed, no tiles asked
+    for) whose N_q query rows times the GQA group fit one decode tile. There the forward kernel would run
+    one mostly empty row tile per q head, each reading its kv head's keys again without splitting them
+    (bench.decode, H200, N_q = 1: 2-35 % of the copy bandwidth where the decode kernel reaches 8-94 %)."""
+    return (packed is None and seq_lens is None and config is None and group is None and q.dim() == 4
+            and k.dim() == 4 and q.shape[2] * (q.shape[1] // k.shape[1]) <= DECODE_ROUTE_ROWS)
+
+
 def attention_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -367,7 +379,13 @@ def attention_fwd(
     fp32 (H,) or (Z, H) with unit last stride, sinks fp32 (H,) contiguous. config and group (the head
     group, see head_group) override the tuned choices, for benchmarks.
     packed: q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, D_v) hold packed sequences (Packed), seq_lens
-    is cu_seqlens_q; out is (T_q, H, D_v), lse (H, T_q)."""
+    is cu_seqlens_q; out is (T_q, H, D_v), lse (H, T_q).
+    A few query rows (decode_route) run the decode kernel instead: split-KV over the keys, the q heads of a
+    kv head packed into one tile; the same semantics (semantics.py), out and lse alike."""
+    if decode_route(q, k, seq_lens, packed, config, group):
+        from .kvcache import attention_kvcache  # (kvcache builds on this module)
+        return attention_kvcache(q, k, v, None, None, None, None, causal, scale, window=window, softcap=softcap,
+                                 alibi_slopes=alibi_slopes, sinks=sinks)
     out = empty_out(q, v.shape[-1])
     lse = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
