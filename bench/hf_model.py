@@ -59,7 +59,10 @@ def main():
         m.load_state_dict(state)
         models[impl] = m.to("cuda", torch.bfloat16)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda")
-    prompt = torch.randint(0, cfg.vocab_size, (args.gen_batch, args.prompt), device="cuda")
+    # token 0 is the pad token below: keep it out of the prompt (generate would infer a mask with gaps from it)
+    # and pass the all-ones mask a tokenizer gives an unpadded batch
+    prompt = torch.randint(1, cfg.vocab_size, (args.gen_batch, args.prompt), device="cuda")
+    prompt_mask = torch.ones_like(prompt)
     head = (f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | transformers {transformers.__version__} | "
             f"Llama {args.layers} layers h2048 H16/4 bf16")
     print(head)
@@ -72,8 +75,8 @@ def main():
         t_step = _timed(step, args.repeats)
         m.eval()
         with torch.no_grad():
-            gen = lambda m=m: m.generate(prompt, max_new_tokens=args.new, min_new_tokens=args.new,  # noqa: E731
-                                         do_sample=False, pad_token_id=0)
+            gen = lambda m=m: m.generate(prompt, attention_mask=prompt_mask, max_new_tokens=args.new,  # noqa: E731
+                                         min_new_tokens=args.new, do_sample=False, pad_token_id=0)
             gen()
             t_gen = _timed(gen, max(1, args.repeats // 2))
         m.train()

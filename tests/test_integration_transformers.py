@@ -128,6 +128,7 @@ _MASKS = {  # (B=3, S=20) padding masks
     "right": [[1] * 20, [1] * 13 + [0] * 7, [1] * 19 + [0]],
     "left": [[1] * 20, [0] * 7 + [1] * 13, [0] + [1] * 19],
     "gap": [[1] * 20, [1] * 9 + [0] * 5 + [1] * 6, [1] * 4 + [0] + [1] * 15],  # right padding, then new tokens
+    "gaps": [[0, 1, 0, 0, 1, 1, 0, 1] + [1, 0] * 6, [1] * 17 + [0, 1, 0], [0] * 3 + [1] * 17],  # pad tokens inside
     "empty row": [[1] * 20, [0] * 20, [1] * 12 + [0] * 8],
 }
 
@@ -153,22 +154,30 @@ def _masked_reference(q, k, v, mask, causal, window):
 @pytest.mark.parametrize("pattern", list(_MASKS))
 def test_padding_masks_give_sdpa_rows(device, pattern, len_q, window):
     """Every query row (pad rows included) as transformers' sdpa path computes it, for right, left and no
-    padding, a row of padding only, and a gap (a right-padded prompt followed by new tokens), prefill (20
-    rows), a chunk of 3 and a decode step, with and without a sliding window; under the 2x rule against
-    the float64 reference. Several rows over a gap with a window, or a pad row inside a gap, raise."""
+    padding, a row of padding only, a gap (a right-padded prompt followed by new tokens) and pad tokens
+    inside prompts (their rows see the kept keys before them), prefill (20 rows), a chunk of 3 and a decode
+    step, with and without a sliding window; under the 2x rule against the float64 reference. Several rows
+    over a gap with a window raise."""
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(3, h, n, 16, generator=gen).to(device) for h, n in ((4, len_q), (2, 20), (2, 20)))
     mask = torch.tensor(_MASKS[pattern], device=device)
     call = lambda: dt.attention_forward(_Layer(True), q, k, v, mask, sliding_window=window)[0]  # noqa: E731
-    inner_gap = pattern == "gap" and len_q == 20
-    if inner_gap or (pattern == "gap" and len_q > 1 and window is not None):
-        with pytest.raises(NotImplementedError, match="gap among the query" if inner_gap else "sliding window"):
+    if pattern in ("gap", "gaps") and len_q > 1 and window is not None:
+        with pytest.raises(NotImplementedError, match="sliding window"):
             call()
         return
     got = call()
     want = _masked_reference(q.double(), k.double(), v.double(), mask, True, window)
     report = error_report("out", got, want, _masked_reference(q, k, v, mask, True, window))
     assert report.ok, str(report)
+
+
+def test_padding_mask_of_many_gaps_raises(device):
+    """Every other token a pad: the gap rows would need ~L^2 / 8 key copies (more than 4 per kept key)."""
+    q, k = torch.zeros(1, 4, 300, 16, device=device), torch.zeros(1, 2, 300, 16, device=device)
+    mask = (torch.arange(300, device=device) % 2 == 0).unsqueeze(0)
+    with pytest.raises(NotImplementedError, match="many gaps"):
+        dt.attention_forward(_Layer(True), q, k, k, mask)
 
 
 def test_padding_masks_without_causal_masking(device):

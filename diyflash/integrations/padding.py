@@ -50,6 +50,7 @@ class Unpadded(NamedTuple):
     cu_q: torch.Tensor
     left: int  # the window's left side for that call (-1: none)
     tail: tuple | None  # trailing pad rows: (rows, destination, cu_seqlens, slots, left) or None
+    gaps: tuple | None = None  # pad rows inside a gap (_gap_rows) or None
 
 
 def unpad_attention(mask: torch.Tensor, len_q: int, len_k: int, causal: bool, left: int) -> Unpadded:
@@ -63,9 +64,10 @@ def unpad_attention(mask: torch.Tensor, len_q: int, len_k: int, causal: bool, le
       when a row's kept keys are contiguous); pad rows before a row's first kept key see nothing (0); pad rows
       after its last kept key (right padding) see the last kept keys in their window: `tail`, a second call
       with `slots` query rows per batch row (positions last + 1, ...), aligned so that window (left - slots,
-      -1), non-causal, is each one's window. Pad rows inside a gap, or a window over a mask with gaps, would
-      need per-row key ranges: NotImplementedError.
-    Two device syncs (the counts, then the indices): compute once per forward."""
+      -1), non-causal, is each one's window; pad rows inside a gap (a pad token within a prompt) see the kept
+      keys before them: `gaps`, a third call (_gap_rows). A window over a mask with gaps would need per-row
+      key ranges: NotImplementedError.
+    Two device syncs (the counts, then the indices; two more with gap rows): compute once per forward."""
     batch = mask.shape[0]
     pos = torch.arange(len_k, device=mask.device)
     if not causal:
@@ -88,16 +90,13 @@ def unpad_attention(mask: torch.Tensor, len_q: int, len_k: int, causal: bool, le
     inner = ~mask[:, q0:] & (pos[q0:] > first) & (pos[q0:] < last)  # pad query rows inside a gap
     trailing = torch.where(count > 0, len_k - 1 - last.squeeze(1), 0)
     has_gaps, has_inner, most = torch.stack([gaps.any(), inner.any(), trailing.amax()]).tolist()
-    if has_inner:
-        raise NotImplementedError(
-            "a padding mask with a gap among the query positions (a masked query row between kept tokens): its "
-            "row would see a prefix of the kept keys, which packed sequences cannot express")
     if has_gaps and left >= 0:
         raise NotImplementedError(
             f"a sliding window ({left + 1} positions) over a padding mask with a gap (kept tokens, padding, kept "
             "tokens) for several query rows at once: the window counts the padding's positions, which packed "
             "sequences cannot express (one query row at a time can)")
     keep_k, cu_k = kept(mask)
+    gap_rows = _gap_rows(mask, inner, keep_k, cu_k, q0, len_q) if has_inner else None
     keep_q, cu_q = (keep_k, cu_k) if len_q == len_k else kept(mask[:, q0:])
     slots = most if left < 0 else min(most, left)  # rows past last + left see no key: they stay 0
     tail = None
@@ -108,7 +107,33 @@ def unpad_attention(mask: torch.Tensor, len_q: int, len_k: int, causal: bool, le
         rows = torch.where(real, flat, 0).reshape(-1)
         dest = torch.where(real, flat, batch * len_q).reshape(-1)
         tail = (rows, dest, uniform(batch, slots, mask.device), slots, -1 if left < 0 else left - slots)
-    return Unpadded(keep_k, cu_k, keep_q, cu_q, left, tail)
+    return Unpadded(keep_k, cu_k, keep_q, cu_q, left, tail, gap_rows)
+
+
+GAP_KEYS_PER_KEPT = 4  # the gap rows' key copies, at most this many per kept key (else NotImplementedError)
+
+
+def _gap_rows(mask, inner, keep_k, cu_k, q0: int, len_q: int):
+    """Pad query rows inside a gap, without a window: the row at position p sees the c(p) kept keys before
+    it, a prefix of its batch row's kept keys, the same for a run of such rows. Each run becomes one packed
+    sequence against its own copy of that prefix: (rows, key indices, cu_seqlens_q, cu_seqlens_k, max_q,
+    max_k). Two syncs. A mask of many gaps, whose copies would pass GAP_KEYS_PER_KEPT per kept key, raises."""
+    b, col = inner.nonzero(as_tuple=True)  # in (batch row, position) order: a run's rows are consecutive
+    before = (torch.cumsum(mask, 1) - mask.long())[b, q0 + col]  # c(p) >= 1 inside a gap
+    _, run_rows = torch.unique_consecutive(b * (mask.shape[1] + 1) + before, return_counts=True)
+    starts = torch.cumsum(run_rows, 0) - run_rows
+    run_keys = before[starts]
+    total, most_rows, most_keys = torch.stack([run_keys.sum(), run_rows.max(), run_keys.max()]).tolist()
+    if total > GAP_KEYS_PER_KEPT * max(keep_k.numel(), 1024):
+        raise NotImplementedError(
+            f"a padding mask with many gaps among the query rows: their rows would need {total} key copies "
+            f"(more than {GAP_KEYS_PER_KEPT} per kept key)")
+    cu_keys = cu_seqlens(run_keys.to(torch.int32))
+    run_of_key = torch.repeat_interleave(torch.arange(run_keys.shape[0], device=mask.device), run_keys,
+                                         output_size=total)
+    within = torch.arange(total, device=mask.device) - cu_keys[:-1].long()[run_of_key]
+    keys = keep_k[cu_k[:-1].long()[b[starts]][run_of_key] + within]
+    return (b * len_q + col, keys, cu_seqlens(run_rows.to(torch.int32)), cu_keys, most_rows, most_keys)
 
 
 def sequences_from_positions(position_ids: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             tail = _packed_call(rows[tail_rows], k, v, cu_tail, plan.cu_k, slots, len_k, False, scaling,
                                 dict(variants, window_size=(left, -1)))
             parts.append((dest, tail))
+        if plan.gaps is not None:  # pad rows inside a gap: each run against a copy of the keys before it
+            gap_rows, keys, cu_gq, cu_gk, max_gq, max_gk = plan.gaps
+            gap = _packed_call(rows[gap_rows], token_major(key)[keys], token_major(value)[keys], cu_gq, cu_gk,
+                               max_gq, max_gk, False, scaling, dict(variants, window_size=(-1, -1)))
+            parts.append((gap_rows, gap))
         return pad(parts, batch, len_q), None
 
     position_ids = kwargs.get("position_ids")
