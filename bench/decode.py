@@ -7,8 +7,9 @@ and paged (page 256). Bandwidth = bytes of K and V read (2 * B * L * 8 * 128 * 2
 of the device's copy bandwidth measured in the same run (a 1 GiB device-to-device copy: read + write
 bytes / time). GPU time is a CUDA graph's replay (graph_ms: no host cost); "eager us" is the wall time
 per call of 200 eager calls in a row (host cost included; the default validate=True syncs once a call,
-diyflash-novalidate skips that check; diyflash-dense is flash_attention, the dense API, at N_q = 1). Peers: SDPA with every backend that takes the
-shape (enable_gqa=True) and FlexAttention's decode path (compiled), all on the same contiguous cache.
+diyflash-novalidate skips that check; diyflash-dense is flash_attention, the dense API, at N_q = 1).
+Peers: SDPA with every backend that takes the shape (enable_gqa=True) and FlexAttention's decode path
+(compiled), all on the same contiguous cache.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def main(argv=None) -> int:
                 got = fn().float()
                 err = (got - want).abs().max().item()
                 ms = graph_ms(fn)
-                row[name] = dict(us=ms * 1e3, bw_share=kv_bytes / (ms * 1e-3) / copy_bw, eager_us=per_call_us(fn, 200, warmup=1),
-                                 max_diff=err)
+                row[name] = dict(us=ms * 1e3, bw_share=kv_bytes / (ms * 1e-3) / copy_bw,
+                                 eager_us=per_call_us(fn, 200, warmup=1), max_diff=err)
             except Exception as e:  # a backend that refuses the shape: recorded, not timed
                 row[name] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
             torch.cuda.synchronize()
@@ -108,7 +109,8 @@ def main(argv=None) -> int:
     return 0
 
 
-NAMES = ("diyflash", "diyflash-novalidate", "diyflash-paged", "diyflash-dense", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
+NAMES = ("diyflash", "diyflash-novalidate", "diyflash-paged", "diyflash-dense", "sdpa-flash", "sdpa-cudnn",
+         "sdpa-efficient", "flex")
 
 
 def line(row) -> str:

@@ -785,19 +785,16 @@ def test_raw_dot_past_fp32_range_stays_finite_on_the_pytorch_path(torch_path, ca
 def test_huge_scores_as_exact_as_sdpa_flash(device, m):
     """Issue 23, item 9: scores of ~m^2/8 (1e5 .. 1e17). The compiled forward used to fold the scale into
     the exponent's FMA, whose rounding against the row max overflowed p: NaN from ~1e11, gradients off by
-    1e18 at 1e9. Rows whose |max| passes semantics.EXACT_FROM now run with exact products (and the backward
-    with p capped at 1). Out and the gradients must be finite and within 2x the error of SDPA's
-    FlashAttention-2 backend in the same precision (bf16), plus a bf16 rounding band of the reference."""
+    1e18 at 1e9. Every kernel now rounds the scaled score on its own (semantics._mul_exact) and the backward
+    caps p at 1 (semantics._probs). Out and the gradients must be finite and within 2x the error of SDPA's
+    FlashAttention-2 backend in the same precision (bf16), plus a bf16 rounding band of the reference.
+    Inputs: bench.probes.huge_scores's."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from bench.probes.huge_scores import inputs
+
     gen = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 256, 64, generator=gen) for _ in range(3))
-    q[:, :, 100, 0] = m
-    q[:, 1, 133, 0] = -m
-    k[:, :, 5, 0] = m
-    k[:, :, 2, 0] = -m
-    k[:, 0, 200, 0] = 0.7 * m
-    q, k, v = (t.to(device, torch.bfloat16) for t in (q, k, v))
+    q, k, v = inputs(m, torch.bfloat16, device, gen)
     leaves = [t.double().requires_grad_() for t in (q, k, v)]
     ref = attention_ref(*leaves, causal=True)[0]
     dout = torch.randn(ref.shape, generator=gen).to(device)

@@ -14,8 +14,10 @@ import diyflash
 from diyflash.reference import attention_ref
 
 
-def inputs(m, dtype, device):
-    gen = torch.Generator(device="cpu").manual_seed(0)
+def inputs(m, dtype, device, gen=None):
+    """q, k, v (1, 2, 256, 64) with entries of size m in a few rows of q and keys of k; `gen` (a CPU
+    generator, default seeded 0) draws the rest (the GPU test goes on drawing from it)."""
+    gen = torch.Generator(device="cpu").manual_seed(0) if gen is None else gen
     q, k, v = (torch.randn(1, 2, 256, 64, generator=gen) for _ in range(3))
     q[:, :, 100, 0] = m
     q[:, 1, 133, 0] = -m

@@ -69,8 +69,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     if attention_mask is not None:
         plan = _unpadding(attention_mask, len_q, len_k, causal, variants["window_size"][0])
-        k, v = token_major(key)[plan.keep_k], token_major(value)[plan.keep_k]
-        rows = token_major(query)
+        keys, values, rows = token_major(key), token_major(value), token_major(query)  # views, or one copy each
+        k, v = keys[plan.keep_k], values[plan.keep_k]
         q = rows if plan.keep_q is None else rows[plan.keep_q]
         out = _packed_call(q, k, v, plan.cu_q, plan.cu_k, len_q, len_k, causal, scaling,
                            dict(variants, window_size=(plan.left, plan.left)))
@@ -83,9 +83,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                 dict(variants, window_size=(left, -1)))
             parts.append((dest, tail))
         if plan.gaps is not None:  # pad rows inside a gap: each run against a copy of the keys before it
-            gap_rows, keys, cu_gq, cu_gk, max_gq, max_gk = plan.gaps
-            gap = _packed_call(rows[gap_rows], token_major(key)[keys], token_major(value)[keys], cu_gq, cu_gk,
-                               max_gq, max_gk, False, scaling, dict(variants, window_size=(-1, -1)))
+            gap_rows, prefix, cu_gq, cu_gk, max_gq, max_gk = plan.gaps
+            gap = _packed_call(rows[gap_rows], keys[prefix], values[prefix], cu_gq, cu_gk, max_gq, max_gk, False,
+                               scaling, dict(variants, window_size=(-1, -1)))
             parts.append((gap_rows, gap))
         return pad(parts, batch, len_q), None
 

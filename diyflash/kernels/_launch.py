@@ -90,6 +90,12 @@ def _active_driver():
     return driver.active.get_current_device, driver.active.get_current_stream
 
 
+def compiled(kernel) -> bool:
+    """Whether @triton.jit made `kernel` a compiled kernel (else the interpreter runs it): Triton decides
+    when the decorator runs, so this is fixed per kernel."""
+    return isinstance(kernel, JITFunction)
+
+
 class DirectLauncher:
     """`launcher(grid, *args, **meta)` == `kernel[grid](*args, **meta)`, minus the JIT's per-call work
     after the first launch with each signature. `args` are the kernel's leading parameters; `meta`
@@ -97,8 +103,7 @@ class DirectLauncher:
 
     def __init__(self, kernel):
         self.kernel = kernel
-        # Triton decides interpreter-or-compiler when @triton.jit runs, so this is fixed per kernel
-        self.interpreted = not isinstance(kernel, JITFunction)
+        self.interpreted = not compiled(kernel)
         self.direct_launches = 0  # tests read this to see that the direct path ran
         self._compiled: dict[tuple, tuple] = {}
         self._driver = None  # Triton's (get_current_device, get_current_stream), once a kernel compiled

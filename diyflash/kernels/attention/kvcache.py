@@ -12,7 +12,7 @@ require_triton()  # before anything imports triton: its absence is then the erro
 from .._launch import DirectLauncher, cdiv  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch import (  # noqa: E402
-    INTERPRETED, LOG2E, _aligned, _alibi_stride, _bind, _dot_precision, _Launch, _plan_key, _remember, _replay,
+    DECODE_MAX_ROWS, INTERPRETED, LOG2E, _aligned, _alibi_stride, _bind, _dot_precision, _Launch, _plan_key, _remember, _replay,
     _run_launches, _upcast, _v_pad, variant,
 )
 
@@ -28,8 +28,9 @@ _KV_PLANS: dict[tuple, tuple] = {}
 
 
 def decode_rows(n_q: int, kv_group: int) -> int:
-    """Rows of a decode tile: the packed (query, head) rows of a kv head, 16 (tl.dot's minimum) to 64."""
-    return min(64, max(16, 1 << (n_q * kv_group - 1).bit_length()))
+    """Rows of a decode tile: the packed (query, head) rows of a kv head, 16 (tl.dot's minimum) to
+    DECODE_MAX_ROWS."""
+    return min(DECODE_MAX_ROWS, max(16, 1 << (n_q * kv_group - 1).bit_length()))
 
 
 def num_splits_for(batch: int, h_kv: int, row_tiles: int, capacity: int, device: torch.device) -> int:
@@ -65,7 +66,8 @@ def attention_kvcache(
     attend q (B, H, N_q, D) to each batch's first cache_seqlens[b] + N_new keys. The cache is (B, H_kv,
     N_cache, D) with any strides, or paged (num_pages, H_kv, page_size, D) through block_table (B,
     max_pages) int32. cache_seqlens int32 (B,) contiguous, or None: every batch attends to all N_cache keys
-    (no new keys then; launch.attention_fwd's route for a few query rows). num_splits: 0 picks (num_splits_for).
+    (no new keys then; launch.attention_fwd's route for a few query rows). num_splits: 0 picks
+    (num_splits_for).
     Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32. A call with the layouts of an
     earlier one replays that call's bound launches (launch._replay: ~the launches' own host cost)."""
     b, h, n_q, d = q.shape
@@ -121,8 +123,7 @@ def attention_kvcache(
         dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap,
              ALIBI=alibi_slopes is not None, SINKS=sinks is not None and splits == 1,
              DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), LENGTHS=cache_seqlens is not None,
-             num_warps=4,
-             num_stages=1 if INTERPRETED else 3, **common)))
+             num_warps=4, num_stages=1 if INTERPRETED else 3, **common)))
     if splits > 1:
         launches.append(_Launch(
             _COMBINE, (n_q, h, b), ("dst", "dst_lse", "out", "lse", "sinks"),

@@ -345,7 +345,7 @@ def _alibi_stride(alibi: torch.Tensor | None) -> int:
     return 0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)
 
 
-DECODE_ROUTE_ROWS = 64  # kvcache.decode_rows' largest tile
+DECODE_MAX_ROWS = 64  # the decode kernel's largest row tile (kvcache.decode_rows), also decode_route's bound
 
 
 def decode_route(q, k, seq_lens, packed, config, group) -> bool:
@@ -354,7 +354,7 @@ def decode_route(q, k, seq_lens, packed, config, group) -> bool:
     one mostly empty row tile per q head, each reading its kv head's keys again without splitting them
     (bench.decode, H200, N_q = 1: 2-35 % of the copy bandwidth where the decode kernel reaches 8-94 %)."""
     return (packed is None and seq_lens is None and config is None and group is None and q.dim() == 4
-            and k.dim() == 4 and q.shape[2] * (q.shape[1] // k.shape[1]) <= DECODE_ROUTE_ROWS)
+            and k.dim() == 4 and q.shape[2] * (q.shape[1] // k.shape[1]) <= DECODE_MAX_ROWS)
 
 
 def attention_fwd(

@@ -8,7 +8,8 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 from triton.language.extra import libdevice  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
+
+from .._launch import compiled  # noqa: E402
 
 
 @triton.jit
@@ -125,7 +126,7 @@ def _prescaled(x, qk_scale):
 # is against m, so the row's top score got exp2 of up to half an ulp of m instead of exactly 1: gradients
 # off from scores of ~1e4 on, p overflowing (NaN) from ~1e11. Costs one op per score where the FMA saved
 # one (H100, bf16: head_dim 64 forward 2-5 % and backward 3-8 % slower, head_dim 128 unchanged). --
-_COMPILED: tl.constexpr = tl.constexpr(isinstance(_valid_lengths, JITFunction))
+_COMPILED: tl.constexpr = tl.constexpr(compiled(_valid_lengths))
 
 
 @triton.jit
