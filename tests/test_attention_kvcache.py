@@ -389,3 +389,26 @@ def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
     assert replays == [1] and len(kv._KV_PLANS) == 1  # planned afresh, not replayed
     for a, b in zip(replayed, fresh):
         assert torch.equal(a, b)
+
+
+def test_split_count_and_stages_fill_whole_waves(monkeypatch):
+    """The launch shape rule (kvcache.py, measured in bench/results/decode_probe_h200.txt): a grid smaller
+    than the GPU is split into one whole wave of programs, one an SM (two for a paged cache, whose
+    block-table loads need the company: at least two an SM), never below MIN_KEYS_PER_SPLIT keys a split; an
+    unsplit grid of more than two programs an SM pipelines 2 stages deep (three programs an SM), any other 3."""
+    from types import SimpleNamespace
+
+    from diyflash.kernels.attention import kvcache as kv
+
+    monkeypatch.setattr(kv, "device_limits", lambda device: SimpleNamespace(sms=132))
+    monkeypatch.setattr(kv, "INTERPRETED", False)
+    cuda = torch.device("cuda", 0)
+    assert kv.num_splits_for(1, 8, 1, 65536, cuda) == 16  # 128 programs: one wave
+    assert kv.num_splits_for(1, 8, 1, 65536, cuda, paged=True) == 33  # 264: two an SM
+    assert kv.num_splits_for(8, 8, 1, 65536, cuda, paged=True) == 5  # 320: at least two an SM
+    assert kv.num_splits_for(8, 8, 1, 8192, cuda) == 2  # not 5 (320 programs: a partial second wave)
+    assert kv.num_splits_for(1, 8, 1, 1024, cuda) == 8  # 128 keys a split
+    assert kv.num_splits_for(1, 8, 1, 200, cuda) == 1
+    assert kv.num_splits_for(32, 8, 1, 2048, cuda) == 1  # the grid fills the GPU
+    assert kv.decode_stages(512, 1, cuda) == 2 and kv.decode_stages(264, 1, cuda) == 3
+    assert kv.decode_stages(64, 5, cuda) == 3

@@ -1,25 +1,125 @@
-"""Probe: decode kernel tiles and split counts at B1 (launch-latency bound) and B8, GPU time of a CUDA graph
-replay. python -m bench.probes.decode_probe"""
+"""Probe (issue 25): the decode kernel's tiles (keys per step, pipeline stages, warps) and split counts, GPU
+time of a CUDA graph replay as a share of the copy bandwidth (bench.decode's measure), at the cells the
+targets name and a few between. Phase 1 times every tile at the chosen split count (a table: tiles x
+cells), phase 2 the best three tiles of each cell at each split count. The floor: one empty kernel's
+graph replay, timed the same way. Every timing goes to --out (JSON lines). --grid: instead, a few tiles at
+every split count, a table per cell (where the chosen split count leaves a partial wave of programs).
+    python -m bench.probes.decode_probe [--grid] [--out probe.jsonl]"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
 
 import torch
+import triton
+import triton.language as tl
 
 import diyflash
-from diyflash.kernels.attention import kvcache
 from bench.common import graph_ms
+from bench.decode import copy_bandwidth
+from diyflash.kernels.attention import kvcache as kv
 
 H, H_KV, D = 32, 8, 128
-for b, n in ((1, 8192), (1, 65536), (8, 8192)):
-    q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(b, H_KV, n, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    sl = torch.full((b,), n, dtype=torch.int32, device="cuda")
-    cells = []
-    for block_n in (32, 64, 128):
-        kvcache.DECODE_BLOCK_N = block_n
-        for splits in (0, 8, 16, 32, 64, 128):
-            us = graph_ms(lambda: diyflash.flash_attention_with_kvcache(q, k, v, sl, num_splits=splits, validate=False)) * 1e3
-            cells.append((us, block_n, splits))
-    cells.sort()
-    kvcache.DECODE_BLOCK_N = 64
-    print(f"B{b} L{n}: best " + ", ".join(f"{us:.1f}us (BN{bn}, S{s})" for us, bn, s in cells[:5])
-          + f"; default BN64 S0: {[c[0] for c in cells if c[1:] == (64, 0)][0]:.1f}us")
+CELLS = [(1, 1024), (1, 8192), (1, 65536), (1, 131072), (8, 8192), (8, 65536), (16, 4096), (32, 2048), (64, 1024),
+         (64, 8192), (64, 32768)]
+TILES = list(itertools.product((32, 64, 128), (2, 3, 4), (4, 8)))  # (BLOCK_N, stages, warps)
+SPLITS = (1, 2, 4, 8, 16, 32, 64)
+GRID_CELLS = [(1, 1024), (1, 8192), (1, 65536), (2, 32768), (4, 16384), (8, 8192), (16, 4096), (32, 2048), (64, 1024)]
+GRID_TILES = [(64, 3, 4), (64, 4, 4), (64, 2, 4), (128, 3, 4), (128, 2, 4)]
+GRID_SPLITS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)
+
+
+@triton.jit
+def _empty(x_ptr):
+    tl.store(x_ptr, 1)
+
+
+CHOICE = (kv.DECODE_BLOCK_N, kv.decode_stages, kv.DECODE_WARPS)  # the launcher's own, restored after
+
+
+def time_us(q, k, v, lens, tile, splits):
+    kv.DECODE_BLOCK_N, stages, kv.DECODE_WARPS = tile
+    kv.decode_stages = lambda programs, splits, device: stages
+    kv._KV_PLANS.clear()  # plans are keyed on layouts, not on these knobs
+    return graph_ms(lambda: diyflash.flash_attention_with_kvcache(q, k, v, lens, num_splits=splits,
+                                                                  validate=False)) * 1e3
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--grid", action="store_true")
+    args = parser.parse_args()
+    if args.grid:
+        return grid(args.out)
+    copy = copy_bandwidth()
+    x = torch.zeros(1, device="cuda")
+    print(f"# {torch.cuda.get_device_name()} | copy {copy / 1e12:.2f} TB/s | empty kernel's graph replay "
+          f"{graph_ms(lambda: _empty[(1,)](x)) * 1e3:.1f} us")
+    default = (64, 3, 4)  # the tile before the probe
+    rows, table = [], {tile: [] for tile in TILES}
+    for b, n in CELLS:
+        q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, n, H_KV, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        v = torch.randn(b, n, H_KV, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+        share = lambda us: 2 * b * n * H_KV * D * 2 / (us * 1e-6) / copy  # noqa: E731
+        chosen = kv.num_splits_for(b, H_KV, 1, n, q.device)
+        phase1 = []
+        for tile in TILES:
+            us = time_us(q, k, v, lens, tile, chosen)
+            phase1.append((us, tile))
+            table[tile].append(us)
+            rows.append(dict(b=b, n=n, tile=tile, splits=chosen, us=us, share=share(us)))
+        phase1.sort()
+        base = [us for us, tile in phase1 if tile == default][0]
+        phase2 = []
+        for _, tile in phase1[:3]:
+            for s in SPLITS:
+                if s != chosen and s <= max(1, n // 128):
+                    us = time_us(q, k, v, lens, tile, s)
+                    phase2.append((us, tile, s))
+                    rows.append(dict(b=b, n=n, tile=tile, splits=s, us=us, share=share(us)))
+        phase2 = sorted(phase2 + [(us, t, chosen) for us, t in phase1[:3]])
+        print(f"B{b} L{n}: default {default} S{chosen}: {base:.1f} us {100 * share(base):.0f}% | best with splits: "
+              + ", ".join(f"{t} S{s} {us:.1f} us {100 * share(us):.0f}%" for us, t, s in phase2[:3]), flush=True)
+    kv.DECODE_BLOCK_N, kv.decode_stages, kv.DECODE_WARPS = CHOICE
+    print("us at the chosen splits: tile (BLOCK_N, stages, warps) x cell")
+    print(f"{'tile':>14} " + " ".join(f"{f'B{b}L{n // 1024}k':>9}" for b, n in CELLS))
+    for tile, us in table.items():
+        print(f"{str(tile):>14} " + " ".join(f"{u:9.1f}" for u in us))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def grid(out):
+    copy = copy_bandwidth()
+    rows = []
+    print(f"# {torch.cuda.get_device_name()} | copy {copy / 1e12:.2f} TB/s | us (share of copy bandwidth)")
+    for b, n in GRID_CELLS:
+        q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, n, H_KV, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        v = torch.randn(b, n, H_KV, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        lens = torch.full((b,), n, dtype=torch.int32, device="cuda")
+        splits = [s for s in GRID_SPLITS if s <= max(1, n // 128) and b * H_KV * s <= 1024]
+        chosen = kv.num_splits_for(b, H_KV, 1, n, q.device)
+        print(f"B{b} L{n} (chosen S{chosen}): splits " + " ".join(f"{s:>9}" for s in splits))
+        for tile in GRID_TILES:
+            cells = []
+            for s in splits:
+                us = time_us(q, k, v, lens, tile, s)
+                share = 2 * b * n * H_KV * D * 2 / (us * 1e-6) / copy
+                rows.append(dict(b=b, n=n, tile=tile, splits=s, us=us, share=share))
+                cells.append(f"{us:5.1f}({100 * share:2.0f})")
+            print(f"{str(tile):>14} " + " ".join(f"{c:>9}" for c in cells), flush=True)
+    kv.DECODE_BLOCK_N, kv.decode_stages, kv.DECODE_WARPS = CHOICE
+    if out:
+        with open(out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -21,8 +21,9 @@ _DECODE = DirectLauncher(_attn_decode_kernel)
 _COMBINE = DirectLauncher(_attn_decode_combine_kernel)
 
 DECODE_BLOCK_N = 64  # keys per step: a paged cache of 16-row pages reads four pages a step
+DECODE_WARPS = 4
 MAX_SPLITS = 64
-MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost (q load, partial store, combine) dominates
+MIN_KEYS_PER_SPLIT = 128  # below this a split's fixed cost (q load, partial store, combine) dominates
 # plans of earlier calls (launch._plan_key: the same layouts, variant, scale and num_splits): (plan, splits)
 _KV_PLANS: dict[tuple, tuple] = {}
 
@@ -33,16 +34,42 @@ def decode_rows(n_q: int, kv_group: int) -> int:
     return min(DECODE_MAX_ROWS, max(16, 1 << (n_q * kv_group - 1).bit_length()))
 
 
-def num_splits_for(batch: int, h_kv: int, row_tiles: int, capacity: int, device: torch.device) -> int:
-    """How many key ranges each (batch, kv head, row tile) is cut into: enough programs for about two
-    waves of the GPU's SMs, no more than one split per MIN_KEYS_PER_SPLIT keys of the cache's capacity (the
-    lengths themselves are on the device: reading them would sync), at most MAX_SPLITS. One split when the
-    grid already fills the GPU (and under the interpreter, with no SMs to fill, unless asked)."""
+# Programs of a decode launch and where they sit (bench/probes/decode_probe.py --grid, H200, B x L = 64k
+# tokens, 8 kv heads, D128, bench/results/decode_probe_h200.txt): the time falls in steps with whole waves
+# of programs. With 3 pipeline stages (two programs an SM) B8 L8k took 80.0 us at 2 or 4 splits (128 or
+# 256 programs) and 83.8 us at 5 (320: a second, partial wave); one program an SM was as fast as two or
+# faster (B1 L8k: 21.0 us at 16 splits, 22.1 at 32; B16 L4k: 77.7 unsplit, 80.8 at 3 splits). An
+# unsplit grid of more than two programs an SM reads best with 2 stages, three programs an SM: B64 L1k
+# 82.2 -> 76.3 us, L8k 550 -> 485 us, L32k 2157 -> 1891 us (bench/results/decode_tiles_h200.txt).
+# A paged cache is the exception: each step's keys wait for their block-table entries, and one program an
+# SM left that latency bare (bench.decode, H200, page 256: B1 L64k 65 -> 45 % of the copy bandwidth, B8
+# L8k 70 -> 45 %); even two an SM in whole waves fell short of two and a bit (B8 L64k 4 splits 79 %, 5
+# splits 85 %). Paged launches keep the rule before the probe: at least two programs an SM.
+
+
+def num_splits_for(batch: int, h_kv: int, row_tiles: int, capacity: int, device: torch.device,
+                   paged: bool = False) -> int:
+    """How many key ranges each (batch, kv head, row tile) is cut into: one whole wave of programs, one an
+    SM (at least two an SM for a paged cache; see above), no more than one split per MIN_KEYS_PER_SPLIT keys of the
+    cache's capacity (the lengths themselves are on the device: reading them would sync), at most
+    MAX_SPLITS. One split when the grid already fills the GPU (and under the interpreter, with no SMs to
+    fill, unless asked)."""
     sms = device_limits(device).sms if device.type == "cuda" else 0
     programs = batch * h_kv * row_tiles
     if not sms or programs >= sms:
         return 1
-    return max(1, min(MAX_SPLITS, cdiv(2 * sms, programs), capacity // MIN_KEYS_PER_SPLIT))
+    per_program = cdiv(2 * sms, programs) if paged else sms // programs
+    return max(1, min(MAX_SPLITS, per_program, capacity // MIN_KEYS_PER_SPLIT))
+
+
+def decode_stages(programs: int, splits: int, device: torch.device) -> int:
+    """The decode kernel's pipeline stages for `programs` (batch x kv heads x row tiles) programs, each
+    split `splits` ways: 2 (three programs an SM) for unsplit grids of more than two programs an SM, else 3
+    (see above; split paged grids measured with 3); 1 under the interpreter."""
+    if INTERPRETED:
+        return 1
+    sms = device_limits(device).sms if device.type == "cuda" else 0
+    return 2 if sms and splits == 1 and programs > 2 * sms else 3
 
 
 def attention_kvcache(
@@ -107,7 +134,7 @@ def attention_kvcache(
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
     row_tiles = cdiv(n_q * var.kv_group, block_m)
-    splits = num_splits or num_splits_for(b, h_kv, row_tiles, capacity, q.device)
+    splits = num_splits or num_splits_for(b, h_kv, row_tiles, capacity, q.device, paged)
     env.update(_partials(out, lse, splits))
     if splits > 1:
         o_strides, l_strides = env["dst"].stride(), env["dst_lse"].stride()
@@ -123,7 +150,7 @@ def attention_kvcache(
         dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap,
              ALIBI=alibi_slopes is not None, SINKS=sinks is not None and splits == 1,
              DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), LENGTHS=cache_seqlens is not None,
-             num_warps=4, num_stages=1 if INTERPRETED else 3, **common)))
+             num_warps=DECODE_WARPS, num_stages=decode_stages(b * h_kv * row_tiles, splits, q.device), **common)))
     if splits > 1:
         launches.append(_Launch(
             _COMBINE, (n_q, h, b), ("dst", "dst_lse", "out", "lse", "sinks"),
