@@ -58,7 +58,7 @@ def main():
     x = torch.zeros(1, device="cuda")
     print(f"# {torch.cuda.get_device_name()} | copy {copy / 1e12:.2f} TB/s | empty kernel's graph replay "
           f"{graph_ms(lambda: _empty[(1,)](x)) * 1e3:.1f} us")
-    default = (64, 3, 4)  # the tile before the probe
+    before = (64, 3, 4)  # the tile before this probe (its stages now follow kvcache.decode_stages)
     rows, table = [], {tile: [] for tile in TILES}
     for b, n in CELLS:
         q = torch.randn(b, H, 1, D, device="cuda", dtype=torch.bfloat16)
@@ -74,7 +74,7 @@ def main():
             table[tile].append(us)
             rows.append(dict(b=b, n=n, tile=tile, splits=chosen, us=us, share=share(us)))
         phase1.sort()
-        base = [us for us, tile in phase1 if tile == default][0]
+        base = [us for us, tile in phase1 if tile == before][0]
         phase2 = []
         for _, tile in phase1[:3]:
             for s in SPLITS:
@@ -83,7 +83,7 @@ def main():
                     phase2.append((us, tile, s))
                     rows.append(dict(b=b, n=n, tile=tile, splits=s, us=us, share=share(us)))
         phase2 = sorted(phase2 + [(us, t, chosen) for us, t in phase1[:3]])
-        print(f"B{b} L{n}: default {default} S{chosen}: {base:.1f} us {100 * share(base):.0f}% | best with splits: "
+        print(f"B{b} L{n}: before {before} S{chosen}: {base:.1f} us {100 * share(base):.0f}% | best with splits: "
               + ", ".join(f"{t} S{s} {us:.1f} us {100 * share(us):.0f}%" for us, t, s in phase2[:3]), flush=True)
     kv.DECODE_BLOCK_N, kv.decode_stages, kv.DECODE_WARPS = CHOICE
     print("us at the chosen splits: tile (BLOCK_N, stages, warps) x cell")

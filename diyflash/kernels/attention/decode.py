@@ -92,9 +92,10 @@ def _attn_decode_kernel(
     """One (batch, kv head, row tile, split): rows r = i * kv_group + g of the tile are query i of head
     h_kv * kv_group + g. Batch b attends to its first kv_len = min(cache_seqlens[b] + n_new, capacity) keys
     (every key, kv_len = capacity, without LENGTHS: a dense call), bottom-right aligned (off = kv_len -
-    n_q). The keys the tile's rows can see (causal and window bands) are cut into num_splits BLOCK_N-aligned ranges; this program takes range program_id(2). out/lse have a
-    split axis (stride_os, stride_ls): with one split they are the final output (the sink, SINKS, enters
-    the running max and sum here), else fp32 partials that _attn_decode_combine_kernel merges."""
+    n_q). The keys the tile's rows can see (causal and window bands) are cut into num_splits
+    BLOCK_N-aligned ranges; this program takes range program_id(2). out/lse have a split axis (stride_os,
+    stride_ls): with one split they are the final output (the sink, SINKS, enters the running max and sum
+    here), else fp32 partials that _attn_decode_combine_kernel merges."""
     bh = tl.program_id(0)
     b = bh // num_kv_heads
     off_hk = bh % num_kv_heads

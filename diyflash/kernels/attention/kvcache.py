@@ -12,8 +12,8 @@ require_triton()  # before anything imports triton: its absence is then the erro
 from .._launch import DirectLauncher, cdiv  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch import (  # noqa: E402
-    DECODE_MAX_ROWS, INTERPRETED, LOG2E, _aligned, _alibi_stride, _bind, _dot_precision, _Launch, _plan_key, _remember, _replay,
-    _run_launches, _upcast, _v_pad, variant,
+    DECODE_MAX_ROWS, INTERPRETED, LOG2E, _aligned, _alibi_stride, _bind, _dot_precision, _Launch, _plan_key,
+    _remember, _replay, _run_launches, _upcast, _v_pad, variant,
 )
 
 _APPEND = DirectLauncher(_cache_append_kernel)
@@ -50,11 +50,11 @@ def decode_rows(n_q: int, kv_group: int) -> int:
 def num_splits_for(batch: int, h_kv: int, row_tiles: int, capacity: int, device: torch.device,
                    paged: bool = False) -> int:
     """How many key ranges each (batch, kv head, row tile) is cut into: one whole wave of programs, one an
-    SM (at least two an SM for a paged cache; see above), no more than one split per MIN_KEYS_PER_SPLIT keys of the
-    cache's capacity (the lengths themselves are on the device: reading them would sync), at most
-    MAX_SPLITS. One split when the grid already fills the GPU (and under the interpreter, with no SMs to
-    fill, unless asked)."""
-    sms = device_limits(device).sms if device.type == "cuda" else 0
+    SM (at least two an SM for a paged cache; see above), no more than one split per MIN_KEYS_PER_SPLIT
+    keys of the cache's capacity (the lengths themselves are on the device: reading them would sync), at
+    most MAX_SPLITS. One split when the grid already fills the GPU (and under the interpreter, with no SMs
+    to fill, unless asked)."""
+    sms = _sms(device)
     programs = batch * h_kv * row_tiles
     if not sms or programs >= sms:
         return 1
@@ -68,8 +68,12 @@ def decode_stages(programs: int, splits: int, device: torch.device) -> int:
     (see above; split paged grids measured with 3); 1 under the interpreter."""
     if INTERPRETED:
         return 1
-    sms = device_limits(device).sms if device.type == "cuda" else 0
+    sms = _sms(device)
     return 2 if sms and splits == 1 and programs > 2 * sms else 3
+
+
+def _sms(device: torch.device) -> int:
+    return device_limits(device).sms if device.type == "cuda" else 0  # 0: no SMs to fill (the interpreter)
 
 
 def attention_kvcache(
