@@ -775,6 +775,30 @@ def test_raw_dot_past_fp32_range_stays_finite(device, dtype, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_rows_whose_every_raw_dot_overflows_negative(device, causal):
+    """Row 10's raw q.k is -9e38 against every key (past fp32's range, scaled -1.1e38 within it): the raw
+    dots are all -inf, which alone looks like a row that sees no key (output 0). The forward must notice
+    (no finite max in a row with keys) and run that block on the prescaled q: out is then the average of
+    the visible values, as SDPA's math backend gives. (Forward only: the backward's ds cancels terms of
+    |k| = 3e19 for every key here, past the rounding band _check_huge_scores allows; it did so before the
+    forward's second pass too.)"""
+    from diyflash.utils.validation import compare_with_oracle
+
+    q, k, v = make_qkv(1, 2, 24, 24, 64, torch.float32, "cpu")
+    q[:, :, 10, 0] = 3e19
+    k[:, :, :, 0] = -3e19
+    q, k, v = (t.to(device=device, dtype=torch.bfloat16) for t in (q, k, v))
+    out, _, (report,) = compare_with_oracle(
+        lambda q, k, v: torch.ops.diyflash.attention(q, k, v, causal=causal),
+        lambda q, k, v, upcast: attention_ref(q if upcast else q * 0.125, k, v, causal=causal,
+                                              scale=None if upcast else 1.0, upcast=upcast)[0],
+        (q, k, v), "out", (), grad=False)
+    assert torch.isfinite(out).all() and report.ok, str(report)
+    seen = 11 if causal else 24
+    torch.testing.assert_close(out[0, :, 10].float(), v[0, :, :seen].float().mean(1), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
 def test_raw_dot_past_fp32_range_stays_finite_on_the_pytorch_path(torch_path, causal):
     _check_huge_scores(*_huge_scores(torch.float32, torch_path, causal), causal)
 

@@ -116,6 +116,7 @@ def _attn_fwd_kernel(
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
     HOST_DESC: tl.constexpr, LAZY: tl.constexpr, VOTE_ROWS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, VARLEN: tl.constexpr,
+    PASS: tl.constexpr,
 ):
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
@@ -131,7 +132,10 @@ def _attn_fwd_kernel(
     (sinks_ptr[h]: one more logit in every row's denominator, carrying no value: the running max and sum
     start from it). VARLEN (with HAS_SEQ_LENS): packed sequences, seq_lens_ptr / cu_k_ptr are cu_seqlens_q / _k
     (semantics._sequence); the grid's z is the sequence, the z strides are 0, and a program writes only
-    its own sequence's rows."""
+    its own sequence's rows.
+    PASS (overflow_passes): 0, the only pass (fp16: its raw q.k cannot leave fp32's range); 1, the first of
+    two, which marks a block whose raw q.k left fp32's range with a NaN lse; 2, the second, which runs only
+    the marked blocks, on q times the power of two of the scale (semantics._prescaled)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
     pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
@@ -141,6 +145,13 @@ def _attn_fwd_kernel(
     start_m = pid_m * BLOCK_M
     if VARLEN:
         if start_m >= q_len:  # the grid covers the longest sequence
+            return
+    if PASS == 2:  # only the blocks the first pass marked (a NaN lse in the block's first row)
+        first_ptr = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + start_m
+        if VARLEN:
+            first_ptr += q_start
+        first = tl.load(first_ptr)
+        if first == first:
             return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -174,7 +185,8 @@ def _attn_fwd_kernel(
         k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
         v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM_V, BLOCK_N, HEAD_DIM_V_PAD,
                            False, TMA)
-    q, qk_scale = _prescaled(q, qk_scale)  # the raw dot overflows only where the scaled score does
+    if PASS == 2:  # exact (the same bits where the raw dot is finite), and the dot overflows only where the score does
+        q, qk_scale = _prescaled(q, qk_scale)
     if SINKS:  # the sink is a logit of its own: the row starts with max = sink, sum = exp(sink - sink) = 1
         m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(sinks_ptr + off_h).to(tl.float32) * 1.4426950408889634
         l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
@@ -225,6 +237,12 @@ def _attn_fwd_kernel(
     else:
         out = acc / l_safe[:, None]
     lse = tl.where(row_live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # * ln(2)
+    if PASS == 1:
+        # a raw q.k past fp32's range (issue 23) leaves +-inf or NaN scores: a NaN sum, or no finite max in a
+        # row that has keys (every score -inf). Mark the block for the second pass. (A block whose rows see
+        # no key is marked too; its second pass has no key block to run.)
+        overflow = tl.max(((l_i != l_i) | (m_i == float("-inf"))).to(tl.int32), 0)
+        lse = tl.where(overflow > 0, float("nan"), lse)
 
     o_ptrs = (out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
               + _rows(offs_m, ROW32)[:, None] * stride_om + offs_dv[None, :] * stride_od)

@@ -345,6 +345,22 @@ def _alibi_stride(alibi: torch.Tensor | None) -> int:
     return 0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)
 
 
+def overflow_passes(dtype: torch.dtype) -> tuple[int, ...]:
+    """The forward's passes (its PASS): (1, 2) where a raw q.k can leave fp32's range (bf16, fp32 inputs
+    of ~1e19; issue 23), else (0,): fp16 products are below 65504^2 = 4.3e9, so no dot of them comes near 3.4e38.
+    The first pass dots q as it is and marks a block whose dot overflowed; the second runs only the marked
+    blocks again, on q times the power of two of the scale (semantics._prescaled), and costs the others a
+    load and a return. Prescaling q in every block instead kept it out of shared memory for the dots:
+    the bf16 D128 causal forward fell from 532 to 342 TFLOPS at N16384 (H200, 2026-11-24)."""
+    return (0,) if dtype == torch.float16 else (1, 2)
+
+
+# The second pass's programs mostly load one value and return: 4 warps, one pipeline stage, no warp
+# specialization or lazy rescaling keep its shared memory and setup small (more programs resident, less
+# work before the return); the rare block it runs again is slower for it.
+_RESCUE_META = dict(num_warps=4, num_stages=1, WS=False, LAZY=False, VOTE_ROWS=0)
+
+
 DECODE_MAX_ROWS = 64  # the decode kernel's largest row tile (kvcache.decode_rows), also decode_route's bound
 
 
@@ -438,7 +454,8 @@ def attention_fwd(
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens", "cu_k", "alibi", "sinks")
-    chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, meta)])
+    passes = [dict(meta, PASS=p, **(_RESCUE_META if p == 2 else {})) for p in overflow_passes(q.dtype)]
+    chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m) for m in passes])
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
     # the interpreter emulates descriptors without scratch memory; host descriptors need none
