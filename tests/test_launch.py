@@ -138,12 +138,51 @@ def test_signature_cache_is_bounded(fake_driver, monkeypatch):
     kernel = FakeKernel()
     launch = DirectLauncher(kernel)
     x = torch.zeros(8)
-    for n in (1, 2, 3, 1, 3):
+    for n in (1, 2, 16, 1, 16):  # three int classes: 1, not a multiple of 16, a multiple of 16
         launch((1,), x, x, n, BLOCK=16, FLAG=False)
-    # 1 and 2 are kept; 3 finds the cache full, clears it and is kept alone; 1 goes through the JIT again
-    # and is kept beside 3, which then launches directly
+    # 1 and 2 are kept; 16 finds the cache full, clears it and is kept alone; 1 goes through the JIT again
+    # and is kept beside 16, which then launches directly
     assert kinds(kernel.log) == ["jit", "jit", "jit", "jit", "direct"]
     assert len(launch._compiled) == 2
+
+
+def test_ints_of_one_triton_class_launch_directly_with_their_own_value(fake_driver):
+    """A decode step against a cache one token longer changes lengths and strides but not how Triton
+    specializes them: the second launch is direct and passes its own value (a key of exact values sent
+    each step of transformers' growing DynamicCache back through the JIT)."""
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    x = torch.zeros(8)
+    for n in (17, 18, 4097, 32, 4096, 2**31, 2**32 + 16, 2**32 + 1):
+        launch((1,), x, x, n, BLOCK=16, FLAG=False)
+    assert kinds(kernel.log) == ["jit", "direct", "direct", "jit", "direct", "jit", "direct", "jit"]
+    assert [entry[1][-3] for entry in kernel.log if entry[0] == "direct"] == [18, 4097, 4096, 2**32 + 16]
+
+
+def test_a_positional_constexpr_is_keyed_by_value(fake_driver):
+    kernel = FakeKernel()
+    kernel.constexprs = [2]  # n is a constexpr here: each value is its own kernel
+    launch = DirectLauncher(kernel)
+    x = torch.zeros(8)
+    for n in (17, 18, 18):
+        launch((1,), x, x, n, BLOCK=16, FLAG=False)
+    assert kinds(kernel.log) == ["jit", "jit", "direct"]
+
+
+def test_int_classes_match_tritons_specialization():
+    """_int_class puts two ints together exactly where Triton's own specialization does (the installed
+    Triton's native_specialize_impl: what its JIT keys a compiled kernel on)."""
+    specialize = getattr(pytest.importorskip("triton._C.libtriton"), "native_specialize_impl", None)
+    if specialize is None:
+        pytest.skip("this Triton has no native_specialize_impl to compare with")
+    from triton.backends.compiler import BaseBackend
+
+    samples = [0, 1, 2, 15, 16, 17, 4096, 4097, -1, -16, 2**31 - 16, 2**31 - 1, -2**31, -2**31 - 1, 2**31, 2**31 + 1,
+               2**40, -2**40, -2**40 - 3, 2**63 - 16, 2**63, 2**63 + 1, 2**64 - 16, 2**64 - 1]
+    triton_key = {x: specialize(BaseBackend, x, False, True, True) for x in samples}
+    for a in samples:
+        for b in samples:
+            assert (_launch._int_class(a) == _launch._int_class(b)) == (triton_key[a] == triton_key[b]), (a, b)
 
 
 # ---- the real kernels, compiled (GPU) -----------------------------------------------------------------

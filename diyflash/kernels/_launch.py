@@ -13,8 +13,11 @@ launch with the same signature calls that kernel's `run` with exactly what the J
 The signature covers everything Triton specializes on, so a hit runs the kernel the JIT would pick:
 - a tensor contributes its dtype and whether its address is 16-byte aligned (what Triton reads);
 - a tensor descriptor: its dtype, shape, strides, block shape, padding and base alignment;
-- any other argument (ints, floats, constexprs, None) its value: exact integers are finer than
-  Triton's "== 1" and "% 16" classes, so a new shape costs one JIT launch, never a wrong kernel;
+- an int its class as Triton specializes it (== 1, a multiple of 16, 32- or 64-bit or unsigned; `_int_class`),
+  not its value: a decode step against a cache one token longer (new lengths and strides, the same
+  classes) launches directly, where a key of exact values sent every step of a growing cache (transformers'
+  DynamicCache) through the JIT again;
+- any other argument (floats, bools, strings, constexprs, None) its value;
 - the launch options (num_warps, ...), the current device and the JIT's debug/instrumentation knobs.
 Launch hooks (e.g. a profiler's) are passed on exactly as the JIT does; a kernel with pre-run hooks
 always goes through the JIT. Under TRITON_INTERPRET=1 there is no compiled kernel: every launch goes
@@ -71,7 +74,18 @@ INTERPRETER_LOCK = threading.Lock()
 MAX_SIGNATURES = 4096  # per kernel; a workload with ever-new shapes starts over instead of growing
 
 
-_SCALARS = frozenset({int, float, bool, str, type(None)})  # their value is their key
+_SCALARS = frozenset({float, bool, str, type(None)})  # their value is their key (ints: _int_class)
+_INT_KEYS = tuple(("int", c) for c in range(16))  # one tuple per class: a key costs no allocation
+
+
+def _int_class(x: int) -> tuple:
+    """What Triton's specialization reads of an int argument: whether it is 1 (a constexpr then), a
+    multiple of 16, and its type (i32 within [-2^31, 2^31), u64 from 2^63, else i64). Two ints of one class
+    run the same compiled kernel (tests/test_launch.py checks this against Triton's own specialization)."""
+    cls = (x == 1) | (x % 16 == 0) << 1
+    if not -2**31 <= x < 2**31:
+        cls |= 8 if x >= 2**63 else 4
+    return _INT_KEYS[cls]
 
 
 def _arg_key(x):
@@ -107,10 +121,15 @@ class DirectLauncher:
         self.direct_launches = 0  # tests read this to see that the direct path ran
         self._compiled: dict[tuple, tuple] = {}
         self._driver = None  # Triton's (get_current_device, get_current_stream), once a kernel compiled
+        # a constexpr passed positionally is keyed by its value: from the first one on, args are keyed exactly
+        self._classes_below = min(getattr(kernel, "constexprs", None) or [1 << 30])
 
     def _signature(self, device, args, meta) -> tuple:
         # the names of meta keep the call site's order: (BLOCK_M=64, BLOCK_N=128) != (BLOCK_N=64, BLOCK_M=128)
-        args_key = [x if type(x) in _SCALARS else _arg_key(x) for x in args]
+        args_key = [_int_class(x) if type(x) is int else x if type(x) in _SCALARS else _arg_key(x) for x in args]
+        if len(args) > self._classes_below:
+            args_key[self._classes_below:] = [x if type(x) in _SCALARS or type(x) is int else _arg_key(x)
+                                              for x in args[self._classes_below:]]
         return (device, tuple(meta), *meta.values(), *args_key, *runtime_key())
 
     def __call__(self, grid, *args, **meta) -> None:
