@@ -39,7 +39,7 @@ def _providers():
     def sdpa(backend):
         def run(q, k, v, causal):
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
 
         return run
 
@@ -67,7 +67,7 @@ def _providers():
             if n not in masks:
                 masks[n] = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device=q.device)
             mask = masks[n]
-        return flex(q, k, v, block_mask=mask)
+        return flex(q, k, v, block_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
     providers["flex"] = run_flex
     return providers
@@ -103,6 +103,18 @@ def measure_cell(providers: dict, q, k, v, causal, mode, report=print) -> dict:
     return {name: quantiles(t) for name, t in times.items()}
 
 
+def _inputs(b, h, hkv, n, d, dtype, layout):
+    """q (B, H, N, D) and k, v (B, Hkv, N, D), random normal; bnhd: views of (B, N, H, D) buffers."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def make(heads):
+        if layout == "bnhd":
+            return torch.randn(b, n, heads, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+        return torch.randn(b, heads, n, d, device="cuda", dtype=dtype, generator=gen)
+
+    return make(h), make(hkv), make(hkv)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["4x32x64", "4x16x128", "2x8x256"], help="BxHxD")
@@ -113,6 +125,10 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     parser.add_argument("--causal", choices=["both", "true", "false"], default="both")
     parser.add_argument("--providers", nargs="+", default=None)
+    parser.add_argument("--kv-heads", type=int, default=None,
+                        help="GQA: this many k/v heads (SDPA with enable_gqa=True); default: H (MHA)")
+    parser.add_argument("--layout", choices=["bhnd", "bnhd"], default="bhnd",
+                        help="bnhd: q, k, v are (B, H, N, D) views of (B, N, H, D) buffers, as transformers passes them")
     add_output_args(parser, "write a PNG: TFLOPS vs N per provider, a panel per config")
     args = parser.parse_args(argv)
     early = replay_or_require_gpu(args, "bench.attention", plot_attention, readme_table)
@@ -136,13 +152,12 @@ def main(argv=None) -> int:
              for causal in causals for n in lengths]
     for shape, dname, causal, n in tqdm(cells, desc="attention cells", unit="cell"):
         b, h, d = (int(x) for x in shape.split("x"))
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=DTYPES[dname], generator=gen)
-                   for _ in range(3))
+        q, k, v = _inputs(b, h, args.kv_heads or h, n, d, DTYPES[dname], args.layout)
         for mode in args.modes:
             for name, (med, p20, p80) in measure_cell(providers, q, k, v, causal, mode, tqdm.write).items():
                 tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
-                rows.append(dict(prov, provider=name, b=b, h=h, d=d, n=n, dtype=dname,
+                rows.append(dict(prov, provider=name, b=b, h=h, hkv=args.kv_heads or h, layout=args.layout, d=d, n=n,
+                                 dtype=dname,
                                  causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,
                                  tflops=tflops))
         del q, k, v
@@ -159,9 +174,9 @@ def print_table(rows) -> None:
     """Markdown table: diyflash TFLOPS and its ratio to each baseline, per cell."""
     cells = {}
     for r in rows:
-        key = (r["b"], r["h"], r["d"], r["dtype"], r["causal"], r["mode"], r["n"])
+        key = (r["b"], f'{r["h"]}/{r.get("hkv", r["h"])}', r["d"], r["dtype"], r["causal"], r["mode"], r["n"])
         cells.setdefault(key, {})[r["provider"]] = r["tflops"]
-    print("| B H D | dtype | causal | pass | N | diyflash | sdpa-flash | sdpa-cudnn | flex | tutorial | vs flash "
+    print("| B H/Hkv D | dtype | causal | pass | N | diyflash | sdpa-flash | sdpa-cudnn | flex | tutorial | vs flash "
           "| vs cudnn | vs tutorial |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(cells, key=lambda k: (k[2], k[0], k[1], k[3], k[4], k[5], k[6])):
