@@ -156,9 +156,8 @@ def main(argv=None) -> int:
         for mode in args.modes:
             for name, (med, p20, p80) in measure_cell(providers, q, k, v, causal, mode, tqdm.write).items():
                 tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
-                rows.append(dict(prov, provider=name, b=b, h=h, hkv=args.kv_heads or h, layout=args.layout, d=d, n=n,
-                                 dtype=dname,
-                                 causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,
+                rows.append(dict(prov, provider=name, b=b, h=h, hkv=args.kv_heads or h, layout=args.layout, d=d,
+                                 n=n, dtype=dname, causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,
                                  tflops=tflops))
         del q, k, v
         torch.cuda.empty_cache()

@@ -769,7 +769,8 @@ def _check_huge_scores(q, k, v, causal):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_raw_dot_past_fp32_range_stays_finite(device, dtype, causal):
     """Issue 23, item 9: the kernels multiply the operand they hold (q; k in the dk/dv kernel) by the
-    power of two of the scale (semantics._prescaled), so q.k overflows only where the scaled score does.
+    power of two of the scale (semantics._prescaled), so q.k overflows only where the scaled score does
+    (the forward only in the blocks whose raw q.k overflowed: launch.overflow_passes).
     It used to be NaN from the first overflowing q.k."""
     _check_huge_scores(*_huge_scores(dtype, device, causal), causal)
 
