@@ -799,6 +799,31 @@ def test_rows_whose_every_raw_dot_overflows_negative(device, causal):
     torch.testing.assert_close(out[0, :, 10].float(), v[0, :, :seen].float().mean(1), atol=2e-2, rtol=0)
 
 
+@pytest.mark.parametrize("tiny", ["q", "k"])
+def test_fp16_tiny_operand_keeps_its_bits(device, tiny):
+    """fp16 q (or k) of ~0.02 against k (or q) of ~1.5e4, scale 2^-12: scores of O(1). Prescaling the operand
+    a kernel holds by the power of two of the scale (semantics._prescaled, 2^-12 here: needed where a raw q.k
+    can leave fp32's range, bf16 and fp32) makes ~0.02 subnormal in fp16 (< 6.1e-5) and cuts it to a few bits;
+    the dk/dv kernel holds k and the dq kernel q, and with the prescale dq (tiny q: 1.3x the bound) or dk and
+    dv (tiny k: 1.2x, 1.4x) missed the 2x rule (interpreter, 2026-11-24). fp16 cannot overflow, and every fp16
+    kernel dots its operands as they are."""
+    from diyflash.utils.validation import compare_with_oracle
+
+    q, k, v = make_qkv(1, 2, 70, 70, 64, torch.float32, "cpu")
+    small, big = (q, k) if tiny == "q" else (k, q)
+    small *= 0.02
+    big *= 1.5e4  # |k| < 6.6e4: still finite in fp16
+    q, k, v = (t.to(device=device, dtype=torch.float16) for t in (q, k, v))
+    assert all(torch.isfinite(t).all() for t in (q, k, v))
+    scale = 2.0 ** -12
+    _, _, reports = compare_with_oracle(
+        lambda q, k, v: torch.ops.diyflash.attention(q, k, v, causal=True, scale=scale),
+        lambda q, k, v, upcast: attention_ref(q, k, v, causal=True, scale=scale, upcast=upcast)[0],
+        (q, k, v), "out", ("dq", "dk", "dv"))
+    for report in reports:
+        assert report.ok, str(report)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_raw_dot_past_fp32_range_stays_finite_on_the_pytorch_path(torch_path, causal):
     _check_huge_scores(*_huge_scores(torch.float32, torch_path, causal), causal)

@@ -113,12 +113,18 @@ def _prescaled(x, qk_scale):
     (e in [-64, 0]). Both factors are exact (exponent arithmetic on the bits), so (x * p2).y * rest rounds
     to the same bits as (x.y) * qk_scale; but the raw dot now overflows fp32 only where the scaled score
     itself leaves the fp32 range, not already where q.k passes 3.4e38 (issue 23: bf16 inputs of ~1e19
-    gave NaN where SDPA, which scales before its matmul, stays finite)."""
-    bits = tl.cast(qk_scale, tl.float32).to(tl.int32, bitcast=True)
-    e = tl.minimum(tl.maximum((bits >> 23) & 0xFF, 63), 127)  # biased exponent of p2
-    p2 = (e << 23).to(tl.float32, bitcast=True)
-    inv_p2 = ((254 - e) << 23).to(tl.float32, bitcast=True)
-    return (x * p2).to(x.dtype), qk_scale * inv_p2
+    gave NaN where SDPA, which scales before its matmul, stays finite).
+    fp16 x is returned as it is: its products stay below 65504^2 = 4.3e9, so no fp16 dot comes near fp32's
+    range (the rule of launch.overflow_passes), while x * p2 would go subnormal below 6.1e-5 * 2^-e and
+    lose bits that the raw forward keeps."""
+    if x.dtype == tl.float16:
+        return x, qk_scale
+    else:
+        bits = tl.cast(qk_scale, tl.float32).to(tl.int32, bitcast=True)
+        e = tl.minimum(tl.maximum((bits >> 23) & 0xFF, 63), 127)  # biased exponent of p2
+        p2 = (e << 23).to(tl.float32, bitcast=True)
+        inv_p2 = ((254 - e) << 23).to(tl.float32, bitcast=True)
+        return (x * p2).to(x.dtype), qk_scale * inv_p2
 
 
 # -- Exact scores (issue 23). Every kernel rounds the scaled score on its own (_mul_exact) before any
