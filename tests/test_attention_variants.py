@@ -251,6 +251,74 @@ def test_gqa_gradients_are_deterministic_and_not_copied(device):
     assert not copies_of(grads, k, v)  # k and v are never repeated across the group
 
 
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("case", [
+    # (b, h, h_kv, n_q, n_k, d, causal, window, softcap, layout)
+    (2, 8, 2, 113, 47, 80, True, (-1, -1), 0.0, "bnhd"),  # group 4, tails, padded head_dim, N_q != N_k
+    (1, 8, 1, 70, 113, 32, False, (20, 5), 5.0, "bhnd"),  # MQA group 8, window and softcap
+])
+def test_gqa_backward_split_over_programs(device, monkeypatch, parts, case):
+    """The dk/dv kernel with each kv head's query group split over `parts` programs (launch.head_split does
+    so for GQA grids too small to fill the GPU; it never splits on CPU, so it is forced here), their fp32
+    partial sums added by _attn_bwd_group_sum_kernel: every gradient under the 2x rule, bitwise the same
+    on the next calls (on the GPU a replayed plan with fresh scratch), and no copy of k or v."""
+    from diyflash.kernels.attention import launch as ka
+
+    calls = []
+    monkeypatch.setattr(ka, "head_split", lambda group, *_: calls.append(group) or parts)
+    monkeypatch.setattr(ka, "_PLANS", {})  # a plan's split follows from its key, except under this patch
+    b, h, h_kv, n_q, n_k, d, causal, window, softcap, layout = case
+    q, k, v = make(b, h, h_kv, n_q, n_k, d, device=device, layout=layout)
+    check(q, k, v, causal, window=window, softcap=softcap, what=("out",))
+    assert calls and set(calls) == {h // h_kv}
+    dout = _randn(q.shape, q.dtype, device, seed=9)
+
+    def grads():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = diyflash.flash_attention(*leaves, causal, window_size=window, softcap=softcap)
+        return torch.autograd.grad(out, leaves, dout)
+
+    first = grads()
+    for _ in range(2):
+        assert all(torch.equal(a, b) for a, b in zip(first, grads()))
+    assert not copies_of(grads, k, v)
+
+
+def test_gqa_split_must_divide_the_group(device):
+    from diyflash.kernels.attention import launch as ka
+
+    q, k, v = make(1, 8, 2, 17, 17, 16, device=device)
+    out, lse = ka.attention_fwd(q, k, v, False, 0.25, None)
+    with pytest.raises(ValueError, match="split=3 must divide the 4 query heads"):
+        ka.attention_bwd(out, None, q, k, v, out, lse, False, 0.25, None, split=3)
+
+
+def test_head_split_rule():
+    """A GQA dk/dv grid is split over the smallest divisor of the group that gives it at least
+    SPLIT_PROGRAMS_PER_SM programs per SM, at most the whole group; never without GQA, below
+    SPLIT_MIN_WORK, or without a GPU."""
+    from diyflash.kernels._runtime import DeviceLimits
+    from diyflash.kernels.attention import launch as ka
+
+    cuda = torch.device("cuda", 0)
+    limits = {cuda: DeviceLimits(228 * 1024, True, 132)}
+    work = 16 * 4096 * 4096 * 128  # B1 H16 N4096 D128
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ka, "device_limits", limits.get)
+        mp.setattr(ka, "SPLIT_PROGRAMS_PER_SM", 1)
+        mp.setattr(ka, "SPLIT_MIN_WORK", 1 << 32)
+        assert ka.head_split(4, 128, work, cuda) == 2  # B1 H16/4 N4096, 128-key blocks: 128 < 132
+        assert ka.head_split(4, 132, work, cuda) == 1
+        assert ka.head_split(4, 64, work, cuda) == 4  # N2048: 2 parts still give too few
+        assert ka.head_split(8, 16, work, cuda) == 8  # every part still too few: one query head a program
+        assert ka.head_split(6, 25, work, cuda) == 6  # 2 and 3 divide 6 but give too few
+        assert ka.head_split(6, 50, work, cuda) == 3
+        assert ka.head_split(1, 8, work, cuda) == 1  # no GQA
+        assert ka.head_split(4, 128, (1 << 32) - 1, cuda) == 1  # too little work: host-bound
+        limits[cuda] = DeviceLimits(None, True, None)
+        assert ka.head_split(4, 8, work, cuda) == 1
+
+
 def test_pytorch_path_gradcheck_float64(torch_path):
     """The PyTorch path (float64) against autograd's numerical gradients, every variant on: q, k, v,
     sinks, with lse as a second output."""

@@ -146,6 +146,19 @@ def test_varlen_gradients_are_deterministic(device):
     assert all(torch.equal(a, b) for a, b in zip(first, grads()))
 
 
+@pytest.mark.parametrize("parts", [2, 4])
+def test_varlen_gqa_backward_split_over_programs(device, monkeypatch, parts):
+    """Packed sequences through the split dk/dv kernel (see test_attention_variants'
+    test_gqa_backward_split_over_programs): each sequence's programs write only their keys' partial
+    sums, and the sum launch covers every packed key, lengths 0 and 1 included."""
+    from diyflash.kernels.attention import launch as ka
+
+    monkeypatch.setattr(ka, "head_split", lambda *_: parts)
+    monkeypatch.setattr(ka, "_PLANS", {})  # a plan's split follows from its key, except under this patch
+    q, k, v = packed(*CROSS, 8, 2, 16, device=device)
+    check(q, k, v, *CROSS, True, window=(9, -1))
+
+
 def test_pytorch_path_gradcheck_float64(torch_path):
     lens_q, lens_k = [3, 0, 5], [4, 2, 0]
     q, k, v = (t.requires_grad_() for t in packed(lens_q, lens_k, 4, 2, 8, dtype=torch.float64))

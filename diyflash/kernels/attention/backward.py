@@ -1,5 +1,6 @@
 """The backward kernels: delta = rowsum(dout * out) - dlse, then a dk/dv kernel (one program per key
-block) and a dq kernel (one program per query block). Each output element is written by exactly one
+block; GQA on a small grid: per key block and part of the query-head group, then a sum of the parts)
+and a dq kernel (one program per query block). Each output element is written by exactly one
 program in a fixed loop order: no atomics, so gradients are bitwise deterministic."""
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def _attn_bwd_dkdv_kernel(
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
     stride_az,
     num_heads, seq_len_q, seq_len_k,
-    qk_scale, scale, head_group, kv_group,
+    qk_scale, scale, head_group, kv_group, head_split,
     win_left, win_right, cap2,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -206,13 +207,22 @@ def _attn_bwd_dkdv_kernel(
     launches this kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
     GQA: the grid's heads are kv heads, and the program sums the kv_group query heads that read this one
     in a fixed order (no atomics, so the group reduction is deterministic); num_heads counts query heads.
+    head_split > 1 (GQA on a grid too small to fill the GPU): the grid's heads are kv head x part, each
+    program sums kv_group / head_split of the group's query heads and writes its fp32 partial sums at its
+    grid head (dk_ptr, dv_ptr: (Z, H_kv * head_split, N_k, D) scratch) for _attn_bwd_group_sum_kernel.
     TMA: the streamed q and dout tiles come through tensor descriptors. WS: the unmasked query loop is
     warp-specialized. EVEN_M / EVEN_N: as in the forward; full query blocks leave no masked tail loop,
     full key blocks of a non-causal kernel no masked first loop. WINDOW, SOFTCAP, ALIBI: semantics.py.
     VARLEN: packed sequences as in the forward; a program writes only its own sequence's keys."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
-    pid_n, off_hk, off_z = _tile(head_group, CAUSAL, False)  # causal: the first key blocks see the most queries
+    pid_n, off_hs, off_z = _tile(head_group, CAUSAL, False)  # causal: the first key blocks see the most queries
+    if GQA:
+        off_hk = off_hs // head_split
+        per_part = kv_group // head_split
+        g_lo = (off_hs % head_split) * per_part
+    else:
+        off_hk = off_hs
     q_start, k_start, q_len, kv_len, causal_offset = _sequence(seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k,
                                                               HAS_SEQ_LENS, VARLEN)
     start_n = pid_n * BLOCK_N
@@ -250,7 +260,7 @@ def _attn_bwd_dkdv_kernel(
     # two call sites on purpose: without GQA the kernel has no head loop at all, so a dense backward
     # compiles to the straight-line kernel it was before the variants (the dense cells did not move)
     if GQA:
-        for g in range(0, kv_group):
+        for g in range(g_lo, g_lo + per_part):
             off_h = off_hk * kv_group + g
             slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI)
             dk, dv = _attn_bwd_dkdv_head(
@@ -282,19 +292,54 @@ def _attn_bwd_dkdv_kernel(
         key_in = (offs_n < seq_len_k)[:, None]
     if DO_DK:
         dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
-        dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_hk.to(tl.int64) * stride_dkh
+        dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_hs.to(tl.int64) * stride_dkh
                    + _rows(offs_n, ROW32)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
         if EVEN_N:
             tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=kd_mask)
         else:
             tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=key_in & d_mask[None, :])
     if DO_DV:
-        dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_hk.to(tl.int64) * stride_dvh
+        dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_hs.to(tl.int64) * stride_dvh
                    + _rows(offs_n, ROW32)[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd)
         if EVEN_N:
             tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=vd_mask)
         else:
             tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=key_in & dv_mask[None, :])
+
+
+@triton.jit
+def _attn_bwd_group_sum_kernel(
+    dk_part_ptr, dv_part_ptr, dk_ptr, dv_ptr,
+    stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+    num_kv_heads, seq_len_k, head_split,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """dk and dv of one key block of one kv head where the dk/dv kernel split the head's query group over
+    head_split programs: the sum of their fp32 partials (contiguous (Z, H_kv * head_split, N_k, D) and
+    (..., D_v)), part after part in a fixed order, so the result is deterministic. Grid (key blocks,
+    kv heads, batch)."""
+    off_hk = tl.program_id(1)
+    off_z = tl.program_id(2)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    key_in = (offs_n < seq_len_k)[:, None]
+    k_mask = key_in & (offs_d < HEAD_DIM)[None, :]
+    v_mask = key_in & (offs_dv < HEAD_DIM_V)[None, :]
+    first = (off_z * num_kv_heads + off_hk).to(tl.int64) * head_split  # the kv head's part 0
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_V_PAD], dtype=tl.float32)
+    for part in range(0, head_split):
+        part_rows = ((first + part) * seq_len_k + offs_n)[:, None]  # 64-bit (seq_len_k may be a constant 1)
+        dk += tl.load(dk_part_ptr + part_rows * HEAD_DIM + offs_d[None, :], mask=k_mask, other=0.0)
+        dv += tl.load(dv_part_ptr + part_rows * HEAD_DIM_V + offs_dv[None, :], mask=v_mask, other=0.0)
+    rows = offs_n.to(tl.int64)[:, None]
+    tl.store(dk_ptr + off_z.to(tl.int64) * stride_dkz + off_hk.to(tl.int64) * stride_dkh + rows * stride_dkn
+             + offs_d[None, :] * stride_dkd, dk.to(dk_ptr.dtype.element_ty), mask=k_mask)
+    tl.store(dv_ptr + off_z.to(tl.int64) * stride_dvz + off_hk.to(tl.int64) * stride_dvh + rows * stride_dvn
+             + offs_dv[None, :] * stride_dvd, dv.to(dv_ptr.dtype.element_ty), mask=v_mask)
 
 
 @triton.jit

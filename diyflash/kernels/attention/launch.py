@@ -17,7 +17,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from .._launch import BoundLaunch, DirectLauncher, cdiv, ensure_scratch_allocator, runtime_key  # noqa: E402
 
-from .backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess_kernel  # noqa: E402
+from .backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
+                       _attn_bwd_preprocess_kernel)
 from .forward import _attn_fwd_kernel  # noqa: E402
 from .lazy import _RESCALE_N, VOTE_PACKS  # noqa: E402
 
@@ -35,6 +36,7 @@ _FWD = DirectLauncher(_attn_fwd_kernel)
 _BWD_PRE = DirectLauncher(_attn_bwd_preprocess_kernel)
 _BWD_DKDV = DirectLauncher(_attn_bwd_dkdv_kernel)
 _BWD_DQ = DirectLauncher(_attn_bwd_dq_kernel)
+_BWD_SUM = DirectLauncher(_attn_bwd_group_sum_kernel)
 INTERPRETED = _FWD.interpreted  # fixed when the kernels were decorated, as Triton decides it
 
 
@@ -53,6 +55,7 @@ class _Plan(NamedTuple):
     launches: tuple[tuple[BoundLaunch, tuple[str, ...]], ...]
     tma: bool  # some launch builds TMA descriptors on the device: Triton needs a scratch allocator
     descs: tuple = ()  # (name, block_rows, block_cols): tensors the launches read through host descriptors
+    scratch: tuple = ()  # (name, shape, dtype): buffers the launches use within the call, allocated per call
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -81,11 +84,12 @@ def _aligned(*outputs: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in outputs)
 
 
-def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = ()) -> None:
+def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tuple = ()) -> None:
     """Run each chunk's launches ([(tensors by name, [_Launch, ...]), ...]) through the launchers, and
     remember them as the plan of `key` when there was one chunk and every launch has a compiled kernel.
     descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptor),
-    which each chunk's tensors become here."""
+    which each chunk's tensors become here. scratch: (name, shape, dtype) of the call's buffers (in the
+    chunks' tensors), which the plan allocates again on every replay (_scratch)."""
     if tma:
         ensure_scratch_allocator()
     if descs:
@@ -94,7 +98,7 @@ def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = ()) -> None:
         _run_launches(env, launches)
     if key is None or len(chunks) != 1:
         return
-    plan = _bind(chunks[0], tma, descs)
+    plan = _bind(chunks[0], tma, descs, scratch)
     if plan is not None:
         _remember(_PLANS, key, plan)
 
@@ -105,7 +109,7 @@ def _run_launches(env: dict, launches) -> None:
         lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
 
 
-def _bind(chunk, tma: bool, descs: tuple = ()) -> _Plan | None:
+def _bind(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> _Plan | None:
     """The plan of one chunk's launches, just run: each bound to its compiled kernel with its pointers
     left open. None when some launch has no compiled kernel (the interpreter, a defaulted parameter)."""
     env, launches = chunk
@@ -115,7 +119,12 @@ def _bind(chunk, tma: bool, descs: tuple = ()) -> _Plan | None:
         if b is None:
             return None
         bound.append((b, lc.pointers))
-    return _Plan(tuple(bound), tma, descs)
+    return _Plan(tuple(bound), tma, descs, scratch)
+
+
+def _scratch(spec: tuple, device: torch.device) -> dict:
+    """A call's scratch buffers by name, from their (name, shape, dtype)."""
+    return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape, dtype in spec}
 
 
 def _remember(plans: dict, key: tuple, value) -> None:
@@ -270,6 +279,34 @@ def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) 
     return group
 
 
+# A GQA dk/dv kernel has one program per key block of a kv head, each summing its whole query-head group:
+# a grid a group's size smaller than the dense one. Where it holds fewer than SPLIT_PROGRAMS_PER_SM programs
+# per SM, the group is split over programs (head_split) and their fp32 partial sums added by one more launch.
+# Measured (H200, bench/probes/gqa_split.py, bench/results/gqa_split_h200.txt; D128 bf16, backward TFLOPS):
+# B1 H16/4 causal N1024 56 -> 117, N2048 121 -> 245, N4096 225 -> 334 (one wave of 128 programs ended on the
+# heaviest key blocks); grids of 256 programs and more (B1 N8192, B2 N4096) gained nothing from a split.
+# Calls of less work than SPLIT_MIN_WORK (Z*H*N_q*N_k*D) keep one launch: through autograd the backward costs
+# ~200 us of host time a call (bench/results/attention_bwd_host_h200.txt), more than such a grid's GPU time, and
+# the split's extra launch and two allocations added ~40 us to it (B1 H16/4 N1024 D128, 2^31: the kernels 190 ->
+# 90 us, yet autograd.grad in a loop 195 -> 250-290 us a call; H200, 2026-11-24). B1 H16 N2048 D128 is 2^33.
+SPLIT_PROGRAMS_PER_SM = 1
+SPLIT_MIN_WORK = 1 << 32
+
+
+def head_split(kv_group: int, num_programs: int, work: int, device: torch.device) -> int:
+    """Over how many programs the dk/dv kernel splits each kv head's group of kv_group query heads: the
+    smallest divisor of kv_group that gives its grid of num_programs (key blocks x kv heads x batch) at
+    least SPLIT_PROGRAMS_PER_SM programs per SM, or kv_group (one query head a program, the dense grid).
+    1 without GQA, for calls of less work than SPLIT_MIN_WORK, or without a GPU to size the grid to."""
+    sms = device_limits(device).sms
+    if kv_group == 1 or not sms or work < SPLIT_MIN_WORK:
+        return 1
+    for split in range(1, kv_group + 1):
+        if kv_group % split == 0 and num_programs * split >= SPLIT_PROGRAMS_PER_SM * sms:
+            return split
+    return kv_group
+
+
 def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int, row32: bool) -> dict:
     """A kernel's launch options from its tiles: blocks, warps, stages, TMA (where the inputs allow it,
     `tma`), warp specialization (with TMA only) and EVEN_M / EVEN_N: every query / key block of these
@@ -352,7 +389,7 @@ def overflow_passes(dtype: torch.dtype) -> tuple[int, ...]:
     blocks again, on q times the power of two of the scale (semantics._prescaled), and costs the others a
     load and a return. Prescaling q in every block instead kept it out of shared memory for the dots:
     the bf16 D128 causal forward fell from 532 to 342 TFLOPS at N16384 (H200, 2026-11-24)."""
-    return (0,) if dtype == torch.float16 else (1, 2)
+    return (0,) if dtype == torch.float16 else (1, 2)  # the same rule keeps fp16 raw in semantics._prescaled
 
 
 # The second pass's programs mostly load one value and return: 4 warps, one pipeline stage, no warp
@@ -481,12 +518,15 @@ def attention_bwd(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     packed: Packed | None = None,
+    split: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
     Returns (dq, dk, dv) allocated with empty_like(q/k/v). The variants as in attention_fwd (sinks need
     nothing here: the saved lse includes them; their gradient is attention_torch.sinks_grad). config
     and group (the head group of both kernels, see head_group) override the tuned choices, for benchmarks.
-    packed: packed sequences as in attention_fwd (lse and dlse (H, T_q))."""
+    packed: packed sequences as in attention_fwd (lse and dlse (H, T_q)). split: over how many programs
+    the dk/dv kernel splits a kv head's query-head group (a divisor of it; see head_split), for tests
+    and benchmarks."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if packed is None:
         n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], _heads(q), _heads(k), None, ()
@@ -503,11 +543,13 @@ def attention_bwd(
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes}
     key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
-                    (config, group, *extra))
+                    (config, group, split, *extra))
     plan = _PLANS.get(key) if key is not None else None
-    if plan is not None and _aligned(dq, dk, dv, delta, lse2):
-        _replay(plan, env)
-        return dq, dk, dv
+    if plan is not None:
+        env.update(_scratch(plan.scratch, q.device))
+        if _aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in plan.scratch)):
+            _replay(plan, env)
+            return dq, dk, dv
 
     q4, k4, v4 = _as_4d(q, packed), _as_4d(k, packed), _as_4d(v, packed)
     o4, g4 = _as_4d(out, packed), _as_4d(dout, packed)
@@ -541,13 +583,28 @@ def attention_bwd(
                 *(_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
                 h, len_q)
     pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
-    row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk4, dv4)
-    kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk4), *_strides(dv4),
+    # GQA on a small grid: the dk/dv programs write fp32 partial sums over parts of the query-head group
+    # (heads h_kv * parts of scratch laid out as dk4, dv4), and a last launch adds them (head_split)
+    parts = split or head_split(var.kv_group, cdiv(n_k, cfg.dkdv.block_n) * h_kv * z, z * h * n_q * n_k * d,
+                                q.device)
+    if var.kv_group % parts:
+        raise ValueError(f"split={parts} must divide the {var.kv_group} query heads of a kv head")
+    scratch = ()
+    kv_out = ("dk", "dv")
+    if parts > 1:
+        scratch = (("dk_part", (z_pre, h_kv * parts, len_k, d), torch.float32),
+                   ("dv_part", (z_pre, h_kv * parts, len_k, dv_), torch.float32))
+        env.update(_scratch(scratch, q.device))
+        kv_out = ("dk_part", "dv_part")
+    dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
+    row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk_out, dv_out)
+    kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk_out), *_strides(dv_out),
                   _alibi_stride(alibi_slopes))
-    kv_launches = [  # (tiles, args, meta) of each dk/dv pass: one program per key block of a kv head
+    kv_launches = [  # (tiles, args, meta) of each dk/dv pass: one program per key block of a kv head (and part)
         (kv_cfg,
          (*kv_strides, h, len_q, len_k, scale * LOG2E, scale,
-          group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h_kv, q.device), var.kv_group, *var_args),
+          group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h_kv * parts, q.device), var.kv_group, parts,
+          *var_args),
          dict(DO_DK=do_dk, DO_DV=do_dv, GQA=var.kv_group > 1, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32),
               **common))
         for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
@@ -556,20 +613,27 @@ def attention_bwd(
     q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4), _alibi_stride(alibi_slopes),
               h, len_q, len_k, scale * LOG2E, scale, q_group, var.kv_group, *var_args)
     q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k, row32), **common)
+    sum_block = max(16, 1 << (8192 // (d_pad + dv_pad)).bit_length() - 1)  # <= 64 fp32 registers a thread
+    sum_args = (*_strides(dk4), *_strides(dv4), h_kv, len_k, parts)
+    sum_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, BLOCK_N=sum_block,
+                    num_warps=4)
 
     def launches(zc: int) -> list[_Launch]:
         return [
             _Launch(_BWD_PRE, (cdiv(len_q, pre_block), h, z_pre if packed is not None else zc),
                     ("out", "dout", "lse", "dlse", "delta", "lse2"),
                     pre_args, pre_meta),
-            *(_Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv, zc),
-                      ("q", "k", "v", "dout", "lse2", "delta", "dk", "dv", "seq_lens", "cu_k", "alibi"), kv_args,
+            *(_Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv * parts, zc),
+                      ("q", "k", "v", "dout", "lse2", "delta", *kv_out, "seq_lens", "cu_k", "alibi"), kv_args,
                       kv_meta)
               for kv_cfg, kv_args, kv_meta in kv_launches),
+            *([_Launch(_BWD_SUM, (cdiv(len_k, sum_block), h_kv, z_pre if packed is not None else zc),
+                       ("dk_part", "dv_part", "dk", "dv"), sum_args, sum_meta)] if parts > 1 else []),
             _Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
                     ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "cu_k", "alibi"), q_args, q_meta),
         ]
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
-    _launch(chunks, key if _aligned(dq, dk, dv, delta, lse2) else None, (any(kv_tma) or q_tma) and q.is_cuda)
+    _launch(chunks, key if _aligned(dq, dk, dv, delta, lse2, dk_out, dv_out) else None,
+            (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch)
     return dq, dk, dv
