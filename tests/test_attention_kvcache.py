@@ -371,6 +371,7 @@ def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
     real = kv._replay
     monkeypatch.setattr(kv, "_replay", lambda plan, env: (replays.append(1), real(plan, env)))
     monkeypatch.setattr(kv, "_KV_PLANS", {})
+    plans = 1 if paged else 2  # a contiguous cache's plan also under its lengths' classes
     first, second = Case(n_new=2, device=device, seed=0), Case(n_new=2, lens=(3, 50, 7), device=device, seed=10)
 
     def call(case):
@@ -381,14 +382,48 @@ def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
         return out, lse, k_cache, v_cache
 
     call(first)
-    assert len(kv._KV_PLANS) == 1 and not replays
+    assert len(kv._KV_PLANS) == plans and not replays
     replayed = call(second)
     assert replays == [1]
     monkeypatch.setattr(kv, "_KV_PLANS", {})
     fresh = call(second)
-    assert replays == [1] and len(kv._KV_PLANS) == 1  # planned afresh, not replayed
+    assert replays == [1] and len(kv._KV_PLANS) == plans  # planned afresh, not replayed
     for a, b in zip(replayed, fresh):
         assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans bind compiled kernels; the interpreter has none")
+@pytest.mark.parametrize("window", [(-1, -1), (40, 0)])
+def test_a_growing_cache_replays_the_plan_of_its_length_class(device, monkeypatch, window):
+    """transformers' DynamicCache hands each decode step a contiguous cache one token longer (new length,
+    new strides): the dense route's call then replays an earlier call's kernels with its own arguments
+    where the lengths and strides have the classes Triton compiled for (not across a multiple of 16) and
+    the split count is the same. Bit-identical to the same call planned afresh, and right by the oracle."""
+    from diyflash.kernels.attention import kvcache as kv
+
+    replays = []
+    real = kv._replay_with
+    monkeypatch.setattr(kv, "_replay_with", lambda plan, env, launches: replays.append(1) or real(plan, env, launches))
+    q = _randn((2, 8, 1, 64), torch.bfloat16, device, 0)
+    keys = _randn((2, 2, 560, 64), torch.bfloat16, device, 1)
+    values = _randn((2, 2, 560, 64), torch.bfloat16, device, 2)
+    lengths = (520, 521, 530, 528, 529, 540)  # 528 = 33 * 16: another class; 4 splits throughout
+
+    def step(n):
+        return diyflash.flash_attention(q, keys[:, :, :n].contiguous(), values[:, :, :n].contiguous(), causal=True,
+                                        window_size=window)
+
+    monkeypatch.setattr(kv, "_KV_PLANS", {})
+    grown = [step(n) for n in lengths]
+    assert len(replays) == 4 and len(kv._KV_PLANS) == 4  # 520 and 528 plan (2 keys each), the others replay
+    for n, out in zip(lengths, grown):
+        monkeypatch.setattr(kv, "_KV_PLANS", {})
+        assert torch.equal(out, step(n))
+        k, v = keys[:, :, :n], values[:, :, :n]
+        ref, _ = attention_ref(q, k, v, True, window_size=window)
+        plain, _ = attention_ref(q, k, v, True, upcast=False, window_size=window)
+        report = error_report(f"out at {n} keys", out, ref, plain)
+        assert report.ok, str(report)
 
 
 def test_split_count_and_stages_fill_whole_waves(monkeypatch):

@@ -202,6 +202,21 @@ def test_bound_launch_runs_the_compiled_kernel_with_new_pointers(fake_driver):
     assert kinds(kernel.log) == ["jit", "direct", "jit"]
 
 
+def test_bound_launch_runs_with_new_arguments_of_its_classes(fake_driver):
+    """run_with: the bound kernel with other arguments after the pointers (a decode step against a cache
+    one token longer, whose plan is keyed on the arguments' classes); a count that does not match, or
+    hooks added since binding, go through the launcher."""
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    x, y = torch.zeros(8), torch.zeros(8)
+    launch((4,), x, y, 17, BLOCK=16, FLAG=True)
+    bound = launch.bind((4,), (x, y), (17,), dict(BLOCK=16, FLAG=True))
+    bound.run_with((y, x), (18,))
+    assert kinds(kernel.log) == ["jit", "direct"] and kernel.log[1][1][-5:] == (y, x, 18, 16, True)
+    bound.run_with((x, y), (19, 20))  # not this launch's arguments: the launcher decides (the JIT here)
+    assert kinds(kernel.log) == ["jit", "direct", "jit"]
+
+
 gpu = pytest.mark.skipif(not ON_GPU, reason="the interpreter has no compiled kernels: nothing launches directly")
 
 

@@ -200,6 +200,19 @@ class BoundLaunch:
         _run(self.compiled, self.grid, launcher._driver[1](self.device), (*pointers, *self.tail))
         launcher.direct_launches += 1
 
+    def run_with(self, pointers: tuple, args: tuple) -> None:
+        """This launch with other arguments after the pointers, each of the class Triton specialized the
+        bound one on (an int of the same `_int_class`, any other scalar equal): the caller's key guarantees
+        it, as a decode step's key does for a cache one token longer (kvcache.py). Costs the launch alone,
+        like calling the bound launch: no signature is computed."""
+        launcher = self.launcher
+        if len(args) != len(self.args) or launcher.kernel.pre_run_hooks:  # hooks: only the JIT runs them
+            launcher(self.grid, *pointers, *args, **self.meta)
+            return
+        _run(self.compiled, self.grid, launcher._driver[1](self.device),
+             (*pointers, *args, *self.tail[len(self.args):]))
+        launcher.direct_launches += 1
+
 
 def _run(compiled, grid, stream, values) -> None:
     """What the JIT does with a compiled kernel once it has its arguments in signature order."""

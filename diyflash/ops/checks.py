@@ -67,19 +67,21 @@ def attention_shape_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     """The one rule for q, k, v shapes (the ops and the API say it alike): None when they fit, else the
     sentence saying why not. 4-D: q (B, H, N_q, D), k (B, H_kv, N_k, D), v (B, H_kv, N_k, D_v) with
     H_kv dividing H (GQA/MQA); 3-D: (BH, N, D) with one head per slice."""
-    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    def shapes():  # only for a message: formatting it costs microseconds a call
+        return f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+
     if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
-        return f"Expected 3D or 4D tensors of the same rank, got {shapes}"
+        return f"Expected 3D or 4D tensors of the same rank, got {shapes()}"
     if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
-        return f"Incompatible shapes {shapes}: the batch (dim 0) must match"
+        return f"Incompatible shapes {shapes()}: the batch (dim 0) must match"
     if k.shape[-1] != q.shape[-1]:
-        return f"Incompatible shapes {shapes}: q and k must have the same head_dim"
+        return f"Incompatible shapes {shapes()}: q and k must have the same head_dim"
     if v.shape[:-1] != k.shape[:-1]:
-        return f"Incompatible shapes {shapes}: v must have k's batch, heads and length (its head_dim may differ)"
+        return f"Incompatible shapes {shapes()}: v must have k's batch, heads and length (its head_dim may differ)"
     if q.dim() == 4:
         h, h_kv = q.shape[1], k.shape[1]
         if h_kv == 0 or h % h_kv:
-            return (f"Incompatible shapes {shapes}: the number of query heads ({h}) must be a multiple of the "
+            return (f"Incompatible shapes {shapes()}: the number of query heads ({h}) must be a multiple of the "
                     f"number of kv heads ({h_kv})")
     for name, d in (("q/k", q.shape[-1]), ("v", v.shape[-1])):
         error = head_dim_error(d)

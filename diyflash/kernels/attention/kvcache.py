@@ -9,11 +9,11 @@ from ..attention_configs import head_dim_pad
 from ..attention_torch import empty_out
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
-from .._launch import DirectLauncher, cdiv  # noqa: E402
+from .._launch import DirectLauncher, _int_class, cdiv  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch import (  # noqa: E402
     DECODE_MAX_ROWS, INTERPRETED, LOG2E, _aligned, _alibi_stride, _bind, _dot_precision, _Launch, _plan_key,
-    _remember, _replay, _run_launches, _upcast, _v_pad, variant,
+    _remember, _replay, _replay_with, _run_launches, _upcast, _v_pad, variant,
 )
 
 _APPEND = DirectLauncher(_cache_append_kernel)
@@ -24,7 +24,9 @@ DECODE_BLOCK_N = 64  # keys per step: a paged cache of 16-row pages reads four p
 DECODE_WARPS = 4
 MAX_SPLITS = 64
 MIN_KEYS_PER_SPLIT = 128  # below this a split's fixed cost (q load, partial store, combine) dominates
-# plans of earlier calls (launch._plan_key: the same layouts, variant, scale and num_splits): (plan, splits)
+# plans of earlier calls: (plan, splits), keyed (launch._plan_key) on the exact layouts, variant, scale and
+# num_splits ("kvcache"), and for a contiguous cache also on the lengths' classes (launch._length_class),
+# the variant as the kernels take it, num_splits and the split count ("kvcache-length", see attention_kvcache)
 _KV_PLANS: dict[tuple, tuple] = {}
 
 
@@ -100,15 +102,17 @@ def attention_kvcache(
     (no new keys then; launch.attention_fwd's route for a few query rows). num_splits: 0 picks
     (num_splits_for).
     Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32. A call with the layouts of an
-    earlier one replays that call's bound launches (launch._replay: ~the launches' own host cost)."""
+    earlier one (for a contiguous cache: its lengths' classes) replays that call's bound launches
+    (launch._replay, _replay_with: ~the launches' own host cost)."""
     b, h, n_q, d = q.shape
     h_kv, dv = k_cache.shape[1], v_cache.shape[-1]
     out = empty_out(q, dv)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     env = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k_new": k_new,
            "v_new": v_new, "block_table": block_table, "alibi": alibi_slopes, "sinks": sinks, "out": out, "lse": lse}
-    key = _plan_key("kvcache", (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks),
-                    (causal, window, softcap), scale, (num_splits,))
+    inputs = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks)
+    paged = block_table is not None
+    key = _plan_key("kvcache", inputs, (causal, window, softcap), scale, (num_splits,))
     hit = _KV_PLANS.get(key) if key is not None else None
     if hit is not None:  # the launches of an earlier call with the same layouts: only the pointers change
         plan, splits = hit
@@ -116,24 +120,18 @@ def attention_kvcache(
         if _aligned(out, lse, env["dst"], env["dst_lse"]):  # the inputs' alignment is part of the key
             _replay(plan, env)
             return out, lse
-    paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 1
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
     num_pages = k_cache.shape[0] if paged else 1
     n_new = 0 if k_new is None else k_new.shape[2]
-    d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv)
     bt_stride = block_table.stride(0) if paged else 0
-    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad, PAGED=paged,
-                  PAGE_SIZE=page_size)
-    launches = []
+    args = []  # each launch's arguments after its pointers: append (with new keys), decode, combine (if split)
     if n_new and b:
-        block = 16
-        launches.append(_Launch(
-            _APPEND, (cdiv(n_new, block), h_kv, b), ("k_new", "v_new", "k_cache", "v_cache", "cache_seqlens", "block_table"),
-            (*k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(), bt_stride, n_new, capacity,
-             num_pages), dict(BLOCK=block, num_warps=4, **common)))
+        args.append((*k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(), bt_stride, n_new, capacity,
+                     num_pages))
     if out.numel() == 0:
-        _run_launches(env, launches)
+        _run_launches(env, _launches(q, k_cache, v_cache, n_new, paged, page_size, args, None, 0, 0, 1, cache_seqlens,
+                                     alibi_slopes, sinks))
         return out, lse
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
@@ -145,28 +143,69 @@ def attention_kvcache(
     else:
         o_strides = (*out.stride()[:3], 0, out.stride(3))
         l_strides = (*lse.stride(), 0)
-    args = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides, bt_stride,
-            _alibi_stride(alibi_slopes), h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group,
-            var.left, var.right, var.cap2)
+    args.append((*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides, bt_stride,
+                 _alibi_stride(alibi_slopes), h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group,
+                 var.left, var.right, var.cap2))
+    if splits > 1:
+        args.append((*out.stride(), *lse.stride(), h, n_q, splits))
+    grown = None
+    if key is not None and not paged:
+        # a contiguous cache that grows (transformers' DynamicCache hands each decode step one a token longer:
+        # new length, new strides) misses the key of exact layouts, but its lengths and strides have the
+        # classes Triton compiled for: the plan of an earlier length of the same classes replays with this
+        # call's own arguments (_replay_with: no launch's signature, binding or options worked out again;
+        # ~60-80 us a call on the H200's host, bench/probes/decode_host.py). Every choice made from the length
+        # is in that key: the split count, and the band's sides by their classes (an unbounded side is N_q +
+        # N_k, which grows with the cache); the grids follow from its exact parts (batch, heads, N_q, N_new,
+        # splits)
+        grown = _plan_key("kvcache-length", inputs, var._replace(left=_int_class(var.left), right=_int_class(var.right)),
+                          scale, (num_splits, splits), lengths=(1, 2))
+        hit = _KV_PLANS.get(grown)
+        if hit is not None and _aligned(out, lse, env["dst"], env["dst_lse"]) and _replay_with(hit[0], env, args):
+            return out, lse
+    launches = _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits,
+                         cache_seqlens, alibi_slopes, sinks)
+    _run_launches(env, launches)
+    if key is not None and _aligned(out, lse, env["dst"], env["dst_lse"]):
+        plan = _bind((env, launches), False)
+        if plan is not None:
+            _remember(_KV_PLANS, key, (plan, splits))
+            if grown is not None:
+                _remember(_KV_PLANS, grown, (plan, splits))
+    return out, lse
+
+
+def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits, cache_seqlens,
+              alibi_slopes, sinks) -> list[_Launch]:
+    """The call's launches (append, decode, combine; those `args` has arguments for), with their grids and
+    options: what a call that replays no plan runs, and binds."""
+    b, h, n_q, d = q.shape
+    h_kv, dv = k_cache.shape[1], v_cache.shape[-1]
+    d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv)
+    common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad, PAGED=paged,
+                  PAGE_SIZE=page_size)
+    launches = []
+    args = list(args)
+    if n_new and b:
+        block = 16
+        launches.append(_Launch(
+            _APPEND, (cdiv(n_new, block), h_kv, b), ("k_new", "v_new", "k_cache", "v_cache", "cache_seqlens", "block_table"),
+            args.pop(0), dict(BLOCK=block, num_warps=4, **common)))
+    if not args:
+        return launches
     launches.append(_Launch(
         _DECODE, (b * h_kv, row_tiles, splits),
-        ("q", "k_cache", "v_cache", "dst", "dst_lse", "cache_seqlens", "block_table", "alibi", "sinks"), args,
+        ("q", "k_cache", "v_cache", "dst", "dst_lse", "cache_seqlens", "block_table", "alibi", "sinks"), args[0],
         dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap,
              ALIBI=alibi_slopes is not None, SINKS=sinks is not None and splits == 1,
              DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), LENGTHS=cache_seqlens is not None,
              num_warps=DECODE_WARPS, num_stages=decode_stages(b * h_kv * row_tiles, splits, q.device), **common)))
     if splits > 1:
         launches.append(_Launch(
-            _COMBINE, (n_q, h, b), ("dst", "dst_lse", "out", "lse", "sinks"),
-            (*out.stride(), *lse.stride(), h, n_q, splits),
+            _COMBINE, (n_q, h, b), ("dst", "dst_lse", "out", "lse", "sinks"), args[1],
             dict(HEAD_DIM_V=dv, HEAD_DIM_V_PAD=head_dim_pad(dv), SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()),
                  SINKS=sinks is not None, num_warps=4)))
-    _run_launches(env, launches)
-    if key is not None and _aligned(out, lse, env["dst"], env["dst_lse"]):
-        plan = _bind((env, launches), False)
-        if plan is not None:
-            _remember(_KV_PLANS, key, (plan, splits))
-    return out, lse
+    return launches
 
 
 def _partials(out: torch.Tensor, lse: torch.Tensor, splits: int) -> dict:

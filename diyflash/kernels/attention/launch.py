@@ -3,6 +3,7 @@ that replay a call's launches (attention_fwd, attention_bwd)."""
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -15,7 +16,8 @@ from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_conf
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from .._launch import BoundLaunch, DirectLauncher, cdiv, ensure_scratch_allocator, runtime_key  # noqa: E402
+from .._launch import (BoundLaunch, DirectLauncher, _int_class, cdiv, ensure_scratch_allocator,  # noqa: E402
+                       runtime_key)
 
 from .backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
                        _attn_bwd_preprocess_kernel)
@@ -67,16 +69,30 @@ def _layout(t: torch.Tensor | None):
     return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
 
 
+def _length_class(t: torch.Tensor | None):
+    # _layout with the length (dim -2) and every stride as Triton specializes an int (_int_class), not
+    # their values: a cache one token longer (transformers' DynamicCache: new length, new strides) has the
+    # class of the previous one
+    if t is None:
+        return None
+    return (t.dtype, t.shape[:-2], _int_class(t.shape[-2]), t.shape[-1], tuple(map(_int_class, t.stride())),
+            t.data_ptr() % 16 == 0)
+
+
 def _plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
-              overrides: tuple = (None, None)) -> tuple | None:
+              overrides: tuple = (None, None), lengths: tuple[int, ...] = ()) -> tuple | None:
     """The key of a call's plan, or None where there is no plan: under the interpreter (no compiled
     kernels) and for batches that need more than one grid (MAX_GRID_Z). `overrides`: the call's
     explicit (config, group), so that a benchmark of given tiles replays a plan as users' calls do and
-    times the kernels, not the host path that picks tiles."""
+    times the kernels, not the host path that picks tiles. `lengths`: the inputs (by position) keyed by
+    _length_class instead of their exact layout; such a key's plan replays with each call's own arguments
+    (_replay_with), and every choice that depends on the exact length must be part of `variant` or
+    `overrides`."""
     if INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
         return None
-    return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs),
-            *overrides)
+    layouts = [_length_class(t) if i in lengths else _layout(t) for i, t in enumerate(inputs)] if lengths else map(
+        _layout, inputs)
+    return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *layouts, *overrides)
 
 
 def _aligned(*outputs: torch.Tensor) -> bool:
@@ -140,6 +156,20 @@ def _replay(plan: _Plan, env: dict) -> None:
         env = _with_descriptors(env, plan.descs)
     for bound, names in plan.launches:
         bound(*(env[name] for name in names))
+
+
+def _replay_with(plan: _Plan, env: dict, args: list[tuple]) -> bool:
+    """A plan of a _plan_key(lengths=...) key run with this call's arguments, one tuple per launch, each
+    argument of the Triton class the plan's was (the key's guarantee; the grids, fixed by the key, are the
+    plan's). False, launching nothing, where the count of launches differs or the plan reads host
+    descriptors (built from exact shapes): the caller then launches the call itself."""
+    if plan.descs or len(args) != len(plan.launches):
+        return False
+    if plan.tma:
+        ensure_scratch_allocator()
+    for (bound, names), launch_args in zip(plan.launches, args):
+        bound.run_with(tuple(env[name] for name in names), launch_args)
+    return True
 
 
 class Packed(NamedTuple):
@@ -401,6 +431,15 @@ _RESCUE_META = dict(num_warps=4, num_stages=1, WS=False, LAZY=False, VOTE_ROWS=0
 DECODE_MAX_ROWS = 64  # the decode kernel's largest row tile (kvcache.decode_rows), also decode_route's bound
 
 
+@functools.cache
+def _kvcache():
+    # kvcache builds on this module, so it is imported at the first decode-route call: once, since an
+    # import statement in a function costs ~8 us every call (~20 us of the GPU machine's host time)
+    from . import kvcache
+
+    return kvcache
+
+
 def decode_route(q, k, seq_lens, packed, config, group) -> bool:
     """Whether attention_fwd runs the decode kernel: 4-D q and k (no seq_lens, not packed, no tiles asked
     for) whose N_q query rows times the GQA group fit one decode tile. There the forward kernel would run
@@ -436,9 +475,8 @@ def attention_fwd(
     A few query rows (decode_route) run the decode kernel instead: split-KV over the keys, the q heads of a
     kv head packed into one tile; the same semantics (semantics.py), out and lse alike."""
     if decode_route(q, k, seq_lens, packed, config, group):
-        from .kvcache import attention_kvcache  # (kvcache builds on this module)
-        return attention_kvcache(q, k, v, None, None, None, None, causal, scale, window=window, softcap=softcap,
-                                 alibi_slopes=alibi_slopes, sinks=sinks)
+        return _kvcache().attention_kvcache(q, k, v, None, None, None, None, causal, scale, window=window,
+                                            softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
     out = empty_out(q, v.shape[-1])
     lse = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
