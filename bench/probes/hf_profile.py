@@ -1,10 +1,11 @@
 """Probe (issue 26: why the transformers backend is not faster than sdpa): torch.profiler over one
 training step of bench.hf_model's Llama stack (2 layers, B2 N4096, bf16) per attn_implementation; prints
 the top CUDA kernels by total time and the step's CPU and CUDA totals.
-    python -m bench.probes.hf_profile"""
+    python -m bench.probes.hf_profile [--batch 2] [--seq 4096] [--layers 2]"""
 
 from __future__ import annotations
 
+import argparse
 import copy
 
 import torch
@@ -15,9 +16,15 @@ import diyflash.integrations.transformers as dt
 
 
 def main():
-    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=2,
-                                   num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=8192)
-    ids = torch.randint(0, 32000, (2, 4096), device="cuda")
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=2)
+    args = parser.parse_args()
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                   num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=4,
+                                   max_position_embeddings=max(8192, args.seq))
+    ids = torch.randint(0, 32000, (args.batch, args.seq), device="cuda")
     for impl in (dt.ATTN_IMPLEMENTATION, "sdpa"):
         torch.manual_seed(0)
         m = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
