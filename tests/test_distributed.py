@@ -1,7 +1,7 @@
 """Context parallelism (issue 27): diyflash.distributed's ring and Ulysses attention on 2 and 3 processes
 (gloo, torch.multiprocessing spawn), against the float64 oracle on the gathered sequence under the 2x
-rule, on the interpreter (CI). Skipped in the GPU suite: the NCCL run needs the 2-GPU machine. Each world
-size is one spawn: the workers run every case and raise on the first failure."""
+rule, on the interpreter (CI); on two GPUs with NCCL in fp16 and bf16 (test_two_gpus_nccl, the 2-GPU machine).
+Each world size is one spawn: the workers run every case and raise on the first failure."""
 
 import os
 import socket
@@ -48,9 +48,16 @@ def _check(fn, q, k, v, g, layout, causal, **kw):
     return ours
 
 
-def _worker(rank, world, port, cases):
+two_gpus = pytest.mark.skipif(not (ON_GPU and torch.cuda.device_count() >= 2 and dist.is_available()
+                                   and dist.is_nccl_available()),
+                              reason="NCCL on two GPUs (the device tool's nvidia-h200-x2 kind)")
+
+
+def _worker(rank, world, port, cases, backend="gloo"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         cases(world)
     finally:
@@ -63,11 +70,11 @@ def _worker(rank, world, port, cases):
     os._exit(0)
 
 
-def _spawn(world, cases):
+def _spawn(world, cases, backend="gloo"):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(world, port, cases), nprocs=world)
+    mp.spawn(_worker, args=(world, port, cases, backend), nprocs=world)
 
 
 def _cases_2(world):
@@ -145,6 +152,34 @@ def _cases_3(world):
     _check(dd.ring_attention, q, k, v, g, "contiguous", True)
     _check(dd.ulysses_attention, q, k, v, g, "zigzag", True)
     _check(dd.ulysses_attention, q, k, v, g, "contiguous", False)
+
+
+def _cases_nccl(world):
+    """The 2-GPU run: every rank on its own GPU, NCCL's sends and all-to-alls, fp16 and bf16."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    for dtype in (torch.float16, torch.bfloat16):
+        q, k, v, g = (t.to(device, dtype) for t in _inputs(2, 4, 2, 48, 64, seed=11))  # GQA 4/2, D64
+        for fn in (dd.ring_attention, dd.ulysses_attention):
+            for layout in dd.LAYOUTS:
+                for causal in (False, True):
+                    _check(fn, q, k, v, g, layout, causal)
+        sinks = torch.randn(4, generator=torch.Generator().manual_seed(3)).to(device)
+        _check(dd.ring_attention, q, k, v, g, "zigzag", True, softcap=5.0, sinks=sinks, scale=0.3)
+        _check(dd.ulysses_attention, q, k, v, g, "zigzag", True, window_size=(9, 0))
+        a = [dd.shard_sequence(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+        runs = []
+        for _ in range(2):  # deterministic on NCCL too: bitwise the same twice
+            o = dd.ring_attention(*a, True)
+            runs.append((o, *torch.autograd.grad(o, a, dd.shard_sequence(g, layout="zigzag"))))
+        assert all(torch.equal(x, y) for x, y in zip(*runs))
+
+
+@two_gpus
+def test_two_gpus_nccl():
+    """Ring and Ulysses on 2 GPUs with NCCL, fp16 and bf16: out, lse and gradients against the float64
+    oracle on the gathered sequence under the 2x rule (as the gloo runs), GQA, both layouts, causal or
+    not, softcap + sinks + scale (ring), a window (Ulysses), bitwise determinism."""
+    _spawn(2, _cases_nccl, "nccl")
 
 
 @processes
