@@ -148,8 +148,9 @@ def attention_kvcache(
                  var.left, var.right, var.cap2))
     if splits > 1:
         args.append((*out.stride(), *lse.stride(), h, n_q, splits))
+    aligned = key is not None and _aligned(out, lse, env["dst"], env["dst_lse"])  # the keys assume it
     grown = None
-    if key is not None and not paged:
+    if aligned and not paged:
         # a contiguous cache that grows (transformers' DynamicCache hands each decode step one a token longer:
         # new length, new strides) misses the key of exact layouts, but its lengths and strides have the
         # classes Triton compiled for: the plan of an earlier length of the same classes replays with this
@@ -161,12 +162,12 @@ def attention_kvcache(
         grown = _plan_key("kvcache-length", inputs, var._replace(left=_int_class(var.left), right=_int_class(var.right)),
                           scale, (num_splits, splits), lengths=(1, 2))
         hit = _KV_PLANS.get(grown)
-        if hit is not None and _aligned(out, lse, env["dst"], env["dst_lse"]) and _replay_with(hit[0], env, args):
+        if hit is not None and _replay_with(hit[0], env, args):
             return out, lse
     launches = _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits,
                          cache_seqlens, alibi_slopes, sinks)
     _run_launches(env, launches)
-    if key is not None and _aligned(out, lse, env["dst"], env["dst_lse"]):
+    if aligned:
         plan = _bind((env, launches), False)
         if plan is not None:
             _remember(_KV_PLANS, key, (plan, splits))
