@@ -28,6 +28,16 @@ def _timed(fn, repeats):
     return statistics.median(times)
 
 
+def llama_config(layers: int, max_positions: int):
+    """The benchmarks' model: a Llama-style decoder stack, hidden 2048, 16 heads / 4 kv heads, random
+    weights (bench.hf_model and the transformers probes share it)."""
+    import transformers
+
+    return transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                    num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
+                                    max_position_embeddings=max_positions)
+
+
 def main():
     import transformers
 
@@ -41,9 +51,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                                   num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=4,
-                                   max_position_embeddings=args.prompt + args.new + args.seq)
+    cfg = llama_config(args.layers, args.prompt + args.new + args.seq)
     impls = [dt.ATTN_IMPLEMENTATION, "sdpa"]
     try:
         import flash_attn  # noqa: F401

@@ -21,6 +21,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import diyflash.integrations.transformers as dt
+from bench.hf_model import llama_config
 
 
 def _timed_attention(fn, log: list):
@@ -41,9 +42,7 @@ def main():
     parser.add_argument("--left-pad", type=int, default=0,
                         help="row b of the batch is left-padded by b * LEFT_PAD tokens (a tokenizer's padded batch)")
     args = parser.parse_args()
-    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=4,
-                                   num_attention_heads=16, num_key_value_heads=4,
-                                   max_position_embeddings=args.prompt + args.new)
+    cfg = llama_config(4, args.prompt + args.new)
     torch.manual_seed(0)
     logs = {}
     models = {}

@@ -13,6 +13,7 @@ import transformers
 from torch.profiler import ProfilerActivity, profile
 
 import diyflash.integrations.transformers as dt
+from bench.hf_model import llama_config
 
 
 def main():
@@ -21,9 +22,7 @@ def main():
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=2)
     args = parser.parse_args()
-    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                                   num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=4,
-                                   max_position_embeddings=max(8192, args.seq))
+    cfg = llama_config(args.layers, max(8192, args.seq))
     ids = torch.randint(0, 32000, (args.batch, args.seq), device="cuda")
     for impl in (dt.ATTN_IMPLEMENTATION, "sdpa"):
         torch.manual_seed(0)

@@ -19,6 +19,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import diyflash.integrations.transformers as dt
+from bench.hf_model import llama_config
 from diyflash.ops import attention as ops_attention
 
 
@@ -29,9 +30,7 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                                   num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=4,
-                                   max_position_embeddings=max(8192, args.seq))
+    cfg = llama_config(args.layers, max(8192, args.seq))
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda")
     fwd_log, bwd_log = [], []
     attention = ALL_ATTENTION_FUNCTIONS[dt.ATTN_IMPLEMENTATION]
