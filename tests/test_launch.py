@@ -74,9 +74,39 @@ def test_second_launch_is_direct_with_the_jits_arguments(fake_driver):
 
 
 def _hooks():
+    """The launch hooks a direct launch passes: Triton's own, or None for an empty HookChain (nothing to call)."""
     from triton import knobs
 
-    return knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return tuple(None if getattr(h, "calls", None) == [] else h
+                 for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
+def test_a_launch_hook_gets_its_metadata_on_direct_launches(fake_driver, monkeypatch):
+    """A launch-enter hook (a profiler's, e.g. Triton's proton) set after the first launch is passed on
+    direct launches with the kernel's launch metadata, as the JIT passes them; without hooks neither is
+    built (_launch._hook)."""
+    from triton import knobs
+
+    kernel = FakeKernel()
+    launch = DirectLauncher(kernel)
+    x = torch.zeros(8, dtype=torch.float16)
+    launch((1,), x, x, 8, BLOCK=16, FLAG=False)
+    launch((1,), x, x, 8, BLOCK=16, FLAG=False)
+    assert kernel.log[1][1][6:9] == (None, *_hooks())
+
+    def hook(metadata):
+        return None
+
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "calls"):  # Triton 3.6: a HookChain (its list replaced for the test, then restored)
+        monkeypatch.setattr(chain, "calls", [hook])
+        expected = chain
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+        expected = hook
+    monkeypatch.setattr(FakeCompiled, "launch_metadata", lambda self, grid, stream, *args: ("metadata", grid))
+    launch((1,), x, x, 8, BLOCK=16, FLAG=False)
+    assert kernel.log[2][1][6:8] == (("metadata", (1,)), expected)
 
 
 @pytest.mark.parametrize("change", ["alignment", "dtype", "int value", "constexpr", "option"])
