@@ -368,10 +368,10 @@ def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
     from diyflash.kernels.attention import kvcache as kv
 
     replays = []
-    real = kv._replay
-    monkeypatch.setattr(kv, "_replay", lambda plan, env: (replays.append(1), real(plan, env)))
+    real = kv._replay_with
+    monkeypatch.setattr(kv, "_replay_with", lambda plan, env, args: replays.append(1) or real(plan, env, args))
     monkeypatch.setattr(kv, "_KV_PLANS", {})
-    plans = 1 if paged else 2  # a contiguous cache's plan also under its lengths' classes
+    plans = 1
     first, second = Case(n_new=2, device=device, seed=0), Case(n_new=2, lens=(3, 50, 7), device=device, seed=10)
 
     def call(case):
@@ -415,7 +415,7 @@ def test_a_growing_cache_replays_the_plan_of_its_length_class(device, monkeypatc
 
     monkeypatch.setattr(kv, "_KV_PLANS", {})
     grown = [step(n) for n in lengths]
-    assert len(replays) == 4 and len(kv._KV_PLANS) == 4  # 520 and 528 plan (2 keys each), the others replay
+    assert len(replays) == 4 and len(kv._KV_PLANS) == 2  # 520 and 528 plan, the others replay
     for n, out in zip(lengths, grown):
         monkeypatch.setattr(kv, "_KV_PLANS", {})
         assert torch.equal(out, step(n))

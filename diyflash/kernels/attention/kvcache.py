@@ -9,11 +9,11 @@ from ..attention_configs import head_dim_pad
 from ..attention_torch import empty_out
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
-from .._launch import DirectLauncher, _int_class, cdiv  # noqa: E402
+from .._launch import DirectLauncher, _int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch import (  # noqa: E402
-    DECODE_MAX_ROWS, INTERPRETED, LOG2E, _aligned, _alibi_stride, _bind, _dot_precision, _Launch, _plan_key,
-    _remember, _replay, _replay_with, _run_launches, _upcast, _v_pad, variant,
+    DECODE_MAX_ROWS, INTERPRETED, LOG2E, MAX_GRID_Z, Variant, _aligned, _alibi_stride, _bind, _dot_precision, _Launch,
+    _layout, _remember, _replay_with, _run_launches, _upcast, _v_pad, variant,
 )
 
 _APPEND = DirectLauncher(_cache_append_kernel)
@@ -24,10 +24,9 @@ DECODE_BLOCK_N = 64  # keys per step: a paged cache of 16-row pages reads four p
 DECODE_WARPS = 4
 MAX_SPLITS = 64
 MIN_KEYS_PER_SPLIT = 128  # below this a split's fixed cost (q load, partial store, combine) dominates
-# plans of earlier calls: (plan, splits), keyed (launch._plan_key) on the exact layouts, variant, scale and
-# num_splits ("kvcache"), and for a contiguous cache also on the lengths' classes (launch._length_class),
-# the variant as the kernels take it, num_splits and the split count ("kvcache-length", see attention_kvcache)
-_KV_PLANS: dict[tuple, tuple] = {}
+# plans of earlier calls (launch._Plan), keyed (_kv_key) on the layouts, with the caches' strides and lengths
+# by their classes, the variant as the kernels take it, scale, num_splits and the split count
+_KV_PLANS: dict[tuple, object] = {}
 
 
 def decode_rows(n_q: int, kv_group: int) -> int:
@@ -75,7 +74,7 @@ def decode_stages(programs: int, splits: int, device: torch.device) -> int:
 
 
 def _sms(device: torch.device) -> int:
-    return device_limits(device).sms if device.type == "cuda" else 0  # 0: no SMs to fill (the interpreter)
+    return device_limits(device).sms or 0  # 0: no SMs to fill (the interpreter); cached, and device.type costs ~1 us
 
 
 def attention_kvcache(
@@ -102,33 +101,26 @@ def attention_kvcache(
     (no new keys then; launch.attention_fwd's route for a few query rows). num_splits: 0 picks
     (num_splits_for).
     Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32. A call with the layouts of an
-    earlier one (for a contiguous cache: its lengths' classes) replays that call's bound launches
-    (launch._replay, _replay_with: ~the launches' own host cost)."""
+    earlier one, the caches' strides and lengths of the same classes (_kv_key), replays that call's bound
+    launches with its own arguments (launch._replay_with: ~the launches' own host cost)."""
     b, h, n_q, d = q.shape
-    h_kv, dv = k_cache.shape[1], v_cache.shape[-1]
+    k_shape = k_cache.shape
+    h_kv, dv = k_shape[1], v_cache.shape[-1]
     out = empty_out(q, dv)
     lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    paged = block_table is not None
+    if paged:
+        page_size, num_pages, bt_stride = k_shape[2], k_shape[0], block_table.stride(0)
+        capacity = block_table.shape[1] * page_size
+    else:
+        page_size, num_pages, bt_stride, capacity = 1, 1, 0, k_shape[2]
+    n_new = 0 if k_new is None else k_new.shape[2]
+    k_strides, v_strides = k_cache.stride(), v_cache.stride()
     env = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k_new": k_new,
            "v_new": v_new, "block_table": block_table, "alibi": alibi_slopes, "sinks": sinks, "out": out, "lse": lse}
-    inputs = (q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks)
-    paged = block_table is not None
-    key = _plan_key("kvcache", inputs, (causal, window, softcap), scale, (num_splits,))
-    hit = _KV_PLANS.get(key) if key is not None else None
-    if hit is not None:  # the launches of an earlier call with the same layouts: only the pointers change
-        plan, splits = hit
-        env.update(_partials(out, lse, splits))
-        if _aligned(out, lse, env["dst"], env["dst_lse"]):  # the inputs' alignment is part of the key
-            _replay(plan, env)
-            return out, lse
-    page_size = k_cache.shape[2] if paged else 1
-    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
-    num_pages = k_cache.shape[0] if paged else 1
-    n_new = 0 if k_new is None else k_new.shape[2]
-    bt_stride = block_table.stride(0) if paged else 0
     args = []  # each launch's arguments after its pointers: append (with new keys), decode, combine (if split)
     if n_new and b:
-        args.append((*k_new.stride(), *v_new.stride(), *k_cache.stride(), *v_cache.stride(), bt_stride, n_new, capacity,
-                     num_pages))
+        args.append((*k_new.stride(), *v_new.stride(), *k_strides, *v_strides, bt_stride, n_new, capacity, num_pages))
     if out.numel() == 0:
         _run_launches(env, _launches(q, k_cache, v_cache, n_new, paged, page_size, args, None, 0, 0, 1, cache_seqlens,
                                      alibi_slopes, sinks))
@@ -143,37 +135,43 @@ def attention_kvcache(
     else:
         o_strides = (*out.stride()[:3], 0, out.stride(3))
         l_strides = (*lse.stride(), 0)
-    args.append((*q.stride(), *k_cache.stride(), *v_cache.stride(), *o_strides, *l_strides, bt_stride,
-                 _alibi_stride(alibi_slopes), h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group,
-                 var.left, var.right, var.cap2))
+    args.append((*q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, bt_stride, _alibi_stride(alibi_slopes),
+                 h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group, var.left, var.right,
+                 var.cap2))
     if splits > 1:
         args.append((*out.stride(), *lse.stride(), h, n_q, splits))
-    aligned = key is not None and _aligned(out, lse, env["dst"], env["dst_lse"])  # the keys assume it
-    grown = None
-    if aligned and not paged:
-        # a contiguous cache that grows (transformers' DynamicCache hands each decode step one a token longer:
-        # new length, new strides) misses the key of exact layouts, but its lengths and strides have the
-        # classes Triton compiled for: the plan of an earlier length of the same classes replays with this
-        # call's own arguments (_replay_with: no launch's signature, binding or options worked out again;
-        # ~60-80 us a call on the H200's host, bench/probes/decode_host.py). Every choice made from the length
-        # is in that key: the split count, and the band's sides by their classes (an unbounded side is N_q +
-        # N_k, which grows with the cache); the grids follow from its exact parts (batch, heads, N_q, N_new,
-        # splits)
-        grown = _plan_key("kvcache-length", inputs, var._replace(left=_int_class(var.left), right=_int_class(var.right)),
-                          scale, (num_splits, splits), lengths=(1, 2))
-        hit = _KV_PLANS.get(grown)
-        if hit is not None and _replay_with(hit[0], env, args):
-            return out, lse
+    key = _kv_key(q, k_cache, v_cache, page_size, (cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks), var, scale,
+                  num_splits, splits, (*k_strides, *v_strides, capacity, var.left, var.right))
+    if key is not None and not _aligned(out, lse, env["dst"], env["dst_lse"]):  # the key assumes it
+        key = None
+    hit = _KV_PLANS.get(key) if key is not None else None
+    if hit is not None and _replay_with(hit, env, args):
+        return out, lse
     launches = _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits,
                          cache_seqlens, alibi_slopes, sinks)
     _run_launches(env, launches)
-    if aligned:
+    if key is not None:
         plan = _bind((env, launches), False)
         if plan is not None:
-            _remember(_KV_PLANS, key, (plan, splits))
-            if grown is not None:
-                _remember(_KV_PLANS, grown, (plan, splits))
+            _remember(_KV_PLANS, key, plan)
     return out, lse
+
+
+def _kv_key(q, k_cache, v_cache, page_size: int, others: tuple, var: Variant, scale: float, num_splits: int,
+            splits: int, grows: tuple[int, ...]) -> tuple | None:
+    """The key of a call's plan (None where there is none: the interpreter, a batch past MAX_GRID_Z): every
+    exact layout the launches depend on, except that the caches' strides and lengths (`grows`: the strides,
+    the capacity, and the band's sides, whose unbounded value N_q + N_k grows with the cache) count by
+    their class as Triton specializes ints (_int_class), so that a contiguous cache one token longer
+    (transformers' DynamicCache: new length, new strides every decode step) replays the same plan with its
+    own arguments (_replay_with); the launches' grids and options follow from the exact parts."""
+    if INTERPRETED or q.shape[0] > MAX_GRID_Z:
+        return None
+    k_shape = k_cache.shape
+    return ("kvcache", q.device, torch.cuda.current_device(), *runtime_key(), q.dtype, q.shape, q.stride(),
+            k_cache.dtype, v_cache.dtype, k_shape[0], k_shape[1], k_shape[3], v_cache.shape[3], page_size,
+            (q.data_ptr() % 16, k_cache.data_ptr() % 16, v_cache.data_ptr() % 16), *map(_layout, others),
+            var.causal, var.window, var.cap2, var.kv_group, scale, num_splits, splits, *map(_int_class, grows))
 
 
 def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits, cache_seqlens,

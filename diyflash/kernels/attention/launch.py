@@ -4,7 +4,8 @@ that replay a call's launches (attention_fwd, attention_bwd)."""
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+import operator
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -16,7 +17,7 @@ from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_conf
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from .._launch import (BoundLaunch, DirectLauncher, _int_class, cdiv, ensure_scratch_allocator,  # noqa: E402
+from .._launch import (BoundLaunch, DirectLauncher, cdiv, ensure_scratch_allocator,  # noqa: E402
                        runtime_key)
 
 from .backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
@@ -54,7 +55,7 @@ class _Launch(NamedTuple):
 
 
 class _Plan(NamedTuple):
-    launches: tuple[tuple[BoundLaunch, tuple[str, ...]], ...]
+    launches: tuple[tuple[BoundLaunch, Callable[[dict], tuple]], ...]  # each with its pointers' getter (env -> tuple)
     tma: bool  # some launch builds TMA descriptors on the device: Triton needs a scratch allocator
     descs: tuple = ()  # (name, block_rows, block_cols): tensors the launches read through host descriptors
     scratch: tuple = ()  # (name, shape, dtype): buffers the launches use within the call, allocated per call
@@ -69,30 +70,17 @@ def _layout(t: torch.Tensor | None):
     return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
 
 
-def _length_class(t: torch.Tensor | None):
-    # _layout with the length (dim -2) and every stride as Triton specializes an int (_int_class), not
-    # their values: a cache one token longer (transformers' DynamicCache: new length, new strides) has the
-    # class of the previous one
-    if t is None:
-        return None
-    return (t.dtype, t.shape[:-2], _int_class(t.shape[-2]), t.shape[-1], tuple(map(_int_class, t.stride())),
-            t.data_ptr() % 16 == 0)
-
-
 def _plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
-              overrides: tuple = (None, None), lengths: tuple[int, ...] = ()) -> tuple | None:
+              overrides: tuple = (None, None)) -> tuple | None:
     """The key of a call's plan, or None where there is no plan: under the interpreter (no compiled
     kernels) and for batches that need more than one grid (MAX_GRID_Z). `overrides`: the call's
     explicit (config, group), so that a benchmark of given tiles replays a plan as users' calls do and
-    times the kernels, not the host path that picks tiles. `lengths`: the inputs (by position) keyed by
-    _length_class instead of their exact layout; such a key's plan replays with each call's own arguments
-    (_replay_with), and every choice that depends on the exact length must be part of `variant` or
-    `overrides`."""
+    times the kernels, not the host path that picks tiles. (kvcache.py keys its plans on classes of the
+    caches' lengths instead: kvcache._kv_key.)"""
     if INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
         return None
-    layouts = [_length_class(t) if i in lengths else _layout(t) for i, t in enumerate(inputs)] if lengths else map(
-        _layout, inputs)
-    return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *layouts, *overrides)
+    return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs),
+            *overrides)
 
 
 def _aligned(*outputs: torch.Tensor) -> bool:
@@ -134,8 +122,16 @@ def _bind(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> _Plan | N
         b = lc.launcher.bind(lc.grid, tuple(env[name] for name in lc.pointers), lc.args, lc.meta)
         if b is None:
             return None
-        bound.append((b, lc.pointers))
+        bound.append((b, _pointer_getter(lc.pointers)))
     return _Plan(tuple(bound), tma, descs, scratch)
+
+
+def _pointer_getter(names: tuple[str, ...]):
+    """env -> the tuple of env[name] for names, in one C call (operator.itemgetter) where a generator
+    costs ~1 us a launch of the GPU machine's host time."""
+    if len(names) == 1:
+        return lambda env: (env[names[0]],)
+    return operator.itemgetter(*names)
 
 
 def _scratch(spec: tuple, device: torch.device) -> dict:
@@ -154,12 +150,12 @@ def _replay(plan: _Plan, env: dict) -> None:
         ensure_scratch_allocator()  # per thread: autograd's backward thread starts without one
     if plan.descs:
         env = _with_descriptors(env, plan.descs)
-    for bound, names in plan.launches:
-        bound(*(env[name] for name in names))
+    for bound, pointers in plan.launches:
+        bound(*pointers(env))
 
 
 def _replay_with(plan: _Plan, env: dict, args: list[tuple]) -> bool:
-    """A plan of a _plan_key(lengths=...) key run with this call's arguments, one tuple per launch, each
+    """A plan run with this call's arguments (kvcache._kv_key's plans), one tuple per launch, each
     argument of the Triton class the plan's was (the key's guarantee; the grids, fixed by the key, are the
     plan's). False, launching nothing, where the count of launches differs or the plan reads host
     descriptors (built from exact shapes): the caller then launches the call itself."""
@@ -167,8 +163,8 @@ def _replay_with(plan: _Plan, env: dict, args: list[tuple]) -> bool:
         return False
     if plan.tma:
         ensure_scratch_allocator()
-    for (bound, names), launch_args in zip(plan.launches, args):
-        bound.run_with(tuple(env[name] for name in names), launch_args)
+    for (bound, pointers), launch_args in zip(plan.launches, args):
+        bound.run_with(pointers(env), launch_args)
     return True
 
 
