@@ -67,23 +67,26 @@ def attention_shape_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     """The one rule for q, k, v shapes (the ops and the API say it alike): None when they fit, else the
     sentence saying why not. 4-D: q (B, H, N_q, D), k (B, H_kv, N_k, D), v (B, H_kv, N_k, D_v) with
     H_kv dividing H (GQA/MQA); 3-D: (BH, N, D) with one head per slice."""
-    def shapes():  # only for a message: formatting it costs microseconds a call
-        return f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    qs, ks, vs = q.shape, k.shape, v.shape  # each .shape and .dim() is a call into torch: read them once
 
-    if q.dim() not in (3, 4) or k.dim() != q.dim() or v.dim() != q.dim():
+    def shapes():  # only for a message: formatting it costs microseconds a call
+        return f"q {tuple(qs)}, k {tuple(ks)}, v {tuple(vs)}"
+
+    rank = len(qs)
+    if rank not in (3, 4) or len(ks) != rank or len(vs) != rank:
         return f"Expected 3D or 4D tensors of the same rank, got {shapes()}"
-    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+    if ks[0] != qs[0] or vs[0] != qs[0]:
         return f"Incompatible shapes {shapes()}: the batch (dim 0) must match"
-    if k.shape[-1] != q.shape[-1]:
+    if ks[-1] != qs[-1]:
         return f"Incompatible shapes {shapes()}: q and k must have the same head_dim"
-    if v.shape[:-1] != k.shape[:-1]:
+    if vs[:-1] != ks[:-1]:
         return f"Incompatible shapes {shapes()}: v must have k's batch, heads and length (its head_dim may differ)"
-    if q.dim() == 4:
-        h, h_kv = q.shape[1], k.shape[1]
+    if rank == 4:
+        h, h_kv = qs[1], ks[1]
         if h_kv == 0 or h % h_kv:
             return (f"Incompatible shapes {shapes()}: the number of query heads ({h}) must be a multiple of the "
                     f"number of kv heads ({h_kv})")
-    for name, d in (("q/k", q.shape[-1]), ("v", v.shape[-1])):
+    for name, d in (("q/k", qs[-1]), ("v", vs[-1])):
         error = head_dim_error(d)
         if error:
             return f"{error} ({name} head_dim)"
@@ -111,6 +114,8 @@ def variant_error(q: torch.Tensor, window_left, window_right, softcap, alibi_slo
         return TypeError, f"softcap must be a float, got {type(softcap).__name__} {softcap!r}"
     if not softcap >= 0 or softcap == float("inf"):
         return ValueError, f"softcap must be finite and >= 0 (0 = off), got {softcap}"
+    if alibi_slopes is None and sinks is None:  # the usual call: nothing below to check
+        return None
     allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
     heads = q.shape[1] if q.dim() == 4 or packed_batch is not None else None
     batch = q.shape[0] if packed_batch is None else packed_batch
@@ -212,52 +217,56 @@ def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_spl
     N_cache, D_v), or paged (num_pages, H_kv, page_size, D) with page_size a multiple of 16 and block_table
     int32 (B, max_pages); cache_seqlens int32 (B,); k and v (B, H_kv, N_new, D / D_v) both or neither;
     every tensor on q's device, q, caches and new keys of one dtype."""
-    if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
-        return ValueError, (f"q, k_cache and v_cache must be 4-D, got q {tuple(q.shape)}, k_cache "
-                            f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
-    b, h, _, d = q.shape
-    caches = lambda: f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}"  # noqa: E731  (built on error only)
-    if k_cache.shape[:3] != v_cache.shape[:3]:
+    qs, ks, vs = q.shape, k_cache.shape, v_cache.shape  # each .shape and .dim() is a call into torch: read them once
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        return ValueError, f"q, k_cache and v_cache must be 4-D, got q {tuple(qs)}, k_cache {tuple(ks)}, v_cache {tuple(vs)}"
+    b, h, _, d = qs
+    caches = lambda: f"k_cache {tuple(ks)}, v_cache {tuple(vs)}"  # noqa: E731  (built on error only)
+    if ks[:3] != vs[:3]:
         return ValueError, f"Incompatible caches {caches()}: v_cache must have k_cache's first three dims"
-    if k_cache.shape[-1] != d:
-        return ValueError, f"Incompatible shapes q {tuple(q.shape)}, {caches()}: q and k_cache must have one head_dim"
-    h_kv = k_cache.shape[1]
+    if ks[3] != d:
+        return ValueError, f"Incompatible shapes q {tuple(qs)}, {caches()}: q and k_cache must have one head_dim"
+    h_kv = ks[1]
     if h_kv == 0 or h % h_kv:
-        return ValueError, (f"Incompatible shapes q {tuple(q.shape)}, {caches()}: the number of query heads ({h}) "
+        return ValueError, (f"Incompatible shapes q {tuple(qs)}, {caches()}: the number of query heads ({h}) "
                             f"must be a multiple of the number of kv heads ({h_kv})")
-    for name, dim in (("q/k", d), ("v", v_cache.shape[-1])):
+    for name, dim in (("q/k", d), ("v", vs[3])):
         error = head_dim_error(dim)
         if error:
             return ValueError, f"{error} ({name} head_dim)"
     if block_table is None:
-        if k_cache.shape[0] != b:
+        if ks[0] != b:
             return ValueError, f"k_cache must have q's batch {b} in dim 0 (or be paged with a block_table), got {caches()}"
     else:
         if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
             return TypeError, f"block_table must be an int32 tensor, got {getattr(block_table, 'dtype', block_table)}"
         if block_table.dim() != 2 or block_table.shape[0] != b:
             return ValueError, f"block_table must have shape ({b}, max_pages), got {tuple(block_table.shape)}"
-        if k_cache.shape[2] % 16 or k_cache.shape[2] == 0:
-            return ValueError, f"page_size (k_cache.shape[2]) must be a positive multiple of 16, got {k_cache.shape[2]}"
+        if ks[2] % 16 or ks[2] == 0:
+            return ValueError, f"page_size (k_cache.shape[2]) must be a positive multiple of 16, got {ks[2]}"
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
         return TypeError, f"cache_seqlens must be an int32 tensor, got {getattr(cache_seqlens, 'dtype', cache_seqlens)}"
-    if tuple(cache_seqlens.shape) != (b,):
+    if cache_seqlens.shape != (b,):
         return ValueError, f"cache_seqlens must have shape ({b},), got {tuple(cache_seqlens.shape)}"
     if (k is None) != (v is None):
         return ValueError, "k and v must be given together (the new keys and values), or neither"
     if k is not None:
+        if k.dim() != 4:
+            return ValueError, f"k and v must be 4-D (B, H_kv, N_new, D), got k {tuple(k.shape)}, v {tuple(v.shape)}"
         want_k = (b, h_kv, k.shape[2], d)
-        want_v = (b, h_kv, k.shape[2], v_cache.shape[-1])
-        if k.dim() != 4 or tuple(k.shape) != want_k or tuple(v.shape) != want_v:
+        want_v = (b, h_kv, k.shape[2], vs[3])
+        if k.shape != want_k or v.shape != want_v:
             return ValueError, (f"k and v must have shapes {want_k} and (B, H_kv, N_new, D_v) = {want_v}, got "
                                 f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v)
+    dtype, device = q.dtype, q.device
+    if k_cache.dtype != dtype or v_cache.dtype != dtype or (k is not None and (k.dtype != dtype or v.dtype != dtype)):
+        for name, t in dict(k_cache=k_cache, v_cache=v_cache, k=k, v=v).items():
+            if t is not None and t.dtype != dtype:
+                return TypeError, f"{name} must have q's dtype {dtype}, got {t.dtype}"
+    tensors = dict(k_cache=k_cache, v_cache=v_cache, k=k, v=v, cache_seqlens=cache_seqlens, block_table=block_table)
     for name, t in tensors.items():
-        if t is not None and t.dtype != q.dtype:
-            return TypeError, f"{name} must have q's dtype {q.dtype}, got {t.dtype}"
-    for name, t in dict(tensors, cache_seqlens=cache_seqlens, block_table=block_table).items():
-        if t is not None and t.device != q.device:
-            return ValueError, f"{name} must be on q's device {q.device}, got {t.device}"
+        if t is not None and t.device != device:
+            return ValueError, f"{name} must be on q's device {device}, got {t.device}"
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= 1024:
         return ValueError, f"num_splits must be an int in [0, 1024] (0 = chosen from the shapes), got {num_splits!r}"
     return None
