@@ -278,6 +278,8 @@ def _errors(case, device):
         (dict(block_table=case.block_table.long()), TypeError, "block_table must be an int32 tensor"),
         (dict(block_table=case.block_table[:2]), ValueError, "block_table must have shape (3, max_pages)"),
         (dict(num_splits=-1), ValueError, "num_splits must be an int in [0, 1024]"),
+        (dict(k=case.k[0], v=case.v[0]), ValueError, "k and v must be 4-D (B, H_kv, N_new, D)"),
+        (dict(v=case.v[:, :1]), ValueError, "k and v must have shapes"),
         (dict(cache_seqlens=torch.tensor([10, -1, 3], **i32)), ValueError,
          "cache_seqlens must be >= 0, got cache_seqlens[1] = -1"),
         (dict(cache_seqlens=torch.tensor([10, 128, 3], **i32)), ValueError,
@@ -285,10 +287,10 @@ def _errors(case, device):
     ]
 
 
-VALUE_ERRORS = (7, 8)
+VALUE_ERRORS = (9, 10)
 
 
-@pytest.mark.parametrize("i", range(9))
+@pytest.mark.parametrize("i", range(11))
 def test_errors_name_the_values(device, i):
     case = Case(device=device)
     kw, exc, phrase = _errors(case, device)[i]
