@@ -321,7 +321,8 @@ def flash_attention_with_kvcache(
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
+    if torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(q.device.type) and q.dtype != torch.float64:
+        # (the first test is one call into torch; reading q.device.type costs ~1 us of the GPU machine's host)
         # the op's autocast casts q, k and v (never the caches it writes); cast here so the checks see that
         dtype = torch.get_autocast_dtype(q.device.type)
         q, k, v = (None if t is None else t.to(dtype) for t in (q, k, v))
