@@ -6,12 +6,14 @@ a token. --left-pad N pads row b of the batch by b * N tokens on the left (a tok
 whose decode steps run as packed sequences). Prints, per attn_implementation and batch: tokens/s, ms a
 token, and the attention calls' host us a call and ms a token; the rest of the step is the model outside
 attention, the same code for both.
-    python -m bench.probes.hf_generate_host [--batches 1 8] [--prompt 4096] [--new 128] [--left-pad 0]"""
+    python -m bench.probes.hf_generate_host [--batches 1 8] [--prompt 4096] [--new 128] [--left-pad 0] [--profile 30]"""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
+import pstats
 import statistics
 import time
 
@@ -24,11 +26,16 @@ import diyflash.integrations.transformers as dt
 from bench.hf_model import llama_config
 
 
-def _timed_attention(fn, log: list):
+def _timed_attention(fn, log: list, profiler: dict):
     def timed(*args, **kwargs):
+        prof = profiler.get("on")
+        if prof is not None:
+            prof.enable()
         t = time.perf_counter()
         out = fn(*args, **kwargs)
         log.append(time.perf_counter() - t)
+        if prof is not None:
+            prof.disable()
         return out
     return timed
 
@@ -39,6 +46,8 @@ def main():
     parser.add_argument("--prompt", type=int, default=4096)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                        help="then cProfile diyflash's attention calls inside one more generate per batch (ROWS rows)")
     parser.add_argument("--left-pad", type=int, default=0,
                         help="row b of the batch is left-padded by b * LEFT_PAD tokens (a tokenizer's padded batch)")
     args = parser.parse_args()
@@ -46,14 +55,17 @@ def main():
     torch.manual_seed(0)
     logs = {}
     models = {}
+    profiler = {}
     for impl in (dt.ATTN_IMPLEMENTATION, "sdpa"):  # each name's function, wrapped in a host timer
         logs[impl] = []
-        AttentionInterface.register(impl, _timed_attention(ALL_ATTENTION_FUNCTIONS[impl], logs[impl]))
+        AttentionInterface.register(impl, _timed_attention(ALL_ATTENTION_FUNCTIONS[impl], logs[impl],
+                                                            profiler if impl == dt.ATTN_IMPLEMENTATION else {}))
         m = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
         models[impl] = m.to("cuda", torch.bfloat16).eval()
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | transformers {transformers.__version__} | "
           f"Llama 4 layers h2048 H16/4 bf16 | prompt {args.prompt} + {args.new} greedy | left padding {args.left_pad} x row | "
           f"median of {args.repeats} in turns")
+    profiles = []
     print("| impl | batch | tok/s | ms a token | attention host us a call (decode) | attention host ms a token |")
     print("| --- | --- | --- | --- | --- | --- |")
     for batch in args.batches:
@@ -84,6 +96,21 @@ def main():
             t, call = statistics.median(times[impl]), statistics.median(per_call[impl])
             print(f"| {impl} | {batch} | {batch * args.new / t:.0f} | {t / args.new * 1e3:.2f} | {call * 1e6:.0f} | "
                   f"{call * cfg.num_hidden_layers * 1e3:.2f} |")
+        if args.profile:
+            profiles.append((batch, _profiled(lambda: gen(models[dt.ATTN_IMPLEMENTATION]), profiler)))
+    for batch, prof in profiles:  # after the tables: cProfile slows the calls it watches
+        print(f"\n## cProfile of {dt.ATTN_IMPLEMENTATION}'s attention calls, batch {batch}, one generate (prefill included)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
+
+
+def _profiled(run, profiler: dict) -> cProfile.Profile:
+    profiler["on"] = prof = cProfile.Profile()
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        profiler.pop("on")
+    return prof
 
 
 if __name__ == "__main__":
