@@ -373,7 +373,6 @@ def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
     real = kv._replay_with
     monkeypatch.setattr(kv, "_replay_with", lambda plan, env, args: replays.append(1) or real(plan, env, args))
     monkeypatch.setattr(kv, "_KV_PLANS", {})
-    plans = 1
     first, second = Case(n_new=2, device=device, seed=0), Case(n_new=2, lens=(3, 50, 7), device=device, seed=10)
 
     def call(case):
@@ -384,12 +383,12 @@ def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
         return out, lse, k_cache, v_cache
 
     call(first)
-    assert len(kv._KV_PLANS) == plans and not replays
+    assert len(kv._KV_PLANS) == 1 and not replays
     replayed = call(second)
     assert replays == [1]
     monkeypatch.setattr(kv, "_KV_PLANS", {})
     fresh = call(second)
-    assert replays == [1] and len(kv._KV_PLANS) == plans  # planned afresh, not replayed
+    assert replays == [1] and len(kv._KV_PLANS) == 1  # planned afresh, not replayed
     for a, b in zip(replayed, fresh):
         assert torch.equal(a, b)
 
@@ -405,7 +404,7 @@ def test_a_growing_cache_replays_the_plan_of_its_length_class(device, monkeypatc
 
     replays = []
     real = kv._replay_with
-    monkeypatch.setattr(kv, "_replay_with", lambda plan, env, launches: replays.append(1) or real(plan, env, launches))
+    monkeypatch.setattr(kv, "_replay_with", lambda plan, env, args: replays.append(1) or real(plan, env, args))
     q = _randn((2, 8, 1, 64), torch.bfloat16, device, 0)
     keys = _randn((2, 2, 560, 64), torch.bfloat16, device, 1)
     values = _randn((2, 2, 560, 64), torch.bfloat16, device, 2)

@@ -259,12 +259,11 @@ def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_spl
             return ValueError, (f"k and v must have shapes {want_k} and (B, H_kv, N_new, D_v) = {want_v}, got "
                                 f"k {tuple(k.shape)}, v {tuple(v.shape)}")
     dtype, device = q.dtype, q.device
-    if k_cache.dtype != dtype or v_cache.dtype != dtype or (k is not None and (k.dtype != dtype or v.dtype != dtype)):
-        for name, t in dict(k_cache=k_cache, v_cache=v_cache, k=k, v=v).items():
-            if t is not None and t.dtype != dtype:
-                return TypeError, f"{name} must have q's dtype {dtype}, got {t.dtype}"
-    tensors = dict(k_cache=k_cache, v_cache=v_cache, k=k, v=v, cache_seqlens=cache_seqlens, block_table=block_table)
+    tensors = dict(k_cache=k_cache, v_cache=v_cache, k=k, v=v)
     for name, t in tensors.items():
+        if t is not None and t.dtype != dtype:
+            return TypeError, f"{name} must have q's dtype {dtype}, got {t.dtype}"
+    for name, t in dict(tensors, cache_seqlens=cache_seqlens, block_table=block_table).items():
         if t is not None and t.device != device:
             return ValueError, f"{name} must be on q's device {device}, got {t.device}"
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= 1024:
