@@ -1,6 +1,8 @@
-"""A regular (non-editable) install ships the registry: build a wheel, import diyflash from it alone."""
+"""A regular (non-editable) install ships the registry and every sub-package: build a wheel, import
+diyflash from it alone."""
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,19 +15,30 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.skipif(not (ROOT / "pyproject.toml").exists(), reason="needs the source tree (pyproject.toml)")
 def test_wheel_carries_registry_and_registers_ops(tmp_path):
+    # built from a copy of the sources alone: a build/ folder left in the tree by an earlier build would
+    # lend the wheel packages that pyproject no longer (or never) lists
+    src = tmp_path / "src"
+    for name in ("diyflash", "csrc_registry"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)],
         capture_output=True, text=True, timeout=600,
     )
     assert build.returncode == 0, build.stderr
     wheel = next(tmp_path.glob("diyflash-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "diyflash/_registry/ops.txt" in names, names
+    # every package of the source tree (pyproject lists them by hand: diyflash.distributed was missing)
+    sources = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "diyflash").rglob("*.py") if "__pycache__" not in f.parts)
+    assert [f for f in sources if f not in names] == []
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     probe = (
         "import diyflash, torch, pathlib;"
         "assert pathlib.Path(diyflash.__file__).parent.parent == pathlib.Path(r'%s'), diyflash.__file__;"
+        "import diyflash.distributed, diyflash.integrations.sdpa;"
         "print(torch.ops.diyflash.attention.default._schema)" % site
     )
     # run from an empty directory with only the unpacked wheel on the path: no source tree to fall back on
