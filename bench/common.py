@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import statistics
 import time
 import warnings
 
@@ -77,22 +78,56 @@ def per_call_us(fn, calls: int = 2000, warmup: int = 50) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def captured(calls, warm_calls: int = 1) -> torch.cuda.CUDAGraph:
+    """One CUDA graph of `calls` (callables, in order), after running them `warm_calls` times on a side
+    stream (compiles, allocator)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warm_calls):
+            for fn in calls:
+                fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for fn in calls:
+            fn()
+    return g
+
+
 def graph_ms(fn, warm_calls: int = 1, **do_bench_kw) -> float:
     """GPU-only time of fn (ms, median): CUDA graph replay, no Python dispatch or launch cost. fn runs
     `warm_calls` times on a side stream first (compiles, allocator), then is captured once;
     do_bench_kw (warmup, rep) go to triton.testing.do_bench."""
     import triton
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warm_calls):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return triton.testing.do_bench(g.replay, return_mode="median", **do_bench_kw)
+    return triton.testing.do_bench(captured([fn], warm_calls).replay, return_mode="median", **do_bench_kw)
+
+
+_SCRUB: dict = {}
+
+
+def clean_graph_ms(calls, reps: int = 60) -> float:
+    """GPU time (ms, median of `reps`) of one replay of the graph of `calls` (see captured), the L2
+    emptied before each replay by *reading* a 256 MB buffer. do_bench (graph_ms) empties it by zeroing
+    such a buffer, and the dirty lines that leaves are written back to HBM while the timed kernel reads:
+    a memory-bound call pays for them as if they were its own (+9-10 us on a 268 MB decode read on the
+    H200, for every provider: bench/results/decode_timing_h200.txt). Each sample still holds one graph
+    launch (an empty kernel's: 2.7 us on the H200)."""
+    g = captured(calls)
+    device = torch.cuda.current_device()
+    if device not in _SCRUB:
+        _SCRUB[device] = torch.ones(128 << 20, dtype=torch.float16, device="cuda")
+    times = []
+    for _ in range(reps):
+        _SCRUB[device].sum()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def interleaved_times(fns: dict, rounds: int = 5, round_ms: float = 50, warmup_ms: float = 25) -> dict:

@@ -5,8 +5,11 @@
 Each cell (B, L): q (B, 32, 1, 128) bf16 against a cache of L keys per batch (8 kv heads), contiguous
 and paged (page 256). Bandwidth = bytes of K and V read (2 * B * L * 8 * 128 * 2) / GPU time, as a share
 of the device's copy bandwidth measured in the same run (a 1 GiB device-to-device copy: read + write
-bytes / time). GPU time is a CUDA graph's replay (graph_ms: no host cost); "eager us" is the wall time
-per call of 200 eager calls in a row (host cost included; the default validate=True syncs once a call,
+bytes / time). GPU time is one CUDA graph replay of one call, the L2 emptied before it by reading 256 MB
+(clean_graph_ms: no host cost, one graph launch included). Until 2026-11-25 it was do_bench's replay
+(graph_ms, kept as "flush_us"), whose zeroing flush leaves the L2 dirty: its write-back ran inside every
+timed call, +9-10 us on a 268 MB read for every provider (bench/probes/decode_timing.py). "eager us" is the
+wall time per call of 200 eager calls in a row (host cost included; the default validate=True syncs once a call,
 diyflash-novalidate skips that check; diyflash-dense is flash_attention, the dense API, at N_q = 1).
 Peers: SDPA with every backend that takes the shape (enable_gqa=True) and FlexAttention's decode path
 (compiled), all on the same contiguous cache.
@@ -22,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench.common import compiled_flex, graph_ms, per_call_us, provenance
+from bench.common import clean_graph_ms, compiled_flex, graph_ms, per_call_us, provenance
 
 H, H_KV, D = 32, 8, 128
 CELLS = [(1, 1024), (1, 8192), (1, 65536), (1, 131072), (8, 8192), (8, 65536), (64, 1024), (64, 8192), (64, 32768)]
@@ -93,8 +96,8 @@ def main(argv=None) -> int:
             try:
                 got = fn().float()
                 err = (got - want).abs().max().item()
-                ms = graph_ms(fn)
-                row[name] = dict(us=ms * 1e3, bw_share=kv_bytes / (ms * 1e-3) / copy_bw,
+                ms = clean_graph_ms([fn])
+                row[name] = dict(us=ms * 1e3, bw_share=kv_bytes / (ms * 1e-3) / copy_bw, flush_us=graph_ms(fn) * 1e3,
                                  eager_us=per_call_us(fn, 200, warmup=1), max_diff=err)
             except Exception as e:  # a backend that refuses the shape: recorded, not timed
                 row[name] = dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:120]}")
@@ -125,7 +128,7 @@ def line(row) -> str:
 def table(rows) -> str:
     head = ("| B | L | " + " | ".join(NAMES)
             + " | ours / cuDNN | ours eager us | ours eager us, validate=False | cuDNN eager us |")
-    out = [f"copy bandwidth {rows[0]['copy_tbps']:.2f} TB/s (share of it, GPU time of a CUDA graph replay)", head,
+    out = [f"copy bandwidth {rows[0]['copy_tbps']:.2f} TB/s (share of it, GPU time of a CUDA graph replay, clean L2)", head,
            "|" + "---|" * (head.count("|") - 1)]
     for row in rows:
         shares = [f"{100 * row[n]['bw_share']:.0f}%" if "bw_share" in row.get(n, {}) else "-" for n in NAMES]
