@@ -183,10 +183,11 @@ def test_rows_that_see_no_key(device):
     assert torch.equal(out[2], torch.zeros_like(out[2])) and torch.isneginf(lse[2]).all()
 
 
-def test_out_of_range_values_are_clamped_not_read(device):
+@pytest.mark.parametrize("page_size", [16, 64])  # 64: a page holds whole steps of the decode kernel (ONE_PAGE)
+def test_out_of_range_values_are_clamped_not_read(device, page_size):
     """Unchecked values (as while capturing): a length past the capacity, a negative one, a page entry past
     the pool. The op clamps: no write outside the cache, finite output, untouched pages unchanged."""
-    case = Case(n_q=1, n_new=2, lens=(127, -5, 10), device=device)
+    case = Case(n_q=1, n_new=2, lens=(127, -5, 10), page_size=page_size, device=device)
     k_pages, v_pages, bt = case.caches(True)
     bt = bt.clone()
     bt[2, 0] = 10_000

@@ -6,7 +6,8 @@ tile (row r is query r // G of head h_kv * G + r % G: GQA packing, K/V loaded on
 the keys over programs (split-KV, flash-decoding) when B * H_kv * row tiles cannot fill the GPU; each
 split writes its normalised partial output and lse, and the combine kernel merges the splits in a fixed
 order (deterministic). Scores and masks are semantics.py's (_scores, _visible); a paged cache is read
-through its block table, page by page, per key column.
+through its block table: one entry a step of keys where a page holds whole steps (ONE_PAGE), else one a
+key column.
 """
 
 from __future__ import annotations
@@ -21,15 +22,21 @@ from .tiles import _load  # noqa: E402
 
 
 @triton.jit
-def _cache_slots(b, cols, valid, block_table_ptr, stride_btb, num_pages, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+def _cache_slots(b, cols, valid, block_table_ptr, stride_btb, num_pages, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                 ONE_PAGE: tl.constexpr, first):
     """Where cache positions `cols` of batch b live, as (slot, row, ok), 64-bit: slot is dim 0 of the cache
     (b for a contiguous cache; for a paged one the page block_table[b, col // PAGE_SIZE], clamped into
     [0, num_pages) so that no value reads outside the cache), row is dim 2 (col, or col % PAGE_SIZE), ok
     whether the page entry was in range (always True for a contiguous cache). K and V share one lookup:
     element offsets are slot * stride_z + row * stride_n with each cache's strides (attention_torch's
-    _cache_rows mirrors this)."""
+    _cache_rows mirrors this). ONE_PAGE: the caller promises that every col lies in the page of `first`
+    (a block of keys aligned to a size that divides PAGE_SIZE), so the page is one scalar load, not one per
+    column."""
     if PAGED:
-        page = tl.load(block_table_ptr + b.to(tl.int64) * stride_btb + cols // PAGE_SIZE, mask=valid, other=0)
+        if ONE_PAGE:  # one scalar load, splat to the columns (one return type for every branch)
+            page = tl.load(block_table_ptr + b.to(tl.int64) * stride_btb + first // PAGE_SIZE) + tl.zeros_like(cols)
+        else:
+            page = tl.load(block_table_ptr + b.to(tl.int64) * stride_btb + cols // PAGE_SIZE, mask=valid, other=0)
         ok = (page >= 0) & (page < num_pages)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
         return page.to(tl.int64), (cols % PAGE_SIZE).to(tl.int64), ok
@@ -54,7 +61,7 @@ def _cache_append_kernel(
     j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     pos = tl.load(cache_seqlens_ptr + b) + j
     ok = (j < n_new) & (pos >= 0) & (pos < capacity)
-    slot, row, page_ok = _cache_slots(b, pos, ok, block_table_ptr, stride_btb, num_pages, PAGED, PAGE_SIZE)
+    slot, row, page_ok = _cache_slots(b, pos, ok, block_table_ptr, stride_btb, num_pages, PAGED, PAGE_SIZE, False, 0)
     rows = slot * stride_kcz + row * stride_kcn
     vrows = slot * stride_vcz + row * stride_vcn
     ok = ok & page_ok
@@ -85,7 +92,7 @@ def _attn_decode_kernel(
     num_kv_heads, n_q, n_new, capacity, num_pages, num_splits,
     qk_scale, kv_group, win_left, win_right, cap2,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, LENGTHS: tl.constexpr,
 ):
@@ -154,7 +161,8 @@ def _attn_decode_kernel(
     for start_n in range(my_lo, my_hi, BLOCK_N):
         cols = start_n + offs_n
         key_ok = cols < my_hi
-        slot, row, _ = _cache_slots(b, cols, key_ok, block_table_ptr, stride_btb, num_pages, PAGED, PAGE_SIZE)
+        slot, row, _ = _cache_slots(b, cols, key_ok, block_table_ptr, stride_btb, num_pages, PAGED, PAGE_SIZE,
+                                    ONE_PAGE, start_n)
         k_rows = slot * stride_kz + row * stride_kn
         v_rows = slot * stride_vz + row * stride_vn
         k = _load(k_head + k_rows[None, :] + offs_d[:, None] * stride_kd, key_ok[None, :] & d_mask[:, None], UPCAST)

@@ -209,8 +209,9 @@ def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, 
     launches.append(_Launch(
         _DECODE, (b * h_kv, row_tiles, splits),
         ("q", "k_cache", "v_cache", "dst", "dst_lse", "cache_seqlens", "block_table", "alibi", "sinks"), args[0],
-        dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap,
-             ALIBI=alibi_slopes is not None, SINKS=sinks is not None and splits == 1,
+        dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, ONE_PAGE=paged and page_size % DECODE_BLOCK_N == 0,
+             CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=alibi_slopes is not None,
+             SINKS=sinks is not None and splits == 1,
              DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), LENGTHS=cache_seqlens is not None,
              num_warps=DECODE_WARPS, num_stages=decode_stages(b * h_kv * row_tiles, splits, q.device), **common)))
     if splits > 1:
