@@ -430,8 +430,8 @@ def test_a_growing_cache_replays_the_plan_of_its_length_class(device, monkeypatc
 
 def test_split_count_and_stages_fill_whole_waves(monkeypatch):
     """The launch shape rule (kvcache.py, measured in bench/results/decode_probe_h200.txt): a grid smaller
-    than the GPU is split into one whole wave of programs, one an SM (two for a paged cache, whose
-    block-table loads need the company: at least two an SM), never below MIN_KEYS_PER_SPLIT keys a split; an
+    than the GPU is split into one whole wave of programs, one an SM (four for a paged cache, whose
+    block-table loads need the company), never below MIN_KEYS_PER_SPLIT keys a split, at most MAX_SPLITS; an
     unsplit grid of more than two programs an SM pipelines 2 stages deep (three programs an SM), any other 3."""
     from types import SimpleNamespace
 
@@ -441,8 +441,9 @@ def test_split_count_and_stages_fill_whole_waves(monkeypatch):
     monkeypatch.setattr(kv, "INTERPRETED", False)
     cuda = torch.device("cuda", 0)
     assert kv.num_splits_for(1, 8, 1, 65536, cuda) == 16  # 128 programs: one wave
-    assert kv.num_splits_for(1, 8, 1, 65536, cuda, paged=True) == 33  # 264: two an SM
-    assert kv.num_splits_for(8, 8, 1, 65536, cuda, paged=True) == 5  # 320: at least two an SM
+    assert kv.num_splits_for(1, 8, 1, 65536, cuda, paged=True) == 64  # 66 for four an SM, MAX_SPLITS
+    assert kv.num_splits_for(8, 8, 1, 65536, cuda, paged=True) == 8  # 512: four an SM (floor)
+    assert kv.num_splits_for(1, 8, 1, 4096, cuda, paged=True) == 32  # 128 keys a split
     assert kv.num_splits_for(8, 8, 1, 8192, cuda) == 2  # not 5 (320 programs: a partial second wave)
     assert kv.num_splits_for(1, 8, 1, 1024, cuda) == 8  # 128 keys a split
     assert kv.num_splits_for(1, 8, 1, 200, cuda) == 1

@@ -42,16 +42,17 @@ def decode_rows(n_q: int, kv_group: int) -> int:
 # faster (B1 L8k: 21.0 us at 16 splits, 22.1 at 32; B16 L4k: 77.7 unsplit, 80.8 at 3 splits). An
 # unsplit grid of more than two programs an SM reads best with 2 stages, three programs an SM: B64 L1k
 # 82.2 -> 76.3 us, L8k 550 -> 485 us, L32k 2157 -> 1891 us (bench/results/decode_tiles_h200.txt).
-# A paged cache is the exception: each step's keys wait for their block-table entries, and one program an
-# SM left that latency bare (bench.decode, H200, page 256: B1 L64k 65 -> 45 % of the copy bandwidth, B8
-# L8k 70 -> 45 %); even two an SM in whole waves fell short of two and a bit (B8 L64k 4 splits 79 %, 5
-# splits 85 %). Paged launches keep the rule before the probe: at least two programs an SM.
+# A paged cache is the exception: each step's keys wait for their block-table entry, and the more programs
+# an SM, the more of that latency is hidden (decode_probe --paged, H200, page 256, one table load a step,
+# clean L2, bench/results/decode_paged_probe_h200.txt): B1 L64k at 1 / 2 / 3 / 4 programs an SM 123.7 /
+# 81.3 / 71.9 / 71.2 us (51 / 78 / 88 / 89 % of the copy bandwidth), B8 L8k 123.6 / 79.9 / 71.4 / 70.5,
+# B1 L128k 237.6 / 146.0 / 130.9 / 130.7. Paged launches take four programs an SM.
 
 
 def num_splits_for(batch: int, h_kv: int, row_tiles: int, capacity: int, device: torch.device,
                    paged: bool = False) -> int:
     """How many key ranges each (batch, kv head, row tile) is cut into: one whole wave of programs, one an
-    SM (at least two an SM for a paged cache; see above), no more than one split per MIN_KEYS_PER_SPLIT
+    SM (four an SM for a paged cache; see above), no more than one split per MIN_KEYS_PER_SPLIT
     keys of the cache's capacity (the lengths themselves are on the device: reading them would sync), at
     most MAX_SPLITS. One split when the grid already fills the GPU (and under the interpreter, with no SMs
     to fill, unless asked)."""
@@ -59,7 +60,7 @@ def num_splits_for(batch: int, h_kv: int, row_tiles: int, capacity: int, device:
     programs = batch * h_kv * row_tiles
     if not sms or programs >= sms:
         return 1
-    per_program = cdiv(2 * sms, programs) if paged else sms // programs
+    per_program = 4 * sms // programs if paged else sms // programs
     return max(1, min(MAX_SPLITS, per_program, capacity // MIN_KEYS_PER_SPLIT))
 
 
