@@ -107,27 +107,33 @@ def graph_ms(fn, warm_calls: int = 1, **do_bench_kw) -> float:
 _SCRUB: dict = {}
 
 
-def clean_graph_ms(calls, reps: int = 60) -> float:
+def clean_graph_ms(calls, reps: int = 60, warmup_ms: float = 25) -> float:
     """GPU time (ms, median of `reps`) of one replay of the graph of `calls` (see captured), the L2
     emptied before each replay by *reading* a 256 MB buffer. do_bench (graph_ms) empties it by zeroing
     such a buffer, and the dirty lines that leaves are written back to HBM while the timed kernel reads:
     a memory-bound call pays for them as if they were its own (+9-10 us on a 268 MB decode read on the
     H200, for every provider: bench/results/decode_timing_h200.txt). Each sample still holds one graph
-    launch (an empty kernel's: 2.7 us on the H200)."""
+    launch (an empty kernel's: 2.7 us on the H200). The replays run for `warmup_ms` first, as do_bench's
+    do: without it, the first call timed in each of bench.decode's cells measured 75 us at B64 L1k, where
+    the same kernel took 66 when timed later in the cell (five runs, H200); with it, 66.5."""
     g = captured(calls)
     device = torch.cuda.current_device()
     if device not in _SCRUB:
         _SCRUB[device] = torch.ones(128 << 20, dtype=torch.float16, device="cuda")
-    times = []
-    for _ in range(reps):
+
+    def replay() -> float:
         _SCRUB[device].sum()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         g.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        return start.elapsed_time(end)
+
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        replay()
+    return statistics.median(replay() for _ in range(reps))
 
 
 def interleaved_times(fns: dict, rounds: int = 5, round_ms: float = 50, warmup_ms: float = 25) -> dict:
