@@ -117,6 +117,20 @@ def test_greedy_generation_gives_the_same_tokens(device, kind, pad_side):
         assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
 
 
+@pytest.mark.parametrize("pad_side", [None, "left"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt_oss"])
+def test_generation_with_a_static_cache(device, kind, pad_side):
+    """cache_implementation="static" (what compiled generation uses; the sliding layers' static window
+    fills up here): the keys are the whole preallocated buffer. With padding the 2-D mask covers the
+    tokens seen so far (the empty slots past it are left out); without, mask_function counts the filled
+    keys. Before 2026-11-25 padding raised a shape error and no padding gave other tokens than sdpa."""
+    ours, plain, _ = _models(kind, device)
+    ids, mask = _batch(device, length=16, pad_side=pad_side)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
+
+
 class _Layer(torch.nn.Module):
     def __init__(self, causal):
         super().__init__()

@@ -6,7 +6,9 @@ a token. --left-pad N pads row b of the batch by b * N tokens on the left (a tok
 whose decode steps run as packed sequences). Prints, per attn_implementation and batch: tokens/s, ms a
 token, and the attention calls' host us a call and ms a token; the rest of the step is the model outside
 attention, the same code for both.
-    python -m bench.probes.hf_generate_host [--batches 1 8] [--prompt 4096] [--new 128] [--left-pad 0] [--profile 30]"""
+--cache static: transformers' static cache (which generate compiles the forward for, on CUDA).
+    python -m bench.probes.hf_generate_host [--batches 1 8] [--prompt 4096] [--new 128] [--left-pad 0] [--cache static]
+                                            [--profile 30]"""
 
 from __future__ import annotations
 
@@ -50,7 +52,11 @@ def main():
                         help="then cProfile diyflash's attention calls inside one more generate per batch (ROWS rows)")
     parser.add_argument("--left-pad", type=int, default=0,
                         help="row b of the batch is left-padded by b * LEFT_PAD tokens (a tokenizer's padded batch)")
+    parser.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                        help="static: cache_implementation='static' (generate compiles the forward where it can); "
+                             "the attention calls are then not timed one by one")
     args = parser.parse_args()
+    static = args.cache == "static"
     cfg = llama_config(4, args.prompt + args.new)
     torch.manual_seed(0)
     logs = {}
@@ -58,12 +64,14 @@ def main():
     profiler = {}
     for impl in (dt.ATTN_IMPLEMENTATION, "sdpa"):  # each name's function, wrapped in a host timer
         logs[impl] = []
-        AttentionInterface.register(impl, _timed_attention(ALL_ATTENTION_FUNCTIONS[impl], logs[impl],
-                                                            profiler if impl == dt.ATTN_IMPLEMENTATION else {}))
+        if not static:
+            AttentionInterface.register(impl, _timed_attention(ALL_ATTENTION_FUNCTIONS[impl], logs[impl],
+                                                                profiler if impl == dt.ATTN_IMPLEMENTATION else {}))
         m = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
         models[impl] = m.to("cuda", torch.bfloat16).eval()
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | transformers {transformers.__version__} | "
           f"Llama 4 layers h2048 H16/4 bf16 | prompt {args.prompt} + {args.new} greedy | left padding {args.left_pad} x row | "
+          f"{args.cache} cache | "
           f"median of {args.repeats} in turns")
     profiles = []
     print("| impl | batch | tok/s | ms a token | attention host us a call (decode) | attention host ms a token |")
@@ -79,7 +87,8 @@ def main():
 
         def gen(m):
             return m.generate(prompt, attention_mask=mask, max_new_tokens=args.new,
-                              min_new_tokens=args.new, do_sample=False, pad_token_id=0)
+                              min_new_tokens=args.new, do_sample=False, pad_token_id=0,
+                              **({"cache_implementation": "static"} if static else {}))
         with torch.no_grad():
             for m in models.values():
                 gen(m)
@@ -91,8 +100,8 @@ def main():
                     gen(m)
                     torch.cuda.synchronize()
                     times[impl].append(time.perf_counter() - t)
-                    per_call[impl].append(statistics.median(logs[impl][cfg.num_hidden_layers:]))  # after prefill
-        for impl in models:
+                    per_call[impl].append(statistics.median(logs[impl][cfg.num_hidden_layers:] or [float("nan")]))
+        for impl in models:  # per call: after prefill
             t, call = statistics.median(times[impl]), statistics.median(per_call[impl])
             print(f"| {impl} | {batch} | {batch * args.new / t:.0f} | {t / args.new * 1e3:.2f} | {call * 1e6:.0f} | "
                   f"{call * cfg.num_hidden_layers * 1e3:.2f} |")

@@ -6,15 +6,21 @@
 
 The name has no "flash" in it: transformers 5.x routes any name containing "flash" to its flash-attention
 kernel loader. Registered through the public AttentionInterface and AttentionMaskInterface: the mask
-function is transformers' own flash_attention_mask, so no 4-D mask is ever built; the attention function
-gets a (B, S) padding mask or None.
+function is transformers' own flash_attention_mask (so no 4-D mask is ever built; the attention function
+gets a (B, S) padding mask or None), or, for a static cache without padding, the count of its filled keys
+(mask_function).
 
 What transformers passes maps onto diyflash natively: GQA (k and v never repeated), `scaling`,
 `sliding_window` (window (w - 1, w - 1), causal caps the right side), `softcap` (Gemma 2), `s_aux`
 (gpt-oss's sinks), causal aligned bottom-right (decode steps: q shorter than k). Padding (right or left)
 runs the kept tokens as packed sequences through flash_attention_varlen, every query row (pad rows too)
 as sdpa's mask computes it (padding.unpad_attention); packed rows (batch 1, position_ids restarting) and
-the padding-free collator's cu_seq_lens_* run as packed sequences too.
+the padding-free collator's cu_seq_lens_* run as packed sequences too. A static cache
+(cache_implementation="static") hands attention its whole preallocated buffer: with padding, the mask
+covers the tokens seen so far and the keys past it (the empty slots) are left out, as transformers' flash
+path does; without, mask_function passes the count of the filled keys instead of a mask (one shape for
+every decode step, so generate's compiled forward does not recompile per length) and the call goes through
+flash_attention_with_kvcache (no sync inside the forward; inference only).
 Attention dropout in training, output_attentions and a custom 4-D mask raise NotImplementedError.
 """
 
@@ -24,7 +30,7 @@ import weakref
 
 import torch
 
-from ..api import flash_attention, flash_attention_varlen
+from ..api import flash_attention, flash_attention_varlen, flash_attention_with_kvcache
 from .padding import pad, sequences_from_positions, token_major, unpad_attention
 
 ATTN_IMPLEMENTATION = "diyattention"
@@ -51,7 +57,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                   "(set the config's attention_dropout to 0 or call model.eval())")
     if kwargs.get("output_attentions"):
         raise NotImplementedError("diyflash does not materialise attention weights (output_attentions=True)")
-    if attention_mask is not None and attention_mask.dim() != 2:
+    if attention_mask is not None and attention_mask.dim() not in (1, 2):
         raise NotImplementedError(
             f"diyflash takes a (batch, keys) padding mask; got a {attention_mask.dim()}-D attention mask of shape "
             f"{tuple(attention_mask.shape)} (a custom mask the kernels cannot express)")
@@ -67,7 +73,18 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                            cu_k.to(torch.int32), int(max_q), int(max_k), causal, scaling, variants)
         return out.view(batch, len_q, *out.shape[1:]), None
 
+    if attention_mask is not None and attention_mask.dim() == 1:  # mask_function's filled keys of a static cache
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+            raise NotImplementedError("diyflash attends to a static cache (cache_implementation='static') in inference "
+                                      "only: call the model under torch.no_grad()")
+        filled = attention_mask if attention_mask.device == query.device else attention_mask.to(query.device)
+        out = flash_attention_with_kvcache(query, key, value, filled, causal=causal, sm_scale=scaling, validate=False,
+                                           **variants)
+        return out.transpose(1, 2), None
+
     if attention_mask is not None:
+        if attention_mask.shape[1] < len_k:  # a static cache: its slots past the mask's length are not filled yet
+            key, value, len_k = key[:, :, :attention_mask.shape[1]], value[:, :, :attention_mask.shape[1]], attention_mask.shape[1]
         plan = _unpadding(attention_mask, len_q, len_k, causal, variants["window_size"][0])
         keys, values, rows = token_major(key), token_major(value), token_major(query)  # views, or one copy each
         k, v = keys[plan.keep_k], values[plan.keep_k]
@@ -123,6 +140,37 @@ def _per_forward(kind: str, t: torch.Tensor, extra, compute):
     return last[2][extra]
 
 
+def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0, **kwargs):
+    """The mask function registered with transformers: its flash_attention_mask (a (B, keys) padding mask,
+    or None), except where a static cache (StaticLayer, StaticSlidingWindowLayer before it fills) hands
+    attention more keys than are filled and no padding says which: then an int32 (B,) tensor of the
+    filled keys, q_offset + q_length - kv_offset (on the device where q_offset is a static cache's tensor),
+    which attention_forward passes as flash_attention_with_kvcache's cache_seqlens. flash_attention_mask
+    alone gives None there, and bottom-right causal alignment over the whole static buffer attended to its
+    empty slots (other tokens than sdpa). An all-ones mask of a static cache, made eagerly (generate makes
+    the masks before its compiled forward), becomes the count too, after one sync."""
+    from transformers.masking_utils import flash_attention_mask
+
+    given = kwargs.get("attention_mask")
+    if given is not None and given.dim() == 1:  # counts this function made already: generate makes a static
+        return given                             # cache's masks before the forward, which asks again with them
+    mask = flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **kwargs)
+    static = isinstance(q_offset, torch.Tensor)
+    if mask is not None:
+        # a static cache's mask grows a column a step, and a compiled decode step recompiles for each length:
+        # eagerly (generate makes these masks before its compiled forward) a mask with no padding (one sync)
+        # becomes the count of the filled keys, one shape for every step
+        if static and mask.shape[1] < kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
+            return torch.full((batch_size,), mask.shape[1] - kv_offset, dtype=torch.int32, device=mask.device)
+        return mask
+    if static:
+        filled = (q_offset + (q_length - kv_offset)).to(torch.int32).reshape(1)
+        return filled.expand(batch_size)
+    if q_offset + q_length - kv_offset < kv_length:
+        return torch.full((batch_size,), q_offset + q_length - kv_offset, dtype=torch.int32, device=kwargs.get("device"))
+    return None
+
+
 def _unpadding(attention_mask: torch.Tensor, len_q: int, len_k: int, causal: bool, left: int):
     """padding.unpad_attention of a (B, keys) padding mask, once per forward (_per_forward)."""
     return _per_forward("mask", attention_mask, (len_q, len_k, causal, left),
@@ -155,12 +203,12 @@ def register() -> str:
     name to pass as attn_implementation."""
     try:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+        from transformers.masking_utils import AttentionMaskInterface
     except ImportError as e:  # pragma: no cover - exercised without the extra only
         raise ModuleNotFoundError(
             "diyflash.integrations.transformers needs transformers: pip install 'diyflash[transformers]'") from e
     AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flash_attention_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, mask_function)
     return ATTN_IMPLEMENTATION
 
 
