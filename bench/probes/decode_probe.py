@@ -70,13 +70,24 @@ def paged_grid(out):
         chosen = kv.num_splits_for(b, H_KV, 1, n, q.device, paged=True)
         print(f"B{b} L{n} (chosen S{chosen}): splits " + " ".join(f"{s:>9}" for s in per_sm))
         for tile in PAGED_TILES:
-            cells = []
-            for s in per_sm:
-                us = time_us(q, k, v, lens, tile, s, table)
-                share = 2 * b * n * H_KV * D * 2 / (us * 1e-6) / copy
-                rows.append(dict(b=b, n=n, tile=tile, splits=s, us=us, share=share, paged=256))
-                cells.append(f"{us:5.1f}({100 * share:2.0f})")
-            print(f"{str(tile):>14} " + " ".join(f"{c:>9}" for c in cells), flush=True)
+            _split_line(rows, b, n, q, k, v, lens, tile, per_sm, copy, table)
+    _finish(rows, out)
+
+
+def _split_line(rows, b, n, q, k, v, lens, tile, splits, copy, table=None):
+    """Time `tile` at each split count on the (b, n) cell, append the rows, print one line: us (share of
+    the copy bandwidth)."""
+    cells = []
+    for s in splits:
+        us = time_us(q, k, v, lens, tile, s, table)
+        share = 2 * b * n * H_KV * D * 2 / (us * 1e-6) / copy
+        rows.append(dict(b=b, n=n, tile=tile, splits=s, us=us, share=share, paged=256 if table is not None else 0))
+        cells.append(f"{us:5.1f}({100 * share:2.0f})")
+    print(f"{str(tile):>14} " + " ".join(f"{c:>9}" for c in cells), flush=True)
+
+
+def _finish(rows, out):
+    """Restore the launcher's own tile choice; write the rows (JSON lines) to `out` if given."""
     kv.DECODE_BLOCK_N, kv.decode_stages, kv.DECODE_WARPS = CHOICE
     if out:
         with open(out, "w") as f:
@@ -147,17 +158,8 @@ def grid(out):
         chosen = kv.num_splits_for(b, H_KV, 1, n, q.device)
         print(f"B{b} L{n} (chosen S{chosen}): splits " + " ".join(f"{s:>9}" for s in splits))
         for tile in GRID_TILES:
-            cells = []
-            for s in splits:
-                us = time_us(q, k, v, lens, tile, s)
-                share = 2 * b * n * H_KV * D * 2 / (us * 1e-6) / copy
-                rows.append(dict(b=b, n=n, tile=tile, splits=s, us=us, share=share))
-                cells.append(f"{us:5.1f}({100 * share:2.0f})")
-            print(f"{str(tile):>14} " + " ".join(f"{c:>9}" for c in cells), flush=True)
-    kv.DECODE_BLOCK_N, kv.decode_stages, kv.DECODE_WARPS = CHOICE
-    if out:
-        with open(out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+            _split_line(rows, b, n, q, k, v, lens, tile, splits, copy)
+    _finish(rows, out)
 
 
 if __name__ == "__main__":
