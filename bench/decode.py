@@ -42,6 +42,19 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * src.element_size() / (ms * 1e-3)
 
 
+def shuffled_pages(k: torch.Tensor, v: torch.Tensor, page: int = 256):
+    """The keys and values (B, H_kv, L, D) in pages of `page` rows in a shuffled pool: k_pages, v_pages
+    (B * L / page, H_kv, page, D) and the block table (B, L / page) int32 that finds them."""
+    b, _, n, _ = k.shape
+    pages = n // page
+    order = torch.randperm(b * pages, generator=torch.Generator().manual_seed(1)).to(k.device)
+    k_pages, v_pages = (t.unflatten(2, (pages, page)).permute(0, 2, 1, 3, 4).flatten(0, 1)[order].contiguous()
+                        for t in (k, v))
+    table = torch.empty(b * pages, dtype=torch.int32, device=k.device)
+    table[order] = torch.arange(b * pages, dtype=torch.int32, device=k.device)
+    return k_pages, v_pages, table.view(b, pages)
+
+
 def providers(b: int, n: int):
     import diyflash
 
@@ -50,15 +63,7 @@ def providers(b: int, n: int):
     k = torch.randn(b, n, H_KV, D, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
     v = torch.randn(b, n, H_KV, D, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
     seqlens = torch.full((b,), n, dtype=torch.int32, device="cuda")
-    page = 256
-    pages = n // page
-    k_pages = k.unflatten(2, (pages, page)).permute(0, 2, 1, 3, 4).flatten(0, 1).contiguous()  # (B*pages, Hkv, page, D)
-    v_pages = v.unflatten(2, (pages, page)).permute(0, 2, 1, 3, 4).flatten(0, 1).contiguous()
-    order = torch.randperm(b * pages, generator=torch.Generator().manual_seed(1)).to("cuda")
-    k_pages, v_pages = k_pages[order], v_pages[order]
-    table = torch.empty(b * pages, dtype=torch.int32, device="cuda")
-    table[order] = torch.arange(b * pages, dtype=torch.int32, device="cuda")
-    table = table.view(b, pages)
+    k_pages, v_pages, table = shuffled_pages(k, v)
     kc, vc = k.contiguous(), v.contiguous()  # SDPA backends want (B, H, L, D) dense
 
     fns = {

@@ -21,22 +21,16 @@ import math
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import diyflash
 from bench.common import clean_graph_ms, graph_ms, provenance
-from bench.decode import copy_bandwidth
+from bench.decode import copy_bandwidth, shuffled_pages
+from bench.probes.decode_probe import _empty
 
 H, H_KV, D = 32, 8, 128
 CELLS = [(1, 1024), (1, 8192), (1, 65536), (1, 131072), (8, 8192), (64, 1024), (64, 8192)]
 L2_SPAN = 256 << 20  # bytes that no L2 of these GPUs holds (clean_graph_ms reads as many)
-
-
-@triton.jit
-def _empty(x_ptr):
-    tl.store(x_ptr, 1)
 
 
 def providers(b, n, copies):
@@ -49,26 +43,15 @@ def providers(b, n, copies):
         v = torch.randn(b, n, H_KV, D, device="cuda", dtype=torch.bfloat16, generator=gen).transpose(1, 2)
         kv.append((k, v, k.contiguous(), v.contiguous()))
 
-    def ours(i):
-        k, v = kv[i][0], kv[i][1]
-        return lambda: diyflash.flash_attention_with_kvcache(q, k, v, lens, validate=False)
+    def ours(contiguous):  # the (B, L, H_kv, D) buffer read through .transpose(1, 2), or its contiguous copy
+        def make(i):
+            k, v = kv[i][2:] if contiguous else kv[i][:2]
+            return lambda: diyflash.flash_attention_with_kvcache(q, k, v, lens, validate=False)
+        return make
 
-    def ours_contig(i):
-        k, v = kv[i][2], kv[i][3]
-        return lambda: diyflash.flash_attention_with_kvcache(q, k, v, lens, validate=False)
-
-    page = 256
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     one_per_sm = max(1, sms // (b * H_KV))
-    paged = []
-    for k, v, _, _ in kv:  # the same keys in shuffled pages of 256 rows
-        pages = n // page
-        order = torch.randperm(b * pages, generator=torch.Generator().manual_seed(1)).to("cuda")
-        k_pages = k.unflatten(2, (pages, page)).permute(0, 2, 1, 3, 4).flatten(0, 1)[order].contiguous()
-        v_pages = v.unflatten(2, (pages, page)).permute(0, 2, 1, 3, 4).flatten(0, 1)[order].contiguous()
-        table = torch.empty(b * pages, dtype=torch.int32, device="cuda")
-        table[order] = torch.arange(b * pages, dtype=torch.int32, device="cuda")
-        paged.append((k_pages, v_pages, table.view(b, pages)))
+    paged = [shuffled_pages(k, v) for k, v, _, _ in kv]  # the same keys in shuffled pages of 256 rows
 
     def ours_paged(splits):
         def make(i):
@@ -87,7 +70,7 @@ def providers(b, n, copies):
             return run
         return make
 
-    return {"diyflash": ours, "diyflash-contig": ours_contig, "diyflash-paged": ours_paged(0),
+    return {"diyflash": ours(False), "diyflash-contig": ours(True), "diyflash-paged": ours_paged(0),
             "diyflash-paged-1/SM": ours_paged(one_per_sm), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION)}
 

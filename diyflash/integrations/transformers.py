@@ -84,7 +84,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
     if attention_mask is not None:
         if attention_mask.shape[1] < len_k:  # a static cache: its slots past the mask's length are not filled yet
-            key, value, len_k = key[:, :, :attention_mask.shape[1]], value[:, :, :attention_mask.shape[1]], attention_mask.shape[1]
+            len_k = attention_mask.shape[1]
+            key, value = key[:, :, :len_k], value[:, :, :len_k]
         plan = _unpadding(attention_mask, len_q, len_k, causal, variants["window_size"][0])
         keys, values, rows = token_major(key), token_major(value), token_major(query)  # views, or one copy each
         k, v = keys[plan.keep_k], values[plan.keep_k]
