@@ -279,6 +279,7 @@ def flash_attention_with_kvcache(
     v: torch.Tensor | None = None,
     *,
     block_table: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
     causal: bool = False,
     sm_scale: float | None = None,
     window_size: tuple[int, int] = (-1, -1),
@@ -302,6 +303,10 @@ def flash_attention_with_kvcache(
         k, v: optional (batch, kv_heads, N_new, head_dim[_v]) new keys and values, written into the cache
             at positions cache_seqlens[b] .. + N_new before attending, in the same call.
         block_table: int32 (batch, max_pages): page p of batch b's cache is k_cache[block_table[b, p]].
+        cache_leftpad: optional int32 (batch,): batch b's keys start at cache position cache_leftpad[b]
+            (a left-padded batch, flash-attn's cache_leftpad): the positions before it are never read.
+            The new keys still go at cache_seqlens[b] .. + N_new, and causal, windows and ALiBi count
+            positions from 0 as before, so a key's distance to a query is what it was without padding.
         causal, sm_scale, window_size, softcap, alibi_slopes, sinks: as flash_attention; batch b attends to
             its first cache_seqlens[b] + N_new keys, causal and windows aligned bottom-right to that length.
         return_lse: also return lse (batch, heads, N_q) fp32.
@@ -310,7 +315,8 @@ def flash_attention_with_kvcache(
 
         validate: check the values eagerly (one device sync, which waits for the GPU's queued work):
             cache_seqlens >= 0, cache_seqlens + N_new within the capacity (N_cache, or max_pages *
-            page_size), every block_table entry in use a page of the cache. Never while compiling, exporting
+            page_size), 0 <= cache_leftpad <= cache_seqlens + N_new, every block_table entry in use a page
+            of the cache. Never while compiling, exporting
             or capturing a CUDA graph. False skips them: an eager decode loop saves the sync (bench.decode:
             it is most of an eager call's time). The kernels clamp either way: positions past the capacity
             are neither written nor read, page entries are clamped into the cache.
@@ -332,7 +338,7 @@ def flash_attention_with_kvcache(
         _check_devices(q=q, k_cache=k_cache, v_cache=v_cache, **new)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int):
         raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__} {num_splits!r}")
-    problem = kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits)
+    problem = kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits, cache_leftpad)
     if problem:
         kind, message = problem
         raise kind(message)
@@ -342,12 +348,12 @@ def flash_attention_with_kvcache(
         paged = block_table is not None
         capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
         error = kvcache_values_error(cache_seqlens, 0 if k is None else k.shape[2], capacity, block_table,
-                                     k_cache.shape[0])
+                                     k_cache.shape[0], cache_leftpad)
         if error:
             raise ValueError(error)
     out, lse = call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                            _check_bool("causal", causal), sm_scale, left, right, softcap, alibi_slopes,
-                                           sinks, num_splits)
+                                           sinks, num_splits, cache_leftpad)
     return (out, lse) if _check_bool("return_lse", return_lse) else out
 
 

@@ -25,7 +25,7 @@ class Case:
     H_kv, D) storage, and the same keys paged into a shuffled pool of pages."""
 
     def __init__(self, b=3, h=8, h_kv=2, n_q=1, n_new=1, d=16, dv=None, lens=(10, 0, 90), capacity=128,
-                 page_size=16, dtype=torch.float16, device="cpu", seed=0):
+                 page_size=16, dtype=torch.float16, device="cpu", seed=0, leftpad=None):
         dv = d if dv is None else dv
         self.b, self.h, self.h_kv, self.n_q, self.n_new, self.d, self.dv = b, h, h_kv, n_q, n_new, d, dv
         self.capacity, self.page_size = capacity, page_size
@@ -35,6 +35,7 @@ class Case:
         self.k = _randn((b, h_kv, n_new, d), dtype, device, seed + 3) if n_new else None
         self.v = _randn((b, h_kv, n_new, dv), dtype, device, seed + 4) if n_new else None
         self.seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+        self.leftpad = None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32, device=device)
         pages = capacity // page_size
         gen = torch.Generator(device="cpu").manual_seed(seed + 5)
         order = torch.randperm(b * pages + 3, generator=gen)[:b * pages]  # a pool with 3 pages no batch uses
@@ -68,10 +69,11 @@ class Case:
         if self.q.dtype == torch.float64:  # the op itself: the API takes fp16, bf16 and fp32
             out, lse = torch.ops.diyflash.attention_with_kvcache(
                 self.q, k_cache, v_cache, self.seqlens, self.k, self.v, bt, kw["causal"], None, *kw["window_size"],
-                kw["softcap"], kw["alibi_slopes"], kw["sinks"], kw["num_splits"])
+                kw["softcap"], kw["alibi_slopes"], kw["sinks"], kw["num_splits"], self.leftpad)
         else:
             out, lse = diyflash.flash_attention_with_kvcache(self.q, k_cache, v_cache, self.seqlens, self.k, self.v,
-                                                             block_table=bt, return_lse=True, **kw)
+                                                             block_table=bt, cache_leftpad=self.leftpad,
+                                                             return_lse=True, **kw)
         return out, lse, k_cache, v_cache
 
 
@@ -80,8 +82,9 @@ def _oracle(case, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=
     outs, lses = [], []
     for i in range(case.b):
         n = int(case.seqlens[i]) + case.n_new
+        start = 0 if case.leftpad is None else int(case.leftpad[i])  # a left-padded batch: its keys from there
         q = case.q[i:i + 1]
-        kk, vv = k[i:i + 1, :, :n], v[i:i + 1, :, :n]
+        kk, vv = k[i:i + 1, :, start:n], v[i:i + 1, :, start:n]
         if not upcast:
             kk, vv = kk.to(q.dtype), vv.to(q.dtype)
         al = alibi if alibi is None or alibi.dim() == 1 else alibi[i:i + 1]
@@ -175,6 +178,41 @@ def test_page_size_256_and_paged_equals_contiguous_bitwise(device):
                                                       case16.run(False, num_splits=splits)[:2]))
 
 
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("n_q,splits", [(1, 1), (1, 4), (3, 0)])
+def test_left_padded_cache(device, paged, n_q, splits):
+    """cache_leftpad: batch b attends to keys cache_leftpad[b] .. cache_seqlens[b] + N_new - 1, what the
+    oracle gets from those keys alone (causal, window and ALiBi distances unchanged); starts inside a 64-key
+    step, at 0, and at the last key (with N_q = 3 the first rows see none)."""
+    case = Case(n_q=n_q, n_new=n_q, lens=(100, 0, 300), capacity=512, leftpad=(37, 0, 299 + n_q), device=device)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625] * 2, device=device)
+    check(case, paged, causal=True, num_splits=splits)
+    check(case, paged, causal=True, window=(70, -1), alibi=slopes, sinks=torch.full((8,), 0.5, device=device),
+          num_splits=splits)
+
+
+def test_left_padded_cache_paged_equals_contiguous_and_zero_pad_is_none(device):
+    case = Case(n_q=2, n_new=2, lens=(100, 5, 300), capacity=512, page_size=64, leftpad=(64, 6, 1), device=device)
+    for splits in (1, 3):
+        assert all(torch.equal(a, b) for a, b in zip(case.run(True, causal=True, num_splits=splits)[:2],
+                                                      case.run(False, causal=True, num_splits=splits)[:2]))
+    case.leftpad.zero_()
+    padded = case.run(False, causal=True)[:2]
+    case.leftpad = None
+    assert all(torch.equal(a, b) for a, b in zip(padded, case.run(False, causal=True)[:2]))
+
+
+def test_a_row_padded_past_its_keys_sees_none(device):
+    """cache_leftpad = cache_seqlens + N_new: no key; output 0 and lse -inf (the sink's logit with sinks),
+    split or not."""
+    case = Case(n_q=1, n_new=1, lens=(10, 0, 90), leftpad=(11, 0, 3), device=device)
+    for splits in (1, 2):
+        out, lse, _, _ = case.run(False, num_splits=splits)
+        assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isneginf(lse[0]).all()
+        out, lse, _, _ = case.run(False, sinks=torch.full((8,), 0.25, device=device), num_splits=splits)
+        assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.equal(lse[0], torch.full_like(lse[0], 0.25))
+
+
 def test_rows_that_see_no_key(device):
     case = Case(n_q=1, n_new=0, lens=(0, 5, 0), device=device)
     out, lse, _, _ = case.run(False, sinks=torch.zeros(8, device=device))
@@ -195,6 +233,10 @@ def test_out_of_range_values_are_clamped_not_read(device, page_size):
     guard = k_pages[unused].clone(), v_pages[unused].clone()  # the pages no batch uses
     out, lse = torch.ops.diyflash.attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens, case.k, case.v, bt)
     assert torch.isfinite(out).all()
+    leftpad = torch.tensor([-3, 1000, 5], dtype=torch.int32, device=device)  # before the cache, past it, inside
+    out, lse = torch.ops.diyflash.attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens, case.k, case.v, bt,
+                                                         cache_leftpad=leftpad)
+    assert torch.isfinite(out).all() and torch.equal(out[1], torch.zeros_like(out[1]))
     assert torch.equal(k_pages[unused], guard[0]) and torch.equal(v_pages[unused], guard[1])
     with pytest.raises(ValueError, match=r"cache_seqlens must be >= 0, got cache_seqlens\[1\] = -5"):
         diyflash.flash_attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens, case.k, case.v, block_table=bt)
@@ -225,12 +267,12 @@ def test_raw_dot_past_fp32_range_stays_finite(device, splits):
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("paged", [False, True])
-def test_opcheck(device, paged):
-    case = Case(n_q=2, n_new=2, device=device, dtype=torch.float32)
+@pytest.mark.parametrize("paged,leftpad", [(False, None), (True, None), (False, (3, 0, 64))])
+def test_opcheck(device, paged, leftpad):
+    case = Case(n_q=2, n_new=2, device=device, dtype=torch.float32, leftpad=leftpad)
     k_cache, v_cache, bt = case.caches(paged)
     args = (case.q, k_cache, v_cache, case.seqlens, case.k, case.v, bt, True, None, 8, -1, 0.0, None,
-            torch.zeros(8, device=device), 2)
+            torch.zeros(8, device=device), 2, case.leftpad)
     torch.library.opcheck(torch.ops.diyflash.attention_with_kvcache.default, args, test_utils="ALL")
 
 
@@ -285,27 +327,33 @@ def _errors(case, device):
          "cache_seqlens must be >= 0, got cache_seqlens[1] = -1"),
         (dict(cache_seqlens=torch.tensor([10, 128, 3], **i32)), ValueError,
          "cache_seqlens[1] + N_new = 129 exceeds the cache's capacity (128 keys)"),
+        (dict(cache_leftpad=torch.tensor([0, 0], **i32)), ValueError, "cache_leftpad must have shape (3,), got (2,)"),
+        (dict(cache_leftpad=torch.tensor([0, 2, 0], **i32)), ValueError,
+         "cache_leftpad[1] = 2 must be in [0, cache_seqlens[1] + N_new = 1] (the first key of batch 1)"),
+        (dict(cache_leftpad=torch.tensor([0, 0, 0], dtype=torch.int64, device=device)), TypeError,
+         "cache_leftpad must be an int32 tensor"),
     ]
 
 
-VALUE_ERRORS = (9, 10)
+VALUE_ERRORS = (9, 10, 12)
 
 
-@pytest.mark.parametrize("i", range(11))
+@pytest.mark.parametrize("i", range(14))
 def test_errors_name_the_values(device, i):
     case = Case(device=device)
     kw, exc, phrase = _errors(case, device)[i]
     a = dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, cache_seqlens=case.seqlens, k=case.k, v=case.v,
-             block_table=None, num_splits=0)
+             block_table=None, num_splits=0, cache_leftpad=None)
     a.update(kw)
     with pytest.raises(exc) as api:
         diyflash.flash_attention_with_kvcache(a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["k"], a["v"],
-                                              block_table=a["block_table"], num_splits=a["num_splits"])
+                                              block_table=a["block_table"], num_splits=a["num_splits"],
+                                              cache_leftpad=a["cache_leftpad"])
     assert phrase in str(api.value)
     if i in VALUE_ERRORS:
         return  # values: the API checks them eagerly; the op never syncs to read them (the kernels clamp)
     args = (a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["k"], a["v"], a["block_table"], False, None,
-            -1, -1, 0.0, None, None, a["num_splits"])
+            -1, -1, 0.0, None, None, a["num_splits"], a["cache_leftpad"])
     with pytest.raises(exc) as op:
         torch.ops.diyflash.attention_with_kvcache(*args)
     assert phrase in str(op.value) and "diyflash::attention_with_kvcache" in str(op.value)
@@ -315,6 +363,8 @@ def test_pytorch_path_matches_the_kernels(torch_path):
     case = Case(n_q=3, n_new=3, dtype=torch.float64)
     for paged in (False, True):
         check(case, paged, causal=True, window=(40, -1), sinks=torch.zeros(8, dtype=torch.float64))
+    case.leftpad = torch.tensor([4, 0, 33], dtype=torch.int32)
+    check(case, True, causal=True, window=(40, -1), sinks=torch.zeros(8, dtype=torch.float64))
 
 
 # ---- GPU only: a 64k cache, a captured decode loop -----------------------------------------------------

@@ -79,6 +79,7 @@ class _Geometry(NamedTuple):
     seg_q: torch.Tensor | None = None
     seg_k: torch.Tensor | None = None
     pos_k: torch.Tensor | None = None
+    kv_start: torch.Tensor | None = None  # a left-padded KV cache: the first key of each slice
 
     def cols(self, n0: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Keys [n0, n0 + n): their positions (1, 1, 1, 1, n), and for packed sequences whether each
@@ -115,9 +116,13 @@ def _packed_geometry(cu_q: torch.Tensor, cu_k: torch.Tensor, t_q: int, t_k: int)
                      seg_q.view(view), seg_k, pos_k)
 
 
-def _visible(rows, cols, q_len, kv_len, causal: bool, causal_offset, bounded: bool, left: int, right: int):
-    """Bool, broadcast of (rows, cols): key col is visible to query row (semantics._visible)."""
+def _visible(rows, cols, q_len, kv_len, causal: bool, causal_offset, bounded: bool, left: int, right: int,
+             kv_start=None):
+    """Bool, broadcast of (rows, cols): key col is visible to query row (semantics._visible; kv_start:
+    semantics._from_start)."""
     vis = (cols < kv_len) & (rows < q_len)
+    if kv_start is not None:
+        vis = vis & (cols >= kv_start)
     diag = rows + causal_offset
     if causal:
         vis = vis & (cols <= diag)
@@ -162,7 +167,7 @@ def _key_block(qs, k5, v5, n0: int, block_n: int, acc_t, geo: _Geometry, causal:
     vb = v5[..., n0 : n0 + block_n, :].to(acc_t)
     cols, same = geo.cols(n0, kb.shape[-2], qs.device)
     s, t = _scores(torch.matmul(qs, kb.transpose(-1, -2)), geo.rows, cols, geo.offset, scale, softcap, slopes)
-    vis = _visible(geo.rows, cols, geo.q_len, geo.kv_len, causal, geo.offset, bounded, left, right)
+    vis = _visible(geo.rows, cols, geo.q_len, geo.kv_len, causal, geo.offset, bounded, left, right, geo.kv_start)
     return kb, vb, s, t, vis if same is None else vis & same
 
 
@@ -196,10 +201,11 @@ def _restore(dst: torch.Tensor, src5: torch.Tensor, packed: bool) -> torch.Tenso
 
 def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n: int = BLOCK_N, *,
                           window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None, packed=None,
-                          kv_lens=None):
+                          kv_lens=None, kv_starts=None):
     """packed: (cu_seqlens_k, max_seqlen_q, max_seqlen_k) for packed (T, H, D) inputs, seq_lens then being
     cu_seqlens_q; out (T_q, H, D_v), lse (H, T_q). kv_lens (Z,): batch z sees its first kv_lens[z] keys,
-    bottom-right aligned to that length (a KV cache; seq_lens unused)."""
+    bottom-right aligned to that length (a KV cache; seq_lens unused); kv_starts (Z,): and only to keys from
+    kv_starts[z] on (a left-padded cache)."""
     acc_t = _acc_dtype(q.dtype)
     out = empty_out(q, v.shape[-1])
     if packed is not None:
@@ -222,6 +228,8 @@ def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n
         if kv_lens is not None:
             kv_len = kv_lens.to(torch.long).clamp(0, n_k).view(-1, 1, 1, 1, 1)
             geo = geo._replace(kv_len=kv_len, offset=kv_len - n_q)
+        if kv_starts is not None:
+            geo = geo._replace(kv_start=kv_starts.to(torch.long).view(-1, 1, 1, 1, 1))
     z, h_kv, _, rows_n, _ = q5.shape
     causal, bounded, left, right = band(causal, window, n_q, n_k)
     if packed is not None:
@@ -340,10 +348,11 @@ def _cache_rows(cache_seqlens, n: int, capacity: int, block_table, page_size: in
 
 
 def attention_kvcache_torch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, causal: bool, scale: float,
-                            *, window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None):
+                            *, window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None,
+                            cache_leftpad=None):
     """KV-cache attention (kernels/attention/kvcache.py) in PyTorch: the new keys written in place at
-    cache_seqlens[b] + j, then each batch's first cache_seqlens[b] + N_new keys gathered (pages through the
-    block table) and attended to, bottom-right aligned."""
+    cache_seqlens[b] + j, then each batch's first cache_seqlens[b] + N_new keys (from cache_leftpad[b] on,
+    if given) gathered (pages through the block table) and attended to, bottom-right aligned."""
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 1
     capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
@@ -360,4 +369,4 @@ def attention_kvcache_torch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, bl
     values = v_cache.transpose(1, 2)[first, row].transpose(1, 2)
     kv_lens = (cache_seqlens.to(torch.long) + n_new).clamp(0, capacity)
     return attention_fwd_blocked(q, keys, values, causal, scale, None, window=window, softcap=softcap,
-                                 alibi_slopes=alibi_slopes, sinks=sinks, kv_lens=kv_lens)
+                                 alibi_slopes=alibi_slopes, sinks=sinks, kv_lens=kv_lens, kv_starts=cache_leftpad)

@@ -25,41 +25,43 @@ OP_NAME = "attention_with_kvcache"
 
 
 def _check(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, softcap, alibi_slopes,
-           sinks, num_splits) -> None:
-    check_kvcache(OP_NAME, q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits)
+           sinks, num_splits, cache_leftpad) -> None:
+    check_kvcache(OP_NAME, q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits, cache_leftpad)
     check_dtype(OP_NAME, q=q)
     check_variants(OP_NAME, q, window_left, window_right, softcap, alibi_slopes, sinks)
 
 
 def _impl(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False, scale=None,
-          window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0):
+          window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0, cache_leftpad=None):
     scale = _resolve_scale(scale, q.shape[-1])
     alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     cache_seqlens = cache_seqlens.contiguous()  # B integers
+    if cache_leftpad is not None:
+        cache_leftpad = cache_leftpad.contiguous()
     if uses_triton(q):
         with device_guard(q):
             return _kernels().attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale,
-                                                sinks=sinks, num_splits=num_splits, **var)
+                                                sinks=sinks, num_splits=num_splits, cache_leftpad=cache_leftpad, **var)
     return attention_kvcache_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, sinks=sinks,
-                                   **var)
+                                   cache_leftpad=cache_leftpad, **var)
 
 
 @custom_op(_OP.qualname, mutates_args=("k_cache", "v_cache"), schema=_OP.signature)
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False,
                            scale=None, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None,
-                           num_splits=0):
+                           num_splits=0, cache_leftpad=None):
     _check(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, softcap, alibi_slopes,
-           sinks, num_splits)
+           sinks, num_splits, cache_leftpad)
     return _impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, window_left, window_right,
-                 softcap, alibi_slopes, sinks, num_splits)
+                 softcap, alibi_slopes, sinks, num_splits, cache_leftpad)
 
 
 @attention_with_kvcache.register_fake
 def _fake(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False, scale=None,
-          window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0):
+          window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0, cache_leftpad=None):
     _check(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, softcap, alibi_slopes,
-           sinks, num_splits)
+           sinks, num_splits, cache_leftpad)
     return empty_out(q, v_cache.shape[-1]), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
 
 
@@ -68,10 +70,10 @@ register_autocast(attention_with_kvcache, cast=("q", "k", "v"))  # the caches ke
 
 
 def call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, window_left,
-                                window_right, softcap, alibi_slopes, sinks, num_splits):
+                                window_right, softcap, alibi_slopes, sinks, num_splits, cache_leftpad=None):
     """The op for the Python API, or its implementation itself where nothing could tell them apart."""
     args = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, window_left, window_right, softcap,
-            alibi_slopes, sinks, num_splits)
-    if dispatcher_free(q, k_cache, v_cache, cache_seqlens, k, v, block_table, alibi_slopes, sinks):
+            alibi_slopes, sinks, num_splits, cache_leftpad)
+    if dispatcher_free(q, k_cache, v_cache, cache_seqlens, k, v, block_table, alibi_slopes, sinks, cache_leftpad):
         return _impl(*args)
     return torch.ops.diyflash.attention_with_kvcache(*args)

@@ -212,11 +212,12 @@ def cu_seqlens_error(cu: torch.Tensor, name: str, total: int, max_seqlen: int) -
     return None
 
 
-def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits) -> tuple[type, str] | None:
+def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits,
+                  cache_leftpad=None) -> tuple[type, str] | None:
     """The one rule for KV-cache shapes: q (B, H, N_q, D); a cache (B, H_kv, N_cache, D) / (B, H_kv,
     N_cache, D_v), or paged (num_pages, H_kv, page_size, D) with page_size a multiple of 16 and block_table
-    int32 (B, max_pages); cache_seqlens int32 (B,); k and v (B, H_kv, N_new, D / D_v) both or neither;
-    every tensor on q's device, q, caches and new keys of one dtype."""
+    int32 (B, max_pages); cache_seqlens and cache_leftpad int32 (B,); k and v (B, H_kv, N_new, D / D_v) both
+    or neither; every tensor on q's device, q, caches and new keys of one dtype."""
     qs, ks, vs = q.shape, k_cache.shape, v_cache.shape  # each .shape and .dim() is a call into torch: read them once
     if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
         return ValueError, f"q, k_cache and v_cache must be 4-D, got q {tuple(qs)}, k_cache {tuple(ks)}, v_cache {tuple(vs)}"
@@ -248,6 +249,11 @@ def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_spl
         return TypeError, f"cache_seqlens must be an int32 tensor, got {getattr(cache_seqlens, 'dtype', cache_seqlens)}"
     if cache_seqlens.shape != (b,):
         return ValueError, f"cache_seqlens must have shape ({b},), got {tuple(cache_seqlens.shape)}"
+    if cache_leftpad is not None:
+        if not isinstance(cache_leftpad, torch.Tensor) or cache_leftpad.dtype != torch.int32:
+            return TypeError, f"cache_leftpad must be an int32 tensor, got {getattr(cache_leftpad, 'dtype', cache_leftpad)}"
+        if cache_leftpad.shape != (b,):
+            return ValueError, f"cache_leftpad must have shape ({b},), got {tuple(cache_leftpad.shape)}"
     if (k is None) != (v is None):
         return ValueError, "k and v must be given together (the new keys and values), or neither"
     if k is not None:
@@ -263,7 +269,7 @@ def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_spl
     for name, t in tensors.items():
         if t is not None and t.dtype != dtype:
             return TypeError, f"{name} must have q's dtype {dtype}, got {t.dtype}"
-    for name, t in dict(tensors, cache_seqlens=cache_seqlens, block_table=block_table).items():
+    for name, t in dict(tensors, cache_seqlens=cache_seqlens, block_table=block_table, cache_leftpad=cache_leftpad).items():
         if t is not None and t.device != device:
             return ValueError, f"{name} must be on q's device {device}, got {t.device}"
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= 1024:
@@ -278,10 +284,11 @@ def check_kvcache(op: str, *args) -> None:
         raise kind(f"diyflash::{op}: {message}")
 
 
-def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, num_pages: int) -> str | None:
+def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, num_pages: int,
+                         cache_leftpad=None) -> str | None:
     """The values, checked eagerly (one device sync): 0 <= cache_seqlens[b] and cache_seqlens[b] + N_new <=
-    the capacity; every block_table entry a page of the first cache_seqlens[b] + N_new keys uses in
-    [0, num_pages)."""
+    the capacity; 0 <= cache_leftpad[b] <= cache_seqlens[b] + N_new; every block_table entry a page of the
+    first cache_seqlens[b] + N_new keys uses in [0, num_pages)."""
     if cache_seqlens.numel() == 0:
         return None
     ends = cache_seqlens.to(torch.long) + n_new
@@ -291,6 +298,11 @@ def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, 
         used = torch.arange(block_table.shape[1], device=ends.device).view(1, -1) * page_size < ends.view(-1, 1)
         bad = used & ((block_table < 0) | (block_table >= num_pages))
         checks.append(bad.any())
+    else:
+        checks.append(torch.zeros((), dtype=torch.bool, device=ends.device))
+    if cache_leftpad is not None:
+        starts = cache_leftpad.to(torch.long)
+        checks.append(((starts < 0) | (starts > ends)).any())
     values = torch.stack([c.to(torch.long) for c in checks]).tolist()
     if values[0] < 0:
         i = int((cache_seqlens < 0).nonzero()[0, 0])
@@ -298,7 +310,11 @@ def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, 
     if values[1] > capacity:
         i = int((ends > capacity).nonzero()[0, 0])
         return (f"cache_seqlens[{i}] + N_new = {int(ends[i])} exceeds the cache's capacity ({capacity} keys)")
-    if len(values) > 2 and values[2]:
+    if values[2]:
         b, p = (int(x) for x in bad.nonzero()[0])
         return f"block_table[{b}, {p}] = {int(block_table[b, p])} is not a page of the cache (0..{num_pages - 1})"
+    if len(values) > 3 and values[3]:
+        i = int(((starts < 0) | (starts > ends)).nonzero()[0, 0])
+        return (f"cache_leftpad[{i}] = {int(starts[i])} must be in [0, cache_seqlens[{i}] + N_new = {int(ends[i])}] "
+                f"(the first key of batch {i})")
     return None

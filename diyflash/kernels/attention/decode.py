@@ -17,7 +17,7 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import _inv, _prescaled, _scores, _visible  # noqa: E402
+from .semantics import _from_start, _inv, _prescaled, _scores, _visible  # noqa: E402
 from .tiles import _load  # noqa: E402
 
 
@@ -82,7 +82,7 @@ def _cache_append_kernel(
 
 @triton.jit
 def _attn_decode_kernel(
-    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cache_seqlens_ptr, block_table_ptr, alibi_ptr, sinks_ptr,
+    q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cache_seqlens_ptr, block_table_ptr, alibi_ptr, sinks_ptr, leftpad_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -94,15 +94,16 @@ def _attn_decode_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, LENGTHS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, LENGTHS: tl.constexpr, LEFTPAD: tl.constexpr,
 ):
     """One (batch, kv head, row tile, split): rows r = i * kv_group + g of the tile are query i of head
     h_kv * kv_group + g. Batch b attends to its first kv_len = min(cache_seqlens[b] + n_new, capacity) keys
     (every key, kv_len = capacity, without LENGTHS: a dense call), bottom-right aligned (off = kv_len -
-    n_q). The keys the tile's rows can see (causal and window bands) are cut into num_splits
-    BLOCK_N-aligned ranges; this program takes range program_id(2). out/lse have a split axis (stride_os,
-    stride_ls): with one split they are the final output (the sink, SINKS, enters the running max and sum
-    here), else fp32 partials that _attn_decode_combine_kernel merges."""
+    n_q), and with LEFTPAD only to those from cache_leftpad[b] on (_from_start). The keys the tile's rows
+    can see (causal and window bands) are cut into num_splits BLOCK_N-aligned ranges; this program takes
+    range program_id(2). out/lse have a split axis (stride_os, stride_ls): with one split they are the final
+    output (the sink, SINKS, enters the running max and sum here), else fp32 partials that
+    _attn_decode_combine_kernel merges."""
     bh = tl.program_id(0)
     b = bh // num_kv_heads
     off_hk = bh % num_kv_heads
@@ -137,6 +138,11 @@ def _attn_decode_kernel(
     if WINDOW:
         hi = tl.minimum(hi, i_hi + causal_offset + win_right + 1)
         lo = tl.maximum(i_lo + causal_offset - win_left, 0) // BLOCK_N * BLOCK_N
+    if LEFTPAD:  # a left-padded cache: no program reads the steps before its first key
+        kv_start = tl.load(leftpad_ptr + b)
+        lo = tl.maximum(lo, kv_start // BLOCK_N * BLOCK_N)
+    else:
+        kv_start = 0
     hi = tl.maximum(hi, lo)
     chunk = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
     my_lo = lo + split * chunk
@@ -169,6 +175,7 @@ def _attn_decode_kernel(
         s, _ = _scores(tl.dot(q, k, input_precision=DOT_PRECISION), qi[:, None], cols[None, :], causal_offset,
                        qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
         visible = _visible(qi[:, None], cols[None, :], my_hi, causal_offset, win_left, win_right, True, CAUSAL, WINDOW)
+        visible = _from_start(visible, cols[None, :], kv_start, LEFTPAD)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: exp2(-inf - 0) = 0, not NaN

@@ -94,13 +94,15 @@ def attention_kvcache(
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     num_splits: int = 0,
+    cache_leftpad: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Write k_new / v_new (B, H_kv, N_new, D) into the cache at cache_seqlens[b] + j (in place), then
     attend q (B, H, N_q, D) to each batch's first cache_seqlens[b] + N_new keys. The cache is (B, H_kv,
     N_cache, D) with any strides, or paged (num_pages, H_kv, page_size, D) through block_table (B,
     max_pages) int32. cache_seqlens int32 (B,) contiguous, or None: every batch attends to all N_cache keys
-    (no new keys then; launch.attention_fwd's route for a few query rows). num_splits: 0 picks
-    (num_splits_for).
+    (no new keys then; launch.attention_fwd's route for a few query rows). cache_leftpad int32 (B,)
+    contiguous, or None: batch b's keys start at slot cache_leftpad[b] (a left-padded cache; the slots
+    before it are never read). num_splits: 0 picks (num_splits_for).
     Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32. A call with the layouts of an
     earlier one, the caches' strides and lengths of the same classes (_kv_key), replays that call's bound
     launches with its own arguments (launch._replay_with: ~the launches' own host cost)."""
@@ -118,13 +120,13 @@ def attention_kvcache(
     n_new = 0 if k_new is None else k_new.shape[2]
     k_strides, v_strides = k_cache.stride(), v_cache.stride()
     env = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k_new": k_new,
-           "v_new": v_new, "block_table": block_table, "alibi": alibi_slopes, "sinks": sinks, "out": out, "lse": lse}
+           "v_new": v_new, "block_table": block_table, "alibi": alibi_slopes, "sinks": sinks, "leftpad": cache_leftpad,
+           "out": out, "lse": lse}
     args = []  # each launch's arguments after its pointers: append (with new keys), decode, combine (if split)
     if n_new and b:
         args.append((*k_new.stride(), *v_new.stride(), *k_strides, *v_strides, bt_stride, n_new, capacity, num_pages))
     if out.numel() == 0:
-        _run_launches(env, _launches(q, k_cache, v_cache, n_new, paged, page_size, args, None, 0, 0, 1, cache_seqlens,
-                                     alibi_slopes, sinks))
+        _run_launches(env, _launches(q, k_cache, v_cache, n_new, paged, page_size, args, None, 0, 0, 1, env))
         return out, lse
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
@@ -141,15 +143,15 @@ def attention_kvcache(
                  var.cap2))
     if splits > 1:
         args.append((*out.stride(), *lse.stride(), h, n_q, splits))
-    key = _kv_key(q, k_cache, v_cache, page_size, (cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks), var, scale,
-                  num_splits, splits, (*k_strides, *v_strides, capacity, var.left, var.right))
+    others = (cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad)
+    key = _kv_key(q, k_cache, v_cache, page_size, others, var, scale, num_splits, splits,
+                  (*k_strides, *v_strides, capacity, var.left, var.right))
     if key is not None and not _aligned(out, lse, env["dst"], env["dst_lse"]):  # the key assumes it
         key = None
     hit = _KV_PLANS.get(key) if key is not None else None
     if hit is not None and _replay_with(hit, env, args):
         return out, lse
-    launches = _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits,
-                         cache_seqlens, alibi_slopes, sinks)
+    launches = _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits, env)
     _run_launches(env, launches)
     if key is not None:
         plan = _bind((env, launches), False)
@@ -189,10 +191,10 @@ def _classes(ints: tuple[int, ...]) -> tuple:
     return hit
 
 
-def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits, cache_seqlens,
-              alibi_slopes, sinks) -> list[_Launch]:
+def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits,
+              env: dict) -> list[_Launch]:
     """The call's launches (append, decode, combine; those `args` has arguments for), with their grids and
-    options: what a call that replays no plan runs, and binds."""
+    options: what a call that replays no plan runs, and binds. env: the call's tensors by name."""
     b, h, n_q, d = q.shape
     h_kv, dv = k_cache.shape[1], v_cache.shape[-1]
     d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv)
@@ -209,17 +211,18 @@ def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, 
         return launches
     launches.append(_Launch(
         _DECODE, (b * h_kv, row_tiles, splits),
-        ("q", "k_cache", "v_cache", "dst", "dst_lse", "cache_seqlens", "block_table", "alibi", "sinks"), args[0],
+        ("q", "k_cache", "v_cache", "dst", "dst_lse", "cache_seqlens", "block_table", "alibi", "sinks", "leftpad"),
+        args[0],
         dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, ONE_PAGE=paged and page_size % DECODE_BLOCK_N == 0,
-             CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=alibi_slopes is not None,
-             SINKS=sinks is not None and splits == 1,
-             DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), LENGTHS=cache_seqlens is not None,
+             CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=env["alibi"] is not None,
+             SINKS=env["sinks"] is not None and splits == 1, DOT_PRECISION=_dot_precision(q.dtype),
+             UPCAST=_upcast(q.dtype), LENGTHS=env["cache_seqlens"] is not None, LEFTPAD=env["leftpad"] is not None,
              num_warps=DECODE_WARPS, num_stages=decode_stages(b * h_kv * row_tiles, splits, q.device), **common)))
     if splits > 1:
         launches.append(_Launch(
             _COMBINE, (n_q, h, b), ("dst", "dst_lse", "out", "lse", "sinks"), args[1],
             dict(HEAD_DIM_V=dv, HEAD_DIM_V_PAD=head_dim_pad(dv), SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()),
-                 SINKS=sinks is not None, num_warps=4)))
+                 SINKS=env["sinks"] is not None, num_warps=4)))
     return launches
 
 

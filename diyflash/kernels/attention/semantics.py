@@ -238,6 +238,16 @@ def _visible(q_pos, k_pos, kv_len, causal_offset, win_left, win_right,
 
 
 @triton.jit
+def _from_start(vis, k_pos, kv_start, LEFTPAD: tl.constexpr):
+    """And keys from kv_start on (LEFTPAD): a left-padded KV cache's first kv_start slots hold no keys
+    (flash-attn's cache_leftpad). Positions keep counting from slot 0, so causal, window and ALiBi
+    distances are those of the keys that are there. attention_torch._visible's kv_start mirrors it."""
+    if LEFTPAD:
+        vis = vis & (k_pos >= kv_start)
+    return vis
+
+
+@triton.jit
 def _band(start_m, q_len, kv_len, causal_offset, win_left, win_right,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
           HAS_SEQ_LENS: tl.constexpr, EVEN_N: tl.constexpr, WINDOW: tl.constexpr):
