@@ -131,6 +131,48 @@ def test_generation_with_a_static_cache(device, kind, pad_side):
         assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
 
 
+def test_static_cache_left_padding_keeps_one_mask_shape(device, monkeypatch):
+    """A left-padded batch on a static cache: every decode step attends through flash_attention_with_kvcache
+    with each row's first key as cache_leftpad, and what attention gets in place of the mask has one shape
+    at every step (the 2-D mask grew a column a step: a compiled decode step recompiled for every length
+    before 2026-11-25). The prefill, before the cache holds its tensors, keeps the mask (packed sequences)."""
+    ours, plain, _ = _models("llama", device)
+    ids, mask = _batch(device, length=16, pad_side="left")
+    seen = []
+    real = dt.flash_attention_with_kvcache
+
+    def spy(q, k_cache, v_cache, seqlens, *args, cache_leftpad=None, **kw):
+        seen.append((q.shape[2], tuple(seqlens.shape), None if cache_leftpad is None else cache_leftpad.tolist()))
+        return real(q, k_cache, v_cache, seqlens, *args, cache_leftpad=cache_leftpad, **kw)
+
+    monkeypatch.setattr(dt, "flash_attention_with_kvcache", spy)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
+    layers = ours.config.num_hidden_layers
+    assert [q_len for q_len, _, _ in seen] == [1] * 5 * layers  # the 5 decode steps
+    assert all(shape == (2,) and starts == [0, 7] for _, shape, starts in seen)
+
+
+def test_mask_function_gives_a_static_cache_spans():
+    """mask_function on a static cache (q_offset is its tensor): no padding -> the key counts (B,); left
+    padding -> ends then starts (2B,); right padding or a gap -> the mask itself; a dynamic cache -> the mask."""
+    offset = torch.tensor(5)
+
+    def spans(rows, q_offset=offset):
+        mask = torch.tensor(rows, dtype=torch.bool)
+        return dt.mask_function(len(rows), 1, 16, q_offset, 0, attention_mask=mask)
+
+    assert spans([[1] * 6, [1] * 6]).tolist() == [6, 6]
+    assert spans([[1] * 6, [0, 0] + [1] * 4]).tolist() == [6, 6, 0, 2]
+    assert spans([[0] * 6, [0] + [1] * 5]).tolist() == [6, 6, 6, 1]  # a row of pad slots only: no key
+    for rows in ([[1] * 6, [1] * 4 + [0, 0]], [[1, 1, 0, 1, 1, 1], [1] * 6]):
+        assert spans(rows).dim() == 2
+    assert spans([[1] * 6, [0, 0] + [1] * 4], q_offset=5).dim() == 2  # not a static cache: the mask
+    given = torch.tensor([6, 6, 0, 2], dtype=torch.int32)
+    assert dt.mask_function(2, 1, 16, offset, 0, attention_mask=given) is given
+
+
 class _Layer(torch.nn.Module):
     def __init__(self, causal):
         super().__init__()

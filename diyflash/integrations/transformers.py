@@ -7,8 +7,7 @@
 The name has no "flash" in it: transformers 5.x routes any name containing "flash" to its flash-attention
 kernel loader. Registered through the public AttentionInterface and AttentionMaskInterface: the mask
 function is transformers' own flash_attention_mask (so no 4-D mask is ever built; the attention function
-gets a (B, S) padding mask or None), or, for a static cache without padding, the count of its filled keys
-(mask_function).
+gets a (B, S) padding mask or None), or, for a static cache, the spans of its filled keys (mask_function).
 
 What transformers passes maps onto diyflash natively: GQA (k and v never repeated), `scaling`,
 `sliding_window` (window (w - 1, w - 1), causal caps the right side), `softcap` (Gemma 2), `s_aux`
@@ -16,11 +15,12 @@ What transformers passes maps onto diyflash natively: GQA (k and v never repeate
 runs the kept tokens as packed sequences through flash_attention_varlen, every query row (pad rows too)
 as sdpa's mask computes it (padding.unpad_attention); packed rows (batch 1, position_ids restarting) and
 the padding-free collator's cu_seq_lens_* run as packed sequences too. A static cache
-(cache_implementation="static") hands attention its whole preallocated buffer: with padding, the mask
-covers the tokens seen so far and the keys past it (the empty slots) are left out, as transformers' flash
-path does; without, mask_function passes the count of the filled keys instead of a mask (one shape for
-every decode step, so generate's compiled forward does not recompile per length) and the call goes through
-flash_attention_with_kvcache (no sync inside the forward; inference only).
+(cache_implementation="static") hands attention its whole preallocated buffer: mask_function passes the
+filled keys' spans instead of a mask, each row's count, and with left padding each row's first key too
+(one shape for every decode step, so generate's compiled forward does not recompile per length), and the
+call goes through flash_attention_with_kvcache with cache_leftpad (no sync inside the forward; inference
+only). Right padding or gaps keep the mask, cut to the tokens seen so far (the empty slots past it are
+left out), as transformers' flash path does.
 Attention dropout in training, output_attentions and a custom 4-D mask raise NotImplementedError.
 """
 
@@ -73,13 +73,17 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                            cu_k.to(torch.int32), int(max_q), int(max_k), causal, scaling, variants)
         return out.view(batch, len_q, *out.shape[1:]), None
 
-    if attention_mask is not None and attention_mask.dim() == 1:  # mask_function's filled keys of a static cache
+    if attention_mask is not None and attention_mask.dim() == 1:  # mask_function's key spans of a static cache
         if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
             raise NotImplementedError("diyflash attends to a static cache (cache_implementation='static') in inference "
                                       "only: call the model under torch.no_grad()")
-        filled = attention_mask if attention_mask.device == query.device else attention_mask.to(query.device)
-        out = flash_attention_with_kvcache(query, key, value, filled, causal=causal, sm_scale=scaling, validate=False,
-                                           **variants)
+        if attention_mask.shape[0] not in (batch, 2 * batch):
+            raise ValueError(f"a 1-D attention mask is mask_function's key counts ({batch},) or ends and starts "
+                             f"({2 * batch},) of a static cache; got shape {tuple(attention_mask.shape)}")
+        spans = attention_mask if attention_mask.device == query.device else attention_mask.to(query.device)
+        filled, starts = (spans, None) if spans.shape[0] == batch else (spans[:batch], spans[batch:])
+        out = flash_attention_with_kvcache(query, key, value, filled, cache_leftpad=starts, causal=causal,
+                                           sm_scale=scaling, validate=False, **variants)
         return out.transpose(1, 2), None
 
     if attention_mask is not None:
@@ -143,26 +147,28 @@ def _per_forward(kind: str, t: torch.Tensor, extra, compute):
 
 def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0, **kwargs):
     """The mask function registered with transformers: its flash_attention_mask (a (B, keys) padding mask,
-    or None), except where a static cache (StaticLayer, StaticSlidingWindowLayer before it fills) hands
-    attention more keys than are filled and no padding says which: then an int32 (B,) tensor of the
-    filled keys, q_offset + q_length - kv_offset (on the device where q_offset is a static cache's tensor),
-    which attention_forward passes as flash_attention_with_kvcache's cache_seqlens. flash_attention_mask
-    alone gives None there, and bottom-right causal alignment over the whole static buffer attended to its
-    empty slots (other tokens than sdpa). An all-ones mask of a static cache, made eagerly (generate makes
-    the masks before its compiled forward), becomes the count too, after one sync."""
+    or None), except for a static cache (StaticLayer, StaticSlidingWindowLayer), whose keys attention_forward
+    then takes as flash_attention_with_kvcache's spans: an int32 1-D tensor of each row's key count, (B,),
+    or of its ends then its starts, (2B,), for a left-padded batch (cache_leftpad).
+    - No mask where the buffer has more keys than are filled (flash_attention_mask gives None there, and
+      bottom-right causal alignment over the whole buffer attended to its empty slots): the count
+      q_offset + q_length - kv_offset, on the device (q_offset is the static cache's tensor).
+    - A mask made eagerly (generate makes a static cache's masks before its compiled forward) whose every
+      row is pad slots then keys (left padding, or none): the spans, after one sync. The mask grows a column
+      a step, and a compiled decode step recompiled for every length; the spans have one shape for all.
+    Any other mask (right padding, gaps) stays the mask."""
     from transformers.masking_utils import flash_attention_mask
 
     given = kwargs.get("attention_mask")
-    if given is not None and given.dim() == 1:  # counts this function made already: generate makes a static
+    if given is not None and given.dim() == 1:  # spans this function made already: generate makes a static
         return given                             # cache's masks before the forward, which asks again with them
     mask = flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **kwargs)
     static = isinstance(q_offset, torch.Tensor)
     if mask is not None:
-        # a static cache's mask grows a column a step, and a compiled decode step recompiles for each length:
-        # eagerly (generate makes these masks before its compiled forward) a mask with no padding (one sync)
-        # becomes the count of the filled keys, one shape for every step
-        if static and mask.shape[1] < kv_length and not torch.compiler.is_compiling() and bool(mask.all()):
-            return torch.full((batch_size,), mask.shape[1] - kv_offset, dtype=torch.int32, device=mask.device)
+        if static and not torch.compiler.is_compiling():
+            spans = _key_spans(mask)
+            if spans is not None:
+                return spans
         return mask
     if static:
         filled = (q_offset + (q_length - kv_offset)).to(torch.int32).reshape(1)
@@ -170,6 +176,21 @@ def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv
     if q_offset + q_length - kv_offset < kv_length:
         return torch.full((batch_size,), q_offset + q_length - kv_offset, dtype=torch.int32, device=kwargs.get("device"))
     return None
+
+
+def _key_spans(mask: torch.Tensor) -> torch.Tensor | None:
+    """A (B, S) padding mask whose rows are each pad slots then keys, as int32 spans: every row's end S,
+    (B,), where no row is padded, else the ends then each row's first key, (2B,). None for any other mask.
+    One device sync."""
+    mask = mask.to(torch.bool)
+    batch, width = mask.shape
+    starts = (~mask).sum(1)
+    left_padded = (mask == (torch.arange(width, device=mask.device) >= starts[:, None])).all()
+    left_padded, padded = torch.stack([left_padded, starts.any()]).tolist()
+    if not left_padded:
+        return None
+    ends = torch.full((batch,), width, dtype=torch.int32, device=mask.device)
+    return torch.cat([ends, starts.to(torch.int32)]) if padded else ends
 
 
 def _unpadding(attention_mask: torch.Tensor, len_q: int, len_k: int, causal: bool, left: int):
