@@ -131,11 +131,13 @@ def test_generation_with_a_static_cache(device, kind, pad_side):
         assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
 
 
-def test_static_cache_left_padding_keeps_one_mask_shape(device, monkeypatch):
-    """A left-padded batch on a static cache: every decode step attends through flash_attention_with_kvcache
-    with each row's first key as cache_leftpad, and what attention gets in place of the mask has one shape
-    at every step (the 2-D mask grew a column a step: a compiled decode step recompiled for every length
-    before 2026-11-25). The prefill, before the cache holds its tensors, keeps the mask (packed sequences)."""
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_left_padded_decode_steps_read_the_cache_in_place(device, monkeypatch, cache):
+    """A left-padded batch: every decode step attends through flash_attention_with_kvcache with each row's
+    first key as cache_leftpad. On a static cache what attention gets in place of the mask has one shape at
+    every step (the 2-D mask grew a column a step: a compiled decode step recompiled for every length before
+    2026-11-25); on a dynamic one the kernel reads the cache in place (packed sequences gathered a copy of
+    every key a layer a step)."""
     ours, plain, _ = _models("llama", device)
     ids, mask = _batch(device, length=16, pad_side="left")
     seen = []
@@ -146,17 +148,23 @@ def test_static_cache_left_padding_keeps_one_mask_shape(device, monkeypatch):
         return real(q, k_cache, v_cache, seqlens, *args, cache_leftpad=cache_leftpad, **kw)
 
     monkeypatch.setattr(dt, "flash_attention_with_kvcache", spy)
-    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
     with torch.no_grad():
         assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
     layers = ours.config.num_hidden_layers
-    assert [q_len for q_len, _, _ in seen] == [1] * 5 * layers  # the 5 decode steps
+    # a static cache's 16-row prefill is a short step against a longer buffer too (SPAN_ROWS); a dynamic
+    # cache's prefill, all of its keys, keeps the mask
+    prefill = [16] * layers if cache == "static" else []
+    assert [q_len for q_len, _, _ in seen] == prefill + [1] * 5 * layers  # then the 5 decode steps
     assert all(shape == (2,) and starts == [0, 7] for _, shape, starts in seen)
 
 
 def test_mask_function_gives_a_static_cache_spans():
     """mask_function on a static cache (q_offset is its tensor): no padding -> the key counts (B,); left
-    padding -> ends then starts (2B,); right padding or a gap -> the mask itself; a dynamic cache -> the mask."""
+    padding -> ends then starts (2B,); right padding or a gap -> the mask itself. Another cache: the spans
+    for a left-padded decode step without grad; the mask for a prefill, or with grad."""
     offset = torch.tensor(5)
 
     def spans(rows, q_offset=offset):
@@ -168,7 +176,12 @@ def test_mask_function_gives_a_static_cache_spans():
     assert spans([[0] * 6, [0] + [1] * 5]).tolist() == [6, 6, 6, 1]  # a row of pad slots only: no key
     for rows in ([[1] * 6, [1] * 4 + [0, 0]], [[1, 1, 0, 1, 1, 1], [1] * 6]):
         assert spans(rows).dim() == 2
-    assert spans([[1] * 6, [0, 0] + [1] * 4], q_offset=5).dim() == 2  # not a static cache: the mask
+    left = torch.tensor([[1] * 6, [0, 0] + [1] * 4], dtype=torch.bool)
+    with torch.no_grad():
+        assert dt.mask_function(2, 1, 6, 5, 0, attention_mask=left).tolist() == [6, 6, 0, 2]  # a decode step
+        assert dt.mask_function(2, 6, 6, 0, 0, attention_mask=left).dim() == 2  # a prefill
+    with torch.enable_grad():
+        assert dt.mask_function(2, 1, 6, 5, 0, attention_mask=left).dim() == 2
     given = torch.tensor([6, 6, 0, 2], dtype=torch.int32)
     assert dt.mask_function(2, 1, 16, offset, 0, attention_mask=given) is given
 

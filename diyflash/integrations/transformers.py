@@ -145,6 +145,9 @@ def _per_forward(kind: str, t: torch.Tensor, extra, compute):
     return last[2][extra]
 
 
+SPAN_ROWS = 64  # the query rows up to which a left-padded step of a dynamic cache runs on the KV-cache kernel
+
+
 def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0, **kwargs):
     """The mask function registered with transformers: its flash_attention_mask (a (B, keys) padding mask,
     or None), except for a static cache (StaticLayer, StaticSlidingWindowLayer), whose keys attention_forward
@@ -156,7 +159,10 @@ def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv
     - A mask made eagerly (generate makes a static cache's masks before its compiled forward) whose every
       row is pad slots then keys (left padding, or none): the spans, after one sync. The mask grows a column
       a step, and a compiled decode step recompiled for every length; the spans have one shape for all.
-    Any other mask (right padding, gaps) stays the mask."""
+    - The same for a left-padded decode step of any other cache (a few query rows after cached keys, made
+      without grad, as generate does): the kernel reads the cache where it is, where the mask's packed
+      sequences gathered a copy of every key and value a layer a step.
+    Any other mask (right padding, gaps, a prefill, training) stays the mask."""
     from transformers.masking_utils import flash_attention_mask
 
     given = kwargs.get("attention_mask")
@@ -165,7 +171,8 @@ def mask_function(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv
     mask = flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset, **kwargs)
     static = isinstance(q_offset, torch.Tensor)
     if mask is not None:
-        if static and not torch.compiler.is_compiling():
+        decode = q_length < kv_length and q_length <= SPAN_ROWS and not torch.is_grad_enabled()
+        if (static or decode) and not torch.compiler.is_compiling():
             spans = _key_spans(mask)
             if spans is not None:
                 return spans
