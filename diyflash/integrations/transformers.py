@@ -11,8 +11,9 @@ gets a (B, S) padding mask or None), or, for a static cache, the spans of its fi
 
 What transformers passes maps onto diyflash natively: GQA (k and v never repeated), `scaling`,
 `sliding_window` (window (w - 1, w - 1), causal caps the right side), `softcap` (Gemma 2), `s_aux`
-(gpt-oss's sinks), causal aligned bottom-right (decode steps: q shorter than k). Padding (right or left)
-runs the kept tokens as packed sequences through flash_attention_varlen, every query row (pad rows too)
+(gpt-oss's sinks), causal aligned bottom-right (decode steps: q shorter than k). A left-padded decode step
+(mask_function's spans) reads the cache in place through flash_attention_with_kvcache's cache_leftpad;
+other padding (right or left) runs the kept tokens as packed sequences through flash_attention_varlen, every query row (pad rows too)
 as sdpa's mask computes it (padding.unpad_attention); packed rows (batch 1, position_ids restarting) and
 the padding-free collator's cu_seq_lens_* run as packed sequences too. A static cache
 (cache_implementation="static") hands attention its whole preallocated buffer: mask_function passes the
