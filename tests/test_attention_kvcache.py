@@ -240,6 +240,10 @@ def test_out_of_range_values_are_clamped_not_read(device, page_size):
     assert torch.equal(k_pages[unused], guard[0]) and torch.equal(v_pages[unused], guard[1])
     with pytest.raises(ValueError, match=r"cache_seqlens must be >= 0, got cache_seqlens\[1\] = -5"):
         diyflash.flash_attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens, case.k, case.v, block_table=bt)
+    pool = k_pages.shape[0]
+    with pytest.raises(ValueError, match=rf"block_table\[2, 0\] = 10000 is not a page of the cache \(0..{pool - 1}\)"):
+        diyflash.flash_attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens.clamp(0, 100), case.k, case.v,
+                                              block_table=bt, cache_leftpad=torch.zeros_like(case.seqlens))
 
 
 # ---- the op: opcheck (with the mutation), compile, autocast, errors ----------------------------------

@@ -74,13 +74,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                            cu_k.to(torch.int32), int(max_q), int(max_k), causal, scaling, variants)
         return out.view(batch, len_q, *out.shape[1:]), None
 
-    if attention_mask is not None and attention_mask.dim() == 1:  # mask_function's key spans of a static cache
+    if attention_mask is not None and attention_mask.dim() == 1:  # mask_function's key spans of a KV cache
         if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
             raise NotImplementedError("diyflash attends to a static cache (cache_implementation='static') in inference "
                                       "only: call the model under torch.no_grad()")
         if attention_mask.shape[0] not in (batch, 2 * batch):
             raise ValueError(f"a 1-D attention mask is mask_function's key counts ({batch},) or ends and starts "
-                             f"({2 * batch},) of a static cache; got shape {tuple(attention_mask.shape)}")
+                             f"({2 * batch},) of a KV cache; got shape {tuple(attention_mask.shape)}")
         spans = attention_mask if attention_mask.device == query.device else attention_mask.to(query.device)
         filled, starts = (spans, None) if spans.shape[0] == batch else (spans[:batch], spans[batch:])
         out = flash_attention_with_kvcache(query, key, value, filled, cache_leftpad=starts, causal=causal,

@@ -293,16 +293,18 @@ def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, 
         return None
     ends = cache_seqlens.to(torch.long) + n_new
     checks = [cache_seqlens.min(), ends.max()]
+    pages_at = starts_at = None  # where their checks sit in `checks`, if made
     if block_table is not None and block_table.numel():
         page_size = capacity // block_table.shape[1]
         used = torch.arange(block_table.shape[1], device=ends.device).view(1, -1) * page_size < ends.view(-1, 1)
         bad = used & ((block_table < 0) | (block_table >= num_pages))
+        pages_at = len(checks)
         checks.append(bad.any())
-    else:
-        checks.append(torch.zeros((), dtype=torch.bool, device=ends.device))
     if cache_leftpad is not None:
         starts = cache_leftpad.to(torch.long)
-        checks.append(((starts < 0) | (starts > ends)).any())
+        bad_start = (starts < 0) | (starts > ends)
+        starts_at = len(checks)
+        checks.append(bad_start.any())
     values = torch.stack([c.to(torch.long) for c in checks]).tolist()
     if values[0] < 0:
         i = int((cache_seqlens < 0).nonzero()[0, 0])
@@ -310,11 +312,11 @@ def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, 
     if values[1] > capacity:
         i = int((ends > capacity).nonzero()[0, 0])
         return (f"cache_seqlens[{i}] + N_new = {int(ends[i])} exceeds the cache's capacity ({capacity} keys)")
-    if values[2]:
+    if pages_at is not None and values[pages_at]:
         b, p = (int(x) for x in bad.nonzero()[0])
         return f"block_table[{b}, {p}] = {int(block_table[b, p])} is not a page of the cache (0..{num_pages - 1})"
-    if len(values) > 3 and values[3]:
-        i = int(((starts < 0) | (starts > ends)).nonzero()[0, 0])
+    if starts_at is not None and values[starts_at]:
+        i = int(bad_start.nonzero()[0, 0])
         return (f"cache_leftpad[{i}] = {int(starts[i])} must be in [0, cache_seqlens[{i}] + N_new = {int(ends[i])}] "
                 f"(the first key of batch {i})")
     return None
