@@ -280,14 +280,16 @@ def test_opcheck(device, paged, leftpad):
     torch.library.opcheck(torch.ops.diyflash.attention_with_kvcache.default, args, test_utils="ALL")
 
 
-def test_compile_decode_loop(device):
+@pytest.mark.parametrize("leftpad", [None, (2, 0, 0)])
+def test_compile_decode_loop(device, leftpad):
     """A decode loop under torch.compile(fullgraph=True): the cache writes happen in the compiled graph,
-    0 graph breaks, and the steps equal the eager ones."""
+    0 graph breaks, and the steps equal the eager ones (with cache_leftpad too)."""
     torch._dynamo.reset()
-    case = Case(n_q=1, n_new=1, lens=(5, 9, 0), device=device)
+    case = Case(n_q=1, n_new=1, lens=(5, 9, 0), device=device, leftpad=leftpad)
 
     def step(q, k_cache, v_cache, seqlens, k, v):
-        return diyflash.flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, k, v, causal=True)
+        return diyflash.flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, k, v, causal=True,
+                                                     cache_leftpad=case.leftpad)
 
     compiled = torch.compile(step, fullgraph=True)
     caches_c, caches_e = case.caches(False)[:2], case.caches(False)[:2]
