@@ -351,10 +351,11 @@ def flash_attention_with_kvcache(
                                      k_cache.shape[0], cache_leftpad)
         if error:
             raise ValueError(error)
+    return_lse = _check_bool("return_lse", return_lse)
     out, lse = call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                            _check_bool("causal", causal), sm_scale, left, right, softcap, alibi_slopes,
-                                           sinks, num_splits, cache_leftpad)
-    return (out, lse) if _check_bool("return_lse", return_lse) else out
+                                           sinks, num_splits, cache_leftpad, need_lse=return_lse)
+    return (out, lse) if return_lse else out
 
 
 def triton_matmul(

@@ -417,12 +417,85 @@ def test_cuda_graph_decode_loop_of_32_steps(device):
     assert torch.equal(graph_cache[0], eager_cache[0]) and torch.equal(graph_cache[1], eager_cache[1])
 
 
+@pytest.mark.skipif(not ON_GPU, reason="the partials are kept for CUDA streams only (the interpreter's are per call)")
+def test_split_partials_are_kept_per_stream(device, monkeypatch):
+    """Split-KV's partials live in buffers kept per (device, stream) between eager calls: calls of other
+    shapes and split counts in a row share them (growing them where needed), each bit-identical to the same
+    call with fresh buffers. A call on another stream gets buffers of its own, and a captured call its
+    graph's own (the kept ones are not touched)."""
+    from diyflash.kernels.attention import kvcache as kv
+
+    monkeypatch.setattr(kv, "_KEPT", {})
+    cases = [(Case(device=device, seed=0), 4), (Case(b=2, h=8, h_kv=8, lens=(100, 5), device=device, seed=1), 7),
+             (Case(n_q=3, n_new=3, device=device, seed=2), 2), (Case(d=64, dv=32, device=device, seed=3), 33),
+             (Case(device=device, seed=0), 4)]
+
+    def call(case, splits):
+        k_cache, v_cache, _ = case.caches(False)
+        return diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, case.k, case.v, causal=True,
+                                                     num_splits=splits, sinks=torch.zeros(case.h, device=device),
+                                                     return_lse=True)
+
+    kept = [call(case, splits) for case, splits in cases]
+    key = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+    assert sorted(kv._KEPT) == [(*key, "lse partials"), (*key, "out")]
+    buffers = dict(kv._KEPT)
+    assert buffers[(*key, "out")].numel() == max(c.b * c.h * c.n_q * s * c.dv for c, s in cases)  # the largest
+    for (case, splits), (out, lse) in zip(cases, kept):
+        monkeypatch.setattr(kv, "_KEPT", {})
+        fresh_out, fresh_lse = call(case, splits)
+        assert torch.equal(out, fresh_out) and torch.equal(lse, fresh_lse)
+    monkeypatch.setattr(kv, "_KEPT", dict(buffers))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out, lse = call(*cases[0])
+    torch.cuda.current_stream().wait_stream(side)
+    assert {k[:2] for k in kv._KEPT} == {key, (key[0], side.cuda_stream)}
+    assert all(kv._KEPT[k] is buf for k, buf in buffers.items())
+    assert torch.equal(out, kept[0][0]) and torch.equal(lse, kept[0][1])
+    before = {k: id(buf) for k, buf in kv._KEPT.items()}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call(*cases[0])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert {k: id(buf) for k, buf in kv._KEPT.items()} == before
+    assert torch.equal(out, kept[0][0]) and torch.equal(lse, kept[0][1])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the scratch lse is kept for CUDA streams only")
+@pytest.mark.parametrize("splits", [1, 4])
+def test_an_lse_nobody_asked_for_goes_to_a_kept_buffer(device, monkeypatch, splits):
+    """Without return_lse, an eager call's lse is written to a kept scratch buffer instead of a fresh
+    tensor (one allocation less a decode step): the output is bit-identical to the call with return_lse,
+    for flash_attention_with_kvcache and for the dense API's decode route (a q of one row)."""
+    from diyflash.kernels.attention import kvcache as kv
+
+    monkeypatch.setattr(kv, "_KEPT", {})
+    case = Case(device=device)
+    k_cache, v_cache, _ = case.caches(False)
+    out, _ = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, causal=True,
+                                                   num_splits=splits, return_lse=True)
+    assert not any(slot == "lse" for *_, slot in kv._KEPT)
+    alone = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, causal=True,
+                                                  num_splits=splits)
+    assert any(slot == "lse" for *_, slot in kv._KEPT)
+    assert torch.equal(alone, out)
+    monkeypatch.setattr(kv, "_KEPT", {})
+    with torch.no_grad():
+        dense, lse = diyflash.flash_attention(case.q, k_cache, v_cache, causal=True, return_lse=True)
+        assert not any(slot == "lse" for *_, slot in kv._KEPT)
+        assert torch.equal(diyflash.flash_attention(case.q, k_cache, v_cache, causal=True), dense)
+        assert any(slot == "lse" for *_, slot in kv._KEPT)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="plans bind compiled kernels; the interpreter has none")
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("splits", [1, 4])
 def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
     """An eager decode loop's host cost (issue 25): a call with the layouts of an earlier one replays
-    that call's bound launches (append, decode, combine) with the new pointers. Bit-identical to the
+    that call's bound launches (append, decode) with the new pointers. Bit-identical to the
     same call planned afresh, for other q, new keys, lengths and caches of the same layouts."""
     from diyflash.kernels.attention import kvcache as kv
 

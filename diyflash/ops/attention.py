@@ -73,14 +73,15 @@ def _variant_kwargs(window_left, window_right, softcap, alibi_slopes):
 
 
 def _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
-                        alibi_slopes=None, sinks=None):
-    """What attention_fwd computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut."""
+                        alibi_slopes=None, sinks=None, need_lse=True):
+    """What attention_fwd computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut
+    (need_lse=False where no caller sees lse: the decode route may then return lse None)."""
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
-            return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, **var)
+            return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, need_lse=need_lse, **var)
     return attention_fwd_blocked(q, k, v, causal, scale, seq_lens, sinks=sinks, **var)
 
 
@@ -278,7 +279,7 @@ def call_attention(q, k, v, causal=False, scale=None, seq_lens=None, window_left
     if dispatcher_free(*tensors):
         alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
         out, lse = _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
-                                       alibi_slopes, sinks)
+                                       alibi_slopes, sinks, need_lse=return_lse)
     elif dispatcher_free(*tensors, autograd=True):
         alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
         out, lse = _EagerAttention.apply(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,

@@ -95,7 +95,8 @@ def attention_kvcache(
     sinks: torch.Tensor | None = None,
     num_splits: int = 0,
     cache_leftpad: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    need_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Write k_new / v_new (B, H_kv, N_new, D) into the cache at cache_seqlens[b] + j (in place), then
     attend q (B, H, N_q, D) to each batch's first cache_seqlens[b] + N_new keys. The cache is (B, H_kv,
     N_cache, D) with any strides, or paged (num_pages, H_kv, page_size, D) through block_table (B,
@@ -103,14 +104,17 @@ def attention_kvcache(
     (no new keys then; launch.attention_fwd's route for a few query rows). cache_leftpad int32 (B,)
     contiguous, or None: batch b's keys start at slot cache_leftpad[b] (a left-padded cache; the slots
     before it are never read). num_splits: 0 picks (num_splits_for).
-    Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32. A call with the layouts of an
+    Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32 (None without need_lse: the kernels
+    then write it to a kept scratch buffer, one allocation less for an eager call). A call with the layouts of an
     earlier one, the caches' strides and lengths of the same classes (_kv_key), replays that call's bound
     launches with its own arguments (launch._replay_with: ~the launches' own host cost)."""
     b, h, n_q, d = q.shape
     k_shape = k_cache.shape
     h_kv, dv = k_shape[1], v_cache.shape[-1]
     out = empty_out(q, dv)
-    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or not _keeps(q)
+           else _kept(q, "lse", b * h * n_q))  # contiguous (B, H, N_q) either way
+    lse_strides = (h * n_q, n_q, 1)
     paged = block_table is not None
     if paged:
         page_size, num_pages, bt_stride = k_shape[2], k_shape[0], block_table.stride(0)
@@ -127,22 +131,23 @@ def attention_kvcache(
         args.append((*k_new.stride(), *v_new.stride(), *k_strides, *v_strides, bt_stride, n_new, capacity, num_pages))
     if out.numel() == 0:
         _run_launches(env, _launches(q, k_cache, v_cache, n_new, paged, page_size, args, None, 0, 0, 1, env))
-        return out, lse
+        return out, lse if need_lse else None
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
     row_tiles = cdiv(n_q * var.kv_group, block_m)
     splits = num_splits or num_splits_for(b, h_kv, row_tiles, capacity, q.device, paged)
-    env.update(_partials(out, lse, splits))
-    if splits > 1:
-        o_strides, l_strides = env["dst"].stride(), env["dst_lse"].stride()
+    env.update(_partials(q, out, lse, splits))
+    if splits > 1:  # the partials are contiguous (B, H, N_q, splits, D_v) and (B, H, N_q, splits)
+        o_strides = (h * n_q * splits * dv, n_q * splits * dv, splits * dv, dv, 1)
+        l_strides = (h * n_q * splits, n_q * splits, splits, 1)
     else:
         o_strides = (*out.stride()[:3], 0, out.stride(3))
-        l_strides = (*lse.stride(), 0)
+        l_strides = (*lse_strides, 0)
     args.append((*q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, bt_stride, _alibi_stride(alibi_slopes),
                  h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group, var.left, var.right,
                  var.cap2))
     if splits > 1:
-        args.append((*out.stride(), *lse.stride(), h, n_q, splits))
+        args.append((*out.stride(), *lse_strides, h, n_q, splits))
     others = (cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad)
     key = _kv_key(q, k_cache, v_cache, page_size, others, var, scale, num_splits, splits,
                   (*k_strides, *v_strides, capacity, var.left, var.right))
@@ -150,14 +155,14 @@ def attention_kvcache(
         key = None
     hit = _KV_PLANS.get(key) if key is not None else None
     if hit is not None and _replay_with(hit, env, args):
-        return out, lse
+        return out, lse if need_lse else None
     launches = _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits, env)
     _run_launches(env, launches)
     if key is not None:
         plan = _bind((env, launches), False)
         if plan is not None:
             _remember(_KV_PLANS, key, plan)
-    return out, lse
+    return out, lse if need_lse else None
 
 
 def _kv_key(q, k_cache, v_cache, page_size: int, others: tuple, var: Variant, scale: float, num_splits: int,
@@ -226,11 +231,61 @@ def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, 
     return launches
 
 
-def _partials(out: torch.Tensor, lse: torch.Tensor, splits: int) -> dict:
-    """Where the decode kernel writes: out and lse themselves (one split), or fp32 partials (B, H, N_q,
-    splits, D_v) and (B, H, N_q, splits) that the combine kernel merges into them."""
+def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int) -> dict:
+    """Where the decode kernel writes: out and lse themselves (one split), or fp32 partials, contiguous (B,
+    H, N_q, splits, D_v) and (B, H, N_q, splits), that the combine kernel merges into them: the leading
+    elements of buffers kept per device and stream (_kept) for an eager CUDA call, fresh ones otherwise."""
     if splits == 1:
         return {"dst": out, "dst_lse": lse}
-    b, h, n_q = lse.shape
-    return {"dst": torch.empty((b, h, n_q, splits, out.shape[-1]), dtype=torch.float32, device=out.device),
-            "dst_lse": torch.empty((b, h, n_q, splits), dtype=torch.float32, device=out.device)}
+    b, h, n_q = q.shape[:3]
+    rows = b * h * n_q * splits
+    if _keeps(q):
+        return {"dst": _kept(q, "out", rows * out.shape[-1]), "dst_lse": _kept(q, "lse partials", rows)}
+    return {"dst": torch.empty(rows * out.shape[-1], dtype=torch.float32, device=q.device),
+            "dst_lse": torch.empty(rows, dtype=torch.float32, device=q.device)}
+
+
+# Buffers that only the launches of one call use (split-KV's partials, which the decode kernel writes and
+# the combine kernel reads; an lse nobody asked for), kept per device and stream between eager calls: a
+# torch.empty costs ~5-7 us of the H200 host's time (bench/results/host_budget_h200.txt), and a B1 decode
+# step three of them, against ~17-25 us of GPU time. Launches on one stream run in order, so a call's
+# kernels write these after the previous call's kernels read them; a call on another stream gets buffers
+# of its own, and a call while a CUDA graph is captured fresh ones (the graph's pool holds them). A buffer
+# only grows: split-KV's partials are B x H x N_q x splits x (D_v + 1) fp32, where B x H_kv x row tiles x
+# splits is at most the GPU's SMs (four times that for a paged cache) unless num_splits asks for more.
+_KEPT: dict[tuple, torch.Tensor] = {}
+MAX_KEPT = 192  # buffers (three a stream): a program with ever-new streams starts over (a freed buffer
+# returns to the pool of the stream it was allocated on)
+
+
+def _keeps(q: torch.Tensor) -> bool:
+    """Whether this call's scratch buffers come from _KEPT: an eager CUDA call (not the interpreter, not
+    while capturing a CUDA graph)."""
+    return q.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+
+def _kept(q: torch.Tensor, slot: str, numel: int) -> torch.Tensor:
+    """The kept fp32 buffer `slot` of q's device and the current stream, at least numel long (contiguous;
+    the kernels use its leading numel elements)."""
+    index = q.get_device()
+    key = (index, _stream(index), slot)
+    buf = _KEPT.get(key)
+    if buf is None or buf.numel() < numel:
+        if buf is None and len(_KEPT) >= MAX_KEPT:
+            _KEPT.clear()
+        buf = _KEPT[key] = torch.empty(max(numel, 0 if buf is None else buf.numel()), dtype=torch.float32,
+                                       device=q.device)
+    return buf
+
+
+_STREAM: list = []
+
+
+def _stream(index: int) -> int:
+    """The current CUDA stream's handle on device `index`, by Triton's driver (~0.1 us, where
+    torch.cuda.current_stream() costs ~8 us of the H200 host's time)."""
+    if not _STREAM:
+        from triton.runtime import driver
+
+        _STREAM.append(driver.active.get_current_stream)
+    return _STREAM[0](index)

@@ -460,7 +460,8 @@ def attention_fwd(
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     packed: Packed | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    need_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k: (Z, H_kv, N_k, D), v: (Z, H_kv, N_k, D_v),
     or 3-D with H = H_kv. Returns (out, lse): out (Z, H, N_q, D_v) in q's memory layout, lse fp32
     (..., N_q) contiguous. The variants (semantics.py): window (left, right), softcap, alibi_slopes
@@ -469,10 +470,12 @@ def attention_fwd(
     packed: q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, D_v) hold packed sequences (Packed), seq_lens
     is cu_seqlens_q; out is (T_q, H, D_v), lse (H, T_q).
     A few query rows (decode_route) run the decode kernel instead: split-KV over the keys, the q heads of a
-    kv head packed into one tile; the same semantics (semantics.py), out and lse alike."""
+    kv head packed into one tile; the same semantics (semantics.py), out and lse alike. There need_lse=False
+    (a caller that drops lse) returns lse None, one allocation less; elsewhere lse is always returned."""
     if decode_route(q, k, seq_lens, packed, config, group):
         return _kvcache().attention_kvcache(q, k, v, None, None, None, None, causal, scale, window=window,
-                                            softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+                                            softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                            need_lse=need_lse)
     out = empty_out(q, v.shape[-1])
     lse = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
