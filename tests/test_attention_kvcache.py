@@ -6,6 +6,8 @@ ALiBi, sinks, split-KV (forced and chosen), the cache contents after the call, o
 compile, CUDA-graph capture, errors and clamping. The same file runs on CPU (interpreter) and on CUDA.
 """
 
+import threading
+
 import pytest
 import torch
 
@@ -419,10 +421,10 @@ def test_cuda_graph_decode_loop_of_32_steps(device):
 
 @pytest.mark.skipif(not ON_GPU, reason="the partials are kept for CUDA streams only (the interpreter's are per call)")
 def test_split_partials_are_kept_per_stream(device, monkeypatch):
-    """Split-KV's partials live in buffers kept per (device, stream) between eager calls: calls of other
-    shapes and split counts in a row share them (growing them where needed), each bit-identical to the same
-    call with fresh buffers. A call on another stream gets buffers of its own, and a captured call its
-    graph's own (the kept ones are not touched)."""
+    """Split-KV's partials live in buffers kept per (device, stream, thread) between eager calls: calls of
+    other shapes and split counts in a row share them (growing them where needed), each bit-identical to the
+    same call with fresh buffers. A call on another stream gets buffers of its own, so does a call from
+    another thread, and a captured call its graph's own (the kept ones are not touched)."""
     from diyflash.kernels.attention import kvcache as kv
 
     monkeypatch.setattr(kv, "_KEPT", {})
@@ -437,7 +439,7 @@ def test_split_partials_are_kept_per_stream(device, monkeypatch):
                                                      return_lse=True)
 
     kept = [call(case, splits) for case, splits in cases]
-    key = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+    key = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream, threading.get_ident())
     assert sorted(kv._KEPT) == [(*key, "lse partials"), (*key, "out")]
     buffers = dict(kv._KEPT)
     assert buffers[(*key, "out")].numel() == max(c.b * c.h * c.n_q * s * c.dv for c, s in cases)  # the largest
@@ -451,9 +453,16 @@ def test_split_partials_are_kept_per_stream(device, monkeypatch):
     with torch.cuda.stream(side):
         out, lse = call(*cases[0])
     torch.cuda.current_stream().wait_stream(side)
-    assert {k[:2] for k in kv._KEPT} == {key, (key[0], side.cuda_stream)}
+    assert {k[:3] for k in kv._KEPT} == {key, (key[0], side.cuda_stream, key[2])}
     assert all(kv._KEPT[k] is buf for k, buf in buffers.items())
     assert torch.equal(out, kept[0][0]) and torch.equal(lse, kept[0][1])
+    results = []
+    worker = threading.Thread(target=lambda: results.append(call(*cases[0])))
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize()
+    assert len({k[:3] for k in kv._KEPT}) == 3 and all(kv._KEPT[k] is buf for k, buf in buffers.items())
+    assert torch.equal(results[0][0], kept[0][0]) and torch.equal(results[0][1], kept[0][1])
     before = {k: id(buf) for k, buf in kv._KEPT.items()}
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from threading import get_ident
+
 import torch
 
 from .._runtime import device_limits, require_triton
@@ -250,12 +252,14 @@ def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int
 # torch.empty costs ~5-7 us of the H200 host's time (bench/results/host_budget_h200.txt), and a B1 decode
 # step three of them, against ~17-25 us of GPU time. Launches on one stream run in order, so a call's
 # kernels write these after the previous call's kernels read them; a call on another stream gets buffers
-# of its own, and a call while a CUDA graph is captured fresh ones (the graph's pool holds them). A buffer
+# of its own, and so does a call from another thread (two threads launching on one stream could interleave
+# one call's decode and combine with another's), and a call while a CUDA graph is captured gets fresh ones
+# (the graph's pool holds them). A buffer
 # only grows: split-KV's partials are B x H x N_q x splits x (D_v + 1) fp32, where B x H_kv x row tiles x
 # splits is at most the GPU's SMs (four times that for a paged cache) unless num_splits asks for more.
 _KEPT: dict[tuple, torch.Tensor] = {}
-MAX_KEPT = 192  # buffers (three a stream): a program with ever-new streams starts over (a freed buffer
-# returns to the pool of the stream it was allocated on)
+MAX_KEPT = 192  # buffers (three a stream and thread): a program with ever-new streams or threads starts over
+# (a freed buffer returns to the pool of the stream it was allocated on)
 
 
 def _keeps(q: torch.Tensor) -> bool:
@@ -265,10 +269,10 @@ def _keeps(q: torch.Tensor) -> bool:
 
 
 def _kept(q: torch.Tensor, slot: str, numel: int) -> torch.Tensor:
-    """The kept fp32 buffer `slot` of q's device and the current stream, at least numel long (contiguous;
-    the kernels use its leading numel elements)."""
+    """The kept fp32 buffer `slot` of q's device, the current stream and thread, at least numel long
+    (contiguous; the kernels use its leading numel elements)."""
     index = q.get_device()
-    key = (index, _stream(index), slot)
+    key = (index, _stream(index), get_ident(), slot)
     buf = _KEPT.get(key)
     if buf is None or buf.numel() < numel:
         if buf is None and len(_KEPT) >= MAX_KEPT:
