@@ -307,6 +307,36 @@ def test_compile_decode_loop(device, leftpad):
     assert explain.graph_break_count == 0
 
 
+class _DecodeStep(torch.nn.Module):
+    def forward(self, q, k_cache, v_cache, seqlens, k, v, block_table, leftpad):
+        return diyflash.flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, k, v, block_table=block_table,
+                                                     cache_leftpad=leftpad, causal=True, window_size=(40, -1))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_export_keeps_the_op_and_its_cache_writes(device, paged):
+    """torch.export of a decode step: diyflash::attention_with_kvcache stays in the graph (writing the caches in
+    place), and after run_decompositions as a functionalized call whose writes into k_cache and v_cache the
+    program records as input mutations. Both programs, run on other values (other q, new keys, lengths,
+    starts), give the eager step's output and leave the same caches."""
+    traced = Case(n_q=2, n_new=2, device=device, leftpad=(3, 0, 64))
+    k_cache, v_cache, table = traced.caches(paged)
+    args = (traced.q, k_cache, v_cache, traced.seqlens, traced.k, traced.v, table, traced.leftpad)
+    ep = torch.export.export(_DecodeStep(), args)
+    assert "torch.ops.diyflash.attention_with_kvcache.default" in str(ep.graph)
+    functional = ep.run_decompositions()
+    assert "diyflash.attention_with_kvcache" in str(functional.graph)
+    assert set(functional.graph_signature.user_inputs_to_mutate.values()) == {"k_cache", "v_cache"}
+    other = Case(n_q=2, n_new=2, lens=(30, 7, 90), device=device, seed=20, leftpad=(0, 2, 5))
+    want_caches = other.caches(paged)
+    want = _DecodeStep()(other.q, *want_caches[:2], other.seqlens, other.k, other.v, want_caches[2], other.leftpad)
+    for program in (ep, functional):
+        caches = other.caches(paged)
+        got = program.module()(other.q, *caches[:2], other.seqlens, other.k, other.v, caches[2], other.leftpad)
+        assert torch.equal(got, want)
+        assert torch.equal(caches[0], want_caches[0]) and torch.equal(caches[1], want_caches[1])
+
+
 def test_autocast(device):
     dtype = torch.bfloat16
     case = Case(n_q=2, n_new=2, device=device, dtype=dtype)
