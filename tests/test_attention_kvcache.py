@@ -464,9 +464,9 @@ def test_split_partials_are_kept_per_stream(device, monkeypatch):
 
     def call(case, splits):
         k_cache, v_cache, _ = case.caches(False)
-        return diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, case.k, case.v, causal=True,
-                                                     num_splits=splits, sinks=torch.zeros(case.h, device=device),
-                                                     return_lse=True)
+        return diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, case.k, case.v,
+                                                     causal=True, num_splits=splits,
+                                                     sinks=torch.zeros(case.h, device=device), return_lse=True)
 
     kept = [call(case, splits) for case, splits in cases]
     key = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream, threading.get_ident())
@@ -534,7 +534,7 @@ def test_an_lse_nobody_asked_for_goes_to_a_kept_buffer(device, monkeypatch, spli
 @pytest.mark.parametrize("splits", [1, 4])
 def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
     """An eager decode loop's host cost (issue 25): a call with the layouts of an earlier one replays
-    that call's bound launches (append, decode) with the new pointers. Bit-identical to the
+    that call's bound launches (append, decode, combine) with the new pointers. Bit-identical to the
     same call planned afresh, for other q, new keys, lengths and caches of the same layouts."""
     from diyflash.kernels.attention import kvcache as kv
 

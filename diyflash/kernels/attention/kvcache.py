@@ -11,7 +11,7 @@ from ..attention_configs import head_dim_pad
 from ..attention_torch import empty_out
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
-from .._launch import DirectLauncher, _int_class, cdiv, runtime_key  # noqa: E402
+from .._launch import DirectLauncher, _active_driver, _int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch import (  # noqa: E402
     DECODE_MAX_ROWS, INTERPRETED, LOG2E, MAX_GRID_Z, MAX_PLANS, Variant, _aligned, _alibi_stride, _bind, _dot_precision, _Launch,
@@ -114,7 +114,8 @@ def attention_kvcache(
     k_shape = k_cache.shape
     h_kv, dv = k_shape[1], v_cache.shape[-1]
     out = empty_out(q, dv)
-    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or not _keeps(q)
+    keep = _keeps(q)
+    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or not keep
            else _kept(q, "lse", b * h * n_q))  # contiguous (B, H, N_q) either way
     lse_strides = (h * n_q, n_q, 1)
     paged = block_table is not None
@@ -138,7 +139,7 @@ def attention_kvcache(
     block_m = decode_rows(n_q, var.kv_group)
     row_tiles = cdiv(n_q * var.kv_group, block_m)
     splits = num_splits or num_splits_for(b, h_kv, row_tiles, capacity, q.device, paged)
-    env.update(_partials(q, out, lse, splits))
+    env.update(_partials(q, out, lse, splits, keep))
     if splits > 1:  # the partials are contiguous (B, H, N_q, splits, D_v) and (B, H, N_q, splits)
         o_strides = (h * n_q * splits * dv, n_q * splits * dv, splits * dv, dv, 1)
         l_strides = (h * n_q * splits, n_q * splits, splits, 1)
@@ -233,30 +234,31 @@ def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, 
     return launches
 
 
-def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int) -> dict:
+def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int, keep: bool) -> dict:
     """Where the decode kernel writes: out and lse themselves (one split), or fp32 partials, contiguous (B,
     H, N_q, splits, D_v) and (B, H, N_q, splits), that the combine kernel merges into them: the leading
-    elements of buffers kept per device and stream (_kept) for an eager CUDA call, fresh ones otherwise."""
+    elements of buffers kept per device, stream and thread (_kept) where `keep` (_keeps: an eager CUDA
+    call), fresh ones otherwise."""
     if splits == 1:
         return {"dst": out, "dst_lse": lse}
     b, h, n_q = q.shape[:3]
     rows = b * h * n_q * splits
-    if _keeps(q):
+    if keep:
         return {"dst": _kept(q, "out", rows * out.shape[-1]), "dst_lse": _kept(q, "lse partials", rows)}
     return {"dst": torch.empty(rows * out.shape[-1], dtype=torch.float32, device=q.device),
             "dst_lse": torch.empty(rows, dtype=torch.float32, device=q.device)}
 
 
 # Buffers that only the launches of one call use (split-KV's partials, which the decode kernel writes and
-# the combine kernel reads; an lse nobody asked for), kept per device and stream between eager calls: a
-# torch.empty costs ~5-7 us of the H200 host's time (bench/results/host_budget_h200.txt), and a B1 decode
-# step three of them, against ~17-25 us of GPU time. Launches on one stream run in order, so a call's
-# kernels write these after the previous call's kernels read them; a call on another stream gets buffers
-# of its own, and so does a call from another thread (two threads launching on one stream could interleave
-# one call's decode and combine with another's), and a call while a CUDA graph is captured gets fresh ones
-# (the graph's pool holds them). A buffer
-# only grows: split-KV's partials are B x H x N_q x splits x (D_v + 1) fp32, where B x H_kv x row tiles x
-# splits is at most the GPU's SMs (four times that for a paged cache) unless num_splits asks for more.
+# the combine kernel reads; an lse nobody asked for), kept per device, stream and thread between eager
+# calls: a torch.empty costs ~5-7 us of the H200 host's time (bench/results/host_budget_h200.txt), and a B1
+# decode step three of them, against ~17-25 us of GPU time. Launches on one stream run in order, so a
+# call's kernels write these after the previous call's kernels read them; a call on another stream gets
+# buffers of its own, and so does a call from another thread (two threads launching on one stream could
+# interleave one call's decode and combine with another's), and a call while a CUDA graph is captured gets
+# fresh ones (the graph's pool holds them). A buffer only grows: split-KV's partials are B x H x N_q x
+# splits x (D_v + 1) fp32, where B x H_kv x row tiles x splits is at most the GPU's SMs (four times that for
+# a paged cache) unless num_splits asks for more.
 _KEPT: dict[tuple, torch.Tensor] = {}
 MAX_KEPT = 192  # buffers (three a stream and thread): a program with ever-new streams or threads starts over
 # (a freed buffer returns to the pool of the stream it was allocated on)
@@ -289,7 +291,5 @@ def _stream(index: int) -> int:
     """The current CUDA stream's handle on device `index`, by Triton's driver (~0.1 us, where
     torch.cuda.current_stream() costs ~8 us of the H200 host's time)."""
     if not _STREAM:
-        from triton.runtime import driver
-
-        _STREAM.append(driver.active.get_current_stream)
+        _STREAM.append(_active_driver()[1])
     return _STREAM[0](index)
