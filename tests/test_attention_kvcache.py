@@ -503,6 +503,43 @@ def test_split_partials_are_kept_per_stream(device, monkeypatch):
     assert torch.equal(out, kept[0][0]) and torch.equal(lse, kept[0][1])
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA-graph trees need a GPU")
+def test_reduce_overhead_compile_of_a_split_decode_step(device, monkeypatch):
+    """torch.compile(mode="reduce-overhead") (CUDA-graph trees, as transformers' static cache generates)
+    of a split-KV decode step writing into static caches: the warmup runs the op eagerly with allocations
+    routed to the graphs' pool, which must hold no buffer beyond the call, so calls through the op keep
+    none (a kept partials buffer made the tree refuse: "tensor(s) in the cudagraph pool not tracked as
+    outputs"). Warmup, recording and replays on new values equal the eager steps, outputs and caches, and
+    the step is not kept out of CUDA graphs."""
+    from torch._dynamo.utils import counters
+
+    from diyflash.kernels.attention import kvcache as kv
+
+    monkeypatch.setattr(kv, "_KEPT", {})  # a kept buffer already big enough would hide an allocation
+    torch._dynamo.reset()
+    counters.clear()
+    case = Case(b=2, h=8, h_kv=2, lens=(100, 37), capacity=256, d=64, dtype=torch.bfloat16, device=device)
+    graph_cache, eager_cache = case.caches(False)[:2], case.caches(False)[:2]
+    for t in graph_cache:
+        torch._dynamo.mark_static_address(t)
+
+    def step(q, k, v, k_cache, v_cache, seqlens):
+        return diyflash.flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, k, v, causal=True, num_splits=4)
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for i in range(4):  # warmup, recording, replays
+        q, k, v = (_randn(t.shape, t.dtype, device, 20 + 3 * i + j) for j, t in enumerate((case.q, case.k, case.v)))
+        seqlens = case.seqlens + i
+        got = compiled(q, k, v, *graph_cache, seqlens).clone()
+        assert kv._KEPT == {}
+        want = step(q, k, v, *eager_cache, seqlens)  # the eager API's shortcut keeps its scratch
+        kv._KEPT.clear()
+        assert torch.equal(got, want)
+    assert torch.equal(graph_cache[0], eager_cache[0]) and torch.equal(graph_cache[1], eager_cache[1])
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    torch._dynamo.reset()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the scratch lse is kept for CUDA streams only")
 @pytest.mark.parametrize("splits", [1, 4])
 def test_an_lse_nobody_asked_for_goes_to_a_kept_buffer(device, monkeypatch, splits):

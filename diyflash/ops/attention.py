@@ -73,15 +73,17 @@ def _variant_kwargs(window_left, window_right, softcap, alibi_slopes):
 
 
 def _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
-                        alibi_slopes=None, sinks=None, need_lse=True):
+                        alibi_slopes=None, sinks=None, need_lse=True, keep_scratch=False):
     """What attention_fwd computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut
-    (need_lse=False where no caller sees lse: the decode route may then return lse None)."""
+    (need_lse=False where no caller sees lse: the decode route may then return lse None; keep_scratch=True
+    from that shortcut only: kvcache.attention_kvcache says why)."""
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
-            return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, need_lse=need_lse, **var)
+            return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, need_lse=need_lse,
+                                            keep_scratch=keep_scratch, **var)
     return attention_fwd_blocked(q, k, v, causal, scale, seq_lens, sinks=sinks, **var)
 
 
@@ -279,7 +281,7 @@ def call_attention(q, k, v, causal=False, scale=None, seq_lens=None, window_left
     if dispatcher_free(*tensors):
         alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
         out, lse = _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
-                                       alibi_slopes, sinks, need_lse=return_lse)
+                                       alibi_slopes, sinks, need_lse=return_lse, keep_scratch=True)
     elif dispatcher_free(*tensors, autograd=True):
         alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
         out, lse = _EagerAttention.apply(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,

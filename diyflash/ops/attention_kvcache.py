@@ -33,8 +33,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, w
 
 def _impl(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False, scale=None,
           window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0, cache_leftpad=None,
-          need_lse=True):
-    """The op's computation. need_lse=False (the API's shortcut, where no caller sees lse) may return lse None."""
+          need_lse=True, keep_scratch=False):
+    """The op's computation. need_lse=False (the API's shortcut, where no caller sees lse) may return lse None;
+    keep_scratch=True from that shortcut only (kernels' attention_kvcache says why)."""
     scale = _resolve_scale(scale, q.shape[-1])
     alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
@@ -45,7 +46,7 @@ def _impl(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, 
         with device_guard(q):
             return _kernels().attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale,
                                                 sinks=sinks, num_splits=num_splits, cache_leftpad=cache_leftpad,
-                                                need_lse=need_lse, **var)
+                                                need_lse=need_lse, keep_scratch=keep_scratch, **var)
     return attention_kvcache_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, sinks=sinks,
                                    cache_leftpad=cache_leftpad, **var)
 
@@ -80,5 +81,5 @@ def call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_
     args = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, window_left, window_right, softcap,
             alibi_slopes, sinks, num_splits, cache_leftpad)
     if dispatcher_free(q, k_cache, v_cache, cache_seqlens, k, v, block_table, alibi_slopes, sinks, cache_leftpad):
-        return _impl(*args, need_lse=need_lse)
+        return _impl(*args, need_lse=need_lse, keep_scratch=True)
     return torch.ops.diyflash.attention_with_kvcache(*args)

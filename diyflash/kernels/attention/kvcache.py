@@ -98,6 +98,7 @@ def attention_kvcache(
     num_splits: int = 0,
     cache_leftpad: torch.Tensor | None = None,
     need_lse: bool = True,
+    keep_scratch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Write k_new / v_new (B, H_kv, N_new, D) into the cache at cache_seqlens[b] + j (in place), then
     attend q (B, H, N_q, D) to each batch's first cache_seqlens[b] + N_new keys. The cache is (B, H_kv,
@@ -106,15 +107,19 @@ def attention_kvcache(
     (no new keys then; launch.attention_fwd's route for a few query rows). cache_leftpad int32 (B,)
     contiguous, or None: batch b's keys start at slot cache_leftpad[b] (a left-padded cache; the slots
     before it are never read). num_splits: 0 picks (num_splits_for).
-    Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32 (None without need_lse: the kernels
-    then write it to a kept scratch buffer, one allocation less for an eager call). A call with the layouts of an
-    earlier one, the caches' strides and lengths of the same classes (_kv_key), replays that call's bound
-    launches with its own arguments (launch._replay_with: ~the launches' own host cost)."""
+    Returns out (B, H, N_q, D_v) in q's layout and lse (B, H, N_q) fp32, or None without need_lse.
+    keep_scratch: the caller is the API's eager shortcut (ops/eager.py dispatcher_free), whose scratch
+    (split-KV's partials, an lse not needed) may then live in buffers kept between calls (_kept), allocations
+    fewer; a call through the op never keeps them: torch.compile's CUDA-graph trees run the op in a warmup
+    whose memory pool must hold nothing beyond the call (mode="reduce-overhead", transformers' static cache).
+    A call with the layouts of an earlier one, the caches' strides and lengths of the same classes (_kv_key),
+    replays that call's bound launches with its own arguments (launch._replay_with: ~the launches' own host
+    cost)."""
     b, h, n_q, d = q.shape
     k_shape = k_cache.shape
     h_kv, dv = k_shape[1], v_cache.shape[-1]
     out = empty_out(q, dv)
-    keep = _keeps(q)
+    keep = keep_scratch and _keeps(q)
     lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or not keep
            else _kept(q, "lse", b * h * n_q))  # contiguous (B, H, N_q) either way
     lse_strides = (h * n_q, n_q, 1)
@@ -237,8 +242,8 @@ def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, 
 def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int, keep: bool) -> dict:
     """Where the decode kernel writes: out and lse themselves (one split), or fp32 partials, contiguous (B,
     H, N_q, splits, D_v) and (B, H, N_q, splits), that the combine kernel merges into them: the leading
-    elements of buffers kept per device, stream and thread (_kept) where `keep` (_keeps: an eager CUDA
-    call), fresh ones otherwise."""
+    elements of buffers kept per device, stream and thread (_kept) where `keep` (keep_scratch and _keeps: an
+    eager CUDA call of the API), fresh ones otherwise."""
     if splits == 1:
         return {"dst": out, "dst_lse": lse}
     b, h, n_q = q.shape[:3]
@@ -256,9 +261,10 @@ def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int
 # call's kernels write these after the previous call's kernels read them; a call on another stream gets
 # buffers of its own, and so does a call from another thread (two threads launching on one stream could
 # interleave one call's decode and combine with another's), and a call while a CUDA graph is captured gets
-# fresh ones (the graph's pool holds them). A buffer only grows: split-KV's partials are B x H x N_q x
-# splits x (D_v + 1) fp32, where B x H_kv x row tiles x splits is at most the GPU's SMs (four times that for
-# a paged cache) unless num_splits asks for more.
+# fresh ones (the graph's pool holds them), as do calls through the op (attention_kvcache's keep_scratch: a
+# CUDA-graph tree's warmup would find a kept buffer live in its pool and refuse to record). A buffer only
+# grows: split-KV's partials are B x H x N_q x splits x (D_v + 1) fp32, where B x H_kv x row tiles x splits
+# is at most the GPU's SMs (four times that for a paged cache) unless num_splits asks for more.
 _KEPT: dict[tuple, torch.Tensor] = {}
 MAX_KEPT = 192  # buffers (three a stream and thread): a program with ever-new streams or threads starts over
 # (a freed buffer returns to the pool of the stream it was allocated on)

@@ -461,6 +461,7 @@ def attention_fwd(
     sinks: torch.Tensor | None = None,
     packed: Packed | None = None,
     need_lse: bool = True,
+    keep_scratch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k: (Z, H_kv, N_k, D), v: (Z, H_kv, N_k, D_v),
     or 3-D with H = H_kv. Returns (out, lse): out (Z, H, N_q, D_v) in q's memory layout, lse fp32
@@ -475,7 +476,7 @@ def attention_fwd(
     if decode_route(q, k, seq_lens, packed, config, group):
         return _kvcache().attention_kvcache(q, k, v, None, None, None, None, causal, scale, window=window,
                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                                            need_lse=need_lse)
+                                            need_lse=need_lse, keep_scratch=keep_scratch)
     out = empty_out(q, v.shape[-1])
     lse = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
