@@ -417,10 +417,14 @@ def test_long_cache_gpu(device):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
-def test_cuda_graph_decode_loop_of_32_steps(device):
-    """32 decode steps captured in one CUDA graph (the lengths advance on the device) equal the eager loop."""
+@pytest.mark.parametrize("leftpad", [False, True])
+def test_cuda_graph_decode_loop_of_32_steps(device, leftpad):
+    """32 decode steps captured in one CUDA graph (the lengths advance on the device) equal the eager loop;
+    with leftpad, a left-padded batch (cache_leftpad, read on the device at every replay) under a window,
+    as a static cache's compiled decode step of transformers runs it."""
     case = Case(b=2, h=8, h_kv=2, n_q=1, n_new=1, d=64, lens=(100, 3), capacity=256, page_size=16,
-                dtype=torch.bfloat16, device=device)
+                dtype=torch.bfloat16, device=device, leftpad=(37, 2) if leftpad else None)
+    extra = dict(cache_leftpad=case.leftpad, window_size=(40, -1)) if leftpad else {}
     steps = 32
     qs = _randn((steps, *case.q.shape), case.q.dtype, device, 11)
     ks = _randn((steps, *case.k.shape), case.k.dtype, device, 12)
@@ -429,12 +433,13 @@ def test_cuda_graph_decode_loop_of_32_steps(device):
     def loop(k_cache, v_cache, bt, seqlens, outs):
         for i in range(steps):
             outs[i] = diyflash.flash_attention_with_kvcache(qs[i], k_cache, v_cache, seqlens, ks[i], vs[i],
-                                                            block_table=bt, causal=True)
+                                                            block_table=bt, causal=True, **extra)
             seqlens += 1
 
     eager_cache = case.caches(True)
     eager_outs = torch.empty(steps, *case.q.shape, dtype=case.q.dtype, device=device)
     loop(*eager_cache, case.seqlens.clone(), eager_outs)
+    eager_first = eager_outs[0].clone()
 
     graph_cache = case.caches(True)
     seqlens = case.seqlens.clone()
@@ -447,6 +452,16 @@ def test_cuda_graph_decode_loop_of_32_steps(device):
     torch.cuda.synchronize()
     assert torch.equal(outs, eager_outs)
     assert torch.equal(graph_cache[0], eager_cache[0]) and torch.equal(graph_cache[1], eager_cache[1])
+    if leftpad:  # other pad counts written into the captured tensor: the replay reads them
+        case.leftpad.copy_(torch.tensor([90, 0], dtype=torch.int32))
+        eager_cache = case.caches(True)
+        loop(*eager_cache, case.seqlens.clone(), eager_outs)
+        for dst, src in zip(graph_cache[:2], case.caches(True)[:2]):
+            dst.copy_(src)
+        seqlens.copy_(case.seqlens)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(outs, eager_outs) and not torch.equal(outs[0], eager_first)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the partials are kept for CUDA streams only (the interpreter's are per call)")
