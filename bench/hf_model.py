@@ -1,8 +1,9 @@
 """End to end through transformers (issue 26): a Llama-style decoder stack (hidden 2048, 16 heads, 4 kv
 heads, bf16, random weights from a config) with attn_implementation "diyattention" against "sdpa" (and
 "flash_attention_2" if installed): training-step time (forward + backward) and greedy generate tokens/s.
-Medians of timed repeats, the providers in turns in the same process.
-    python -m bench.hf_model [--layers 4] [--seq 4096] [--batch 2] [--gen-batch 8] [--prompt 4096] [--new 256]"""
+Medians of timed repeats, the implementations in turns in the same process (a, b, a, b, ...).
+    python -m bench.hf_model [--layers 4] [--seq 4096] [--batch 2 ...] [--gen-batch 8 ...] [--prompt 4096]
+                             [--new 256] [--cache dynamic static]"""
 
 from __future__ import annotations
 
@@ -38,16 +39,43 @@ def llama_config(layers: int, max_positions: int):
                                     max_position_embeddings=max_positions)
 
 
+def _in_turns(fns: dict, repeats: int) -> dict:
+    """Seconds of each fn at each turn, timed in turns (a, b, a, b, ...): the host's speed drifts within a
+    run, so a ratio is taken turn by turn (_row)."""
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(_timed(fn, 1))
+    return times
+
+
+def _rows(task: str, times: dict, tokens: int = 0) -> list[dict]:
+    """One row an implementation: median ms, and its speed against sdpa as the median (and the range) of
+    the turns' ratios sdpa / impl."""
+    rows = []
+    for impl, t in times.items():
+        ratios = [s / x for s, x in zip(times["sdpa"], t)]
+        row = dict(impl=impl, task=task, ms=statistics.median(t) * 1e3, ms_turns=[x * 1e3 for x in t],
+                   vs_sdpa=statistics.median(ratios), vs_sdpa_min=min(ratios), vs_sdpa_max=max(ratios))
+        if tokens:
+            row["tok_s"] = tokens / statistics.median(t)
+        rows.append(row)
+    return rows
+
+
 def main():
     import transformers
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seq", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--gen-batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, nargs="+", default=[2], help="training-step batch sizes")
+    parser.add_argument("--gen-batch", type=int, nargs="+", default=[8], help="generate batch sizes")
     parser.add_argument("--prompt", type=int, default=4096)
     parser.add_argument("--new", type=int, default=256)
+    parser.add_argument("--cache", nargs="+", choices=("dynamic", "static"), default=["dynamic"],
+                        help="generate's KV cache: transformers' default (dynamic) and/or cache_implementation="
+                             "'static' (generate compiles the forward for it)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -61,41 +89,53 @@ def main():
     torch.manual_seed(0)
     base = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg)).to("cuda", torch.bfloat16)
     state = base.state_dict()
+    del base
     models = {}
     for impl in impls:
         m = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
         m.load_state_dict(state)
         models[impl] = m.to("cuda", torch.bfloat16)
-    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda")
-    # token 0 is the pad token below: keep it out of the prompt (generate would infer a mask with gaps from it)
-    # and pass the all-ones mask a tokenizer gives an unpadded batch
-    prompt = torch.randint(1, cfg.vocab_size, (args.gen_batch, args.prompt), device="cuda")
-    prompt_mask = torch.ones_like(prompt)
     head = (f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | transformers {transformers.__version__} | "
-            f"Llama {args.layers} layers h2048 H16/4 bf16")
+            f"Llama {args.layers} layers h2048 H16/4 bf16 | medians of {args.repeats}, the implementations in turns")
     print(head)
     rows = []
-    for impl, m in models.items():
-        def step(m=m):
+    for batch in args.batch:
+        ids = torch.randint(0, cfg.vocab_size, (batch, args.seq), device="cuda")
+
+        def step(m):
             m.zero_grad(set_to_none=True)
             m(input_ids=ids, labels=ids).loss.backward()
-        step()
-        t_step = _timed(step, args.repeats)
+        fns = {impl: (lambda m=m: step(m)) for impl, m in models.items()}
+        for fn in fns.values():
+            fn()
+        rows += _rows(f"train step B{batch} N{args.seq}", _in_turns(fns, args.repeats))
+        for m in models.values():
+            m.zero_grad(set_to_none=True)
+    for m in models.values():
         m.eval()
-        with torch.no_grad():
-            gen = lambda m=m: m.generate(prompt, attention_mask=prompt_mask, max_new_tokens=args.new,  # noqa: E731
-                                         min_new_tokens=args.new, do_sample=False, pad_token_id=0)
-            gen()
-            t_gen = _timed(gen, max(1, args.repeats // 2))
-        m.train()
-        rows.append(dict(impl=impl, step_ms=t_step * 1e3, gen_tok_s=args.gen_batch * args.new / t_gen))
-    ref = next(r for r in rows if r["impl"] == "sdpa")
-    print(f"| impl | train step B{args.batch} N{args.seq} (ms) | vs sdpa | generate B{args.gen_batch} "
-          f"prompt {args.prompt} +{args.new} (tok/s) | vs sdpa |")
+    for cache in args.cache:
+        for batch in args.gen_batch:
+            # token 0 is the pad token below: keep it out of the prompt (generate would infer a mask with gaps
+            # from it) and pass the all-ones mask a tokenizer gives an unpadded batch
+            prompt = torch.randint(1, cfg.vocab_size, (batch, args.prompt), device="cuda")
+            prompt_mask = torch.ones_like(prompt)
+            extra = {"cache_implementation": "static"} if cache == "static" else {}
+
+            def gen(m):
+                with torch.no_grad():
+                    m.generate(prompt, attention_mask=prompt_mask, max_new_tokens=args.new, min_new_tokens=args.new,
+                               do_sample=False, pad_token_id=0, **extra)
+            fns = {impl: (lambda m=m: gen(m)) for impl, m in models.items()}
+            for fn in fns.values():
+                fn()
+            rows += _rows(f"generate B{batch} {cache} prompt {args.prompt} +{args.new}",
+                          _in_turns(fns, max(1, args.repeats // 2)), batch * args.new)
+    print("| task | impl | ms | tok/s | speed vs sdpa, median of turns (range) |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['impl']} | {r['step_ms']:.1f} | {ref['step_ms'] / r['step_ms']:.2f}x | {r['gen_tok_s']:.0f} | "
-              f"{r['gen_tok_s'] / ref['gen_tok_s']:.2f}x |")
+        tok = f"{r['tok_s']:.0f}" if "tok_s" in r else "-"
+        print(f"| {r['task']} | {r['impl']} | {r['ms']:.1f} | {tok} | {r['vs_sdpa']:.2f}x "
+              f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |")
     if args.out:
         with open(args.out, "w") as f:
             for r in rows:

@@ -314,8 +314,8 @@ def flash_attention_with_kvcache(
             shapes and the GPU's SM count. Results are deterministic for a given split count. Eager CUDA
             calls keep their scratch (split-KV's fp32 partials, an lse not asked for) in buffers held per
             device, stream and thread between calls (B x H x N_q x splits x (D_v + 1) floats at most, the
-            largest call's), instead of allocating them every call; a call captured in a CUDA graph
-            allocates its own.
+            largest call's), instead of allocating them every call; a call captured in a CUDA graph, and
+            one through the op (torch.compile, export), allocates its own.
 
         validate: check the values eagerly (one device sync, which waits for the GPU's queued work):
             cache_seqlens >= 0, cache_seqlens + N_new within the capacity (N_cache, or max_pages *
