@@ -131,6 +131,26 @@ def test_generation_with_a_static_cache(device, kind, pad_side):
         assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
 
 
+@pytest.mark.skipif(not ON_GPU, reason="generate compiles a static cache's forward with CUDA graphs on a GPU only")
+@pytest.mark.parametrize("pad_side", [None, "left"])
+def test_static_cache_generate_with_split_kv(device, monkeypatch, pad_side):
+    """The static cache's compiled generate (CUDA-graph trees, mode="reduce-overhead") with every KV-cache
+    call split over 4 key ranges, as long prompts are: the tokens equal sdpa's. Split-KV's scratch kept
+    between calls made the graphs' warmup refuse ("tensor(s) in the cudagraph pool not tracked as
+    outputs") before 2026-11-26; the test above is too short to split."""
+    from diyflash.kernels.attention import kvcache as kv
+
+    calls = []
+    monkeypatch.setattr(kv, "num_splits_for", lambda *args, **kw: calls.append(args) or 4)
+    monkeypatch.setattr(kv, "_KEPT", {})  # a kept buffer already big enough would hide an allocation
+    ours, plain, _ = _models("llama", device)
+    ids, mask = _batch(device, length=16, pad_side=pad_side)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        assert torch.equal(ours.eval().generate(ids, **kw), plain.eval().generate(ids, **kw))
+    assert calls  # the KV-cache kernel ran, split
+
+
 @pytest.mark.parametrize("cache", ["static", "dynamic"])
 def test_left_padded_decode_steps_read_the_cache_in_place(device, monkeypatch, cache):
     """A left-padded batch: every decode step attends through flash_attention_with_kvcache with each row's
