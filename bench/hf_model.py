@@ -41,7 +41,7 @@ def llama_config(layers: int, max_positions: int):
 
 def _in_turns(fns: dict, repeats: int) -> dict:
     """Seconds of each fn at each turn, timed in turns (a, b, a, b, ...): the host's speed drifts within a
-    run, so a ratio is taken turn by turn (_row)."""
+    run, so a ratio is taken turn by turn (_rows)."""
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
