@@ -18,15 +18,13 @@ import torch
 import diyflash.integrations.transformers as dt
 
 
-def _timed(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def _timed(fn) -> float:
+    """Wall-clock seconds of one call, the GPU's queue drained before and after."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
 
 
 def llama_config(layers: int, max_positions: int):
@@ -41,11 +39,12 @@ def llama_config(layers: int, max_positions: int):
 
 def _in_turns(fns: dict, repeats: int) -> dict:
     """Seconds of each fn at each turn, timed in turns (a, b, a, b, ...): the host's speed drifts within a
-    run, so a ratio is taken turn by turn (_rows)."""
+    run, so a ratio is taken turn by turn (_rows). One call a turn, where bench.common.interleaved_times'
+    do_bench would run a 1-2 s generate ~8 times a turn (its estimate, warm-up and timed calls)."""
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            times[name].append(_timed(fn, 1))
+            times[name].append(_timed(fn))
     return times
 
 
