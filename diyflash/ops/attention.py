@@ -29,6 +29,7 @@ from .autocast import register_autocast
 from .eager import dispatcher_free
 from .forward_ad import guard_autograd, refuse_forward_ad
 from .registry import NAMESPACE, entry
+from .rules import for_kernels
 
 
 def _resolve_scale(scale: float | None, head_dim: int) -> float:
@@ -79,6 +80,7 @@ def _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window
     from that shortcut only: kvcache.attention_kvcache says why)."""
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
+    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
@@ -102,20 +104,16 @@ def _check_qkv(op: str, q, k, v, seq_lens, window_left=-1, window_right=-1, soft
 
 
 def _prepare_variants(alibi_slopes, sinks):
-    # the kernels read slopes and sinks with unit stride along the heads: a copy of at most B*H floats
-    # where the caller's are strided
-    if alibi_slopes is not None and alibi_slopes.stride(-1) != 1:
-        alibi_slopes = alibi_slopes.contiguous()
-    if sinks is not None and sinks.stride(-1) != 1:
-        sinks = sinks.contiguous()
-    return alibi_slopes, sinks
+    """Slopes and sinks as the kernels read them (rules.for_kernels: a copy of at most B*H floats where the
+    caller's are strided). Every implementation function applies it, so each route does: the op, the API's
+    shortcut, and the eager backward, which gets the tensors autograd saved as the caller gave them."""
+    return for_kernels(alibi_slopes), for_kernels(sinks)
 
 
 @custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
 def attention_fwd(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
                   alibi_slopes=None, sinks=None):
     _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
-    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     return _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
                                alibi_slopes, sinks)
 
@@ -168,6 +166,7 @@ def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, 
     eager shortcut."""
     scale = _resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
+    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
@@ -182,7 +181,6 @@ def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, 
 def attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
                   softcap=0.0, alibi_slopes=None, sinks=None):
     _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
-    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     return _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left, window_right,
                                softcap, alibi_slopes, sinks)
 
@@ -279,11 +277,9 @@ def call_attention(q, k, v, causal=False, scale=None, seq_lens=None, window_left
     variants = (window_left, window_right, softcap, alibi_slopes, sinks)
     tensors = (q, k, v, seq_lens, alibi_slopes, sinks)
     if dispatcher_free(*tensors):
-        alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
         out, lse = _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
                                        alibi_slopes, sinks, need_lse=return_lse, keep_scratch=True)
     elif dispatcher_free(*tensors, autograd=True):
-        alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
         out, lse = _EagerAttention.apply(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
                                          alibi_slopes, sinks)
     elif return_lse:

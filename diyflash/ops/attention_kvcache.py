@@ -19,6 +19,7 @@ from .checks import check_dtype, check_kvcache, check_variants
 from .eager import dispatcher_free
 from .forward_ad import guard_autograd
 from .registry import entry
+from .rules import for_kernels, written_error, written_shape_error
 
 _OP = entry("attention_with_kvcache")
 OP_NAME = "attention_with_kvcache"
@@ -29,6 +30,9 @@ def _check(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, w
     check_kvcache(OP_NAME, q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits, cache_leftpad)
     check_dtype(OP_NAME, q=q)
     check_variants(OP_NAME, q, window_left, window_right, softcap, alibi_slopes, sinks)
+    error = written_shape_error(k_cache, v_cache, k)
+    if error:
+        raise ValueError(f"diyflash::{OP_NAME}: {error}")
 
 
 def _impl(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, causal=False, scale=None,
@@ -36,12 +40,14 @@ def _impl(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, 
           need_lse=True, keep_scratch=False):
     """The op's computation. need_lse=False (the API's shortcut, where no caller sees lse) may return lse None;
     keep_scratch=True from that shortcut only (kernels' attention_kvcache says why)."""
+    error = written_error(k_cache, v_cache, k, v)  # where they are written: storage addresses, so here
+    if error:
+        raise ValueError(f"diyflash::{OP_NAME}: {error}")
     scale = _resolve_scale(scale, q.shape[-1])
     alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
-    cache_seqlens = cache_seqlens.contiguous()  # B integers
-    if cache_leftpad is not None:
-        cache_leftpad = cache_leftpad.contiguous()
+    # index tensors with unit strides: B (or B x pages) integers
+    cache_seqlens, cache_leftpad, block_table = map(for_kernels, (cache_seqlens, cache_leftpad, block_table))
     if uses_triton(q):
         with device_guard(q):
             return _kernels().attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale,
@@ -81,5 +87,16 @@ def call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_
     args = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, window_left, window_right, softcap,
             alibi_slopes, sinks, num_splits, cache_leftpad)
     if dispatcher_free(q, k_cache, v_cache, cache_seqlens, k, v, block_table, alibi_slopes, sinks, cache_leftpad):
-        return _impl(*args, need_lse=need_lse, keep_scratch=True)
+        result = _impl(*args, need_lse=need_lse, keep_scratch=True)
+        if k is not None:
+            # what the op's mutation does through the dispatcher: a tensor autograd saved before this append
+            # then refuses to serve a backward, instead of serving the new values
+            _bump_version(k_cache)
+            _bump_version(v_cache)
+        return result
     return torch.ops.diyflash.attention_with_kvcache(*args)
+
+
+def _bump_version(t: torch.Tensor) -> None:
+    if not t.is_inference():  # an inference tensor keeps no version counter
+        torch.autograd.graph.increment_version(t)

@@ -20,6 +20,7 @@ from .checks import check_dtype, check_variants, check_varlen, one_device
 from .eager import dispatcher_free
 from .forward_ad import guard_autograd, refuse_forward_ad
 from .registry import NAMESPACE, entry
+from .rules import for_kernels
 
 _FWD = entry("attention_varlen_fwd")
 _BWD = entry("attention_varlen_bwd")
@@ -43,6 +44,8 @@ def _packed(cu_k, max_q, max_k):
 def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
               alibi_slopes=None, sinks=None):
     scale = _resolve_scale(scale, q.shape[-1])
+    cu_q, cu_k = for_kernels(cu_q), for_kernels(cu_k)  # the kernels read cu_seqlens with unit stride
+    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
@@ -57,7 +60,6 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
                          window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
     _check("attention_varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
            window_right, softcap, alibi_slopes, sinks)
-    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
                      window_right, softcap, alibi_slopes, sinks)
 
@@ -80,6 +82,8 @@ def _check_bwd(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, window_l
 def _bwd_impl(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1,
               window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
     scale = _resolve_scale(scale, q.shape[-1])
+    cu_q, cu_k = for_kernels(cu_q), for_kernels(cu_k)
+    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
@@ -102,7 +106,6 @@ def attention_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens
                          causal, scale, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
     _check_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
                window_right, softcap, alibi_slopes, sinks)
-    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
     return _bwd_impl(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                      scale, window_left, window_right, softcap, alibi_slopes, sinks)
 
@@ -171,7 +174,6 @@ def call_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale
     implementation itself where nothing (tracer, mode, subclass, autograd) could tell it from the op."""
     refuse_forward_ad("attention_varlen", q, k, v, sinks)
     if dispatcher_free(q, k, v, cu_q, cu_k, alibi_slopes, sinks):
-        alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
         out, lse = _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left, window_right, softcap,
                              alibi_slopes, sinks)
         return (out, lse) if return_lse else out

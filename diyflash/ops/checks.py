@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .rules import softcap_error
+
 
 def one_device(op: str, **tensors: torch.Tensor | None) -> None:
     """Every given tensor on one device. The dispatcher picks one backend for a call with tensors on
@@ -112,8 +114,9 @@ def variant_error(q: torch.Tensor, window_left, window_right, softcap, alibi_slo
             return ValueError, f"{name} must be -1 (unbounded) or >= 0, got {side}"
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float, torch.SymFloat)):
         return TypeError, f"softcap must be a float, got {type(softcap).__name__} {softcap!r}"
-    if not softcap >= 0 or softcap == float("inf"):
-        return ValueError, f"softcap must be finite and >= 0 (0 = off), got {softcap}"
+    error = softcap_error(softcap)
+    if error:
+        return ValueError, error
     if alibi_slopes is None and sinks is None:  # the usual call: nothing below to check
         return None
     allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
@@ -212,6 +215,10 @@ def cu_seqlens_error(cu: torch.Tensor, name: str, total: int, max_seqlen: int) -
     return None
 
 
+MAX_KVCACHE_ROWS = 65535
+MAX_KVCACHE_NEW = 16 * 65535
+
+
 def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_splits,
                   cache_leftpad=None) -> tuple[type, str] | None:
     """The one rule for KV-cache shapes: q (B, H, N_q, D); a cache (B, H_kv, N_cache, D) / (B, H_kv,
@@ -254,11 +261,15 @@ def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_spl
             return TypeError, f"cache_leftpad must be an int32 tensor, got {getattr(cache_leftpad, 'dtype', cache_leftpad)}"
         if cache_leftpad.shape != (b,):
             return ValueError, f"cache_leftpad must have shape ({b},), got {tuple(cache_leftpad.shape)}"
+    if qs[2] > MAX_KVCACHE_ROWS:  # the combine's grid holds the query rows on an axis CUDA caps at 65535
+        return ValueError, f"q may have at most {MAX_KVCACHE_ROWS} query rows (N_q) a KV-cache call, got {qs[2]}"
     if (k is None) != (v is None):
         return ValueError, "k and v must be given together (the new keys and values), or neither"
     if k is not None:
         if k.dim() != 4:
             return ValueError, f"k and v must be 4-D (B, H_kv, N_new, D), got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        if k.shape[2] > MAX_KVCACHE_NEW:  # the append's grid: blocks of 16 new keys on an axis capped at 65535
+            return ValueError, f"k and v may hold at most {MAX_KVCACHE_NEW} new keys a call, got {k.shape[2]}"
         want_k = (b, h_kv, k.shape[2], d)
         want_v = (b, h_kv, k.shape[2], vs[3])
         if k.shape != want_k or v.shape != want_v:
