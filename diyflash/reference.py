@@ -80,8 +80,10 @@ def attention_ref(
     any_visible = visible.any(-1, keepdim=True) & row_valid
     lse = torch.logsumexp(scores.float() if not upcast else scores, dim=-1)
     lse = lse.masked_fill(~any_visible.squeeze(-1), float("-inf"))
-    # rows that see no key: softmax over zeros (finite), then multiplied by 0, so no NaN reaches autograd
-    p = torch.softmax(torch.where(any_visible, scores, 0.0), dim=-1) * any_visible
+    # rows that see no key: softmax over zeros (finite), then multiplied by 0, so no NaN reaches autograd.
+    # A sink of +inf holds all of its row's mass (lse +inf): its probability is 1, not inf - inf
+    probs_of = scores.clamp(max=torch.finfo(scores.dtype).max) if sinks is not None else scores
+    p = torch.softmax(torch.where(any_visible, probs_of, 0.0), dim=-1) * any_visible
     out = torch.matmul(p.to(v.dtype), v)
     return out, lse
 

@@ -17,6 +17,9 @@ from typing import NamedTuple
 import torch
 
 BLOCK_N = 128
+# semantics.SINK_CAP2 in natural units (2^126 * ln 2, ~5.9e37): a sink beyond it starts its rows there and
+# gives their lse the sink itself (semantics._sink_start, _sink_lse)
+SINK_CAP = 2.0**126 * 0.6931471805599453
 
 
 def band(causal: bool, window: tuple[int, int], n_q: int, n_k: int) -> tuple[bool, bool, int, int]:
@@ -35,13 +38,30 @@ def band(causal: bool, window: tuple[int, int], n_q: int, n_k: int) -> tuple[boo
 
 def empty_out(q: torch.Tensor, dv: int) -> torch.Tensor:
     """The output (..., N_q, D_v) in q's memory layout: torch.empty_like(q) when D_v = D, else the
-    same dimension order. Every path and the ops' fakes allocate it here, so their strides agree."""
+    same dimension order; contiguous where q is not dense (expanded or sliced), as empty_like makes it.
+    Every path and the ops' fakes allocate it here, so their strides agree."""
     if q.shape[-1] == dv:
         return torch.empty_like(q)
+    if not _dense(q):
+        # ordering an expanded q's dims by stride put its batch (stride 0) innermost: an output with batch
+        # stride 1 and head_dim stride B, which the H200 forward faulted on (tests/test_differential.py)
+        return torch.empty((*q.shape[:-1], dv), dtype=q.dtype, device=q.device)
     order = sorted(range(q.dim()), key=lambda i: -q.stride(i))  # q's dims, outermost first
     shape = (*q.shape[:-1], dv)
     dense = torch.empty([shape[i] for i in order], dtype=q.dtype, device=q.device)
     return dense.permute([order.index(i) for i in range(q.dim())])
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill its memory exactly once in some order of its dims (non-overlapping and
+    dense, as PyTorch's empty_like asks before it keeps a layout)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
 
 
 def _as_5d(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -241,8 +261,8 @@ def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n
     if sinks is None:
         m = torch.full(stats, float("-inf"), dtype=acc_t, device=q.device)
         l = torch.zeros(stats, dtype=acc_t, device=q.device)
-    else:  # the sink starts every row: max = sink, sum = 1
-        m = sinks.to(acc_t).view(1, h_kv, g, 1).expand(stats).clone()
+    else:  # the sink starts every row: max = sink (capped as semantics._sink_start caps it), sum = 1
+        m = sinks.to(acc_t).clamp(max=SINK_CAP).view(1, h_kv, g, 1).expand(stats).clone()
         l = torch.ones(stats, dtype=acc_t, device=q.device)
     acc = torch.zeros((*stats, v.shape[-1]), dtype=acc_t, device=q.device)
     qs, rest = _prescaled(q5, scale)
@@ -262,6 +282,9 @@ def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n
     l_safe = torch.where(live, l, 1.0)
     out5 = torch.where(live.unsqueeze(-1), acc / l_safe.unsqueeze(-1), 0.0)
     lse5 = torch.where(live, m + torch.log(l_safe), float("-inf"))
+    if sinks is not None:  # semantics._sink_lse: a sink past the cap holds all of its row's mass
+        sink = sinks.to(acc_t).view(1, h_kv, g, 1)
+        lse5 = torch.where(live & (sink >= SINK_CAP), torch.maximum(lse5, sink), lse5)
     _restore(out, out5, packed is not None)
     _restore(lse, lse5, packed is not None)
     return out, lse
@@ -327,7 +350,9 @@ def sinks_grad(sinks, out, dout, lse, dlse):
     if dlse is not None:
         delta = delta - dlse.to(acc_t)
     lse = lse.to(acc_t)
-    p_sink = torch.exp(sinks.to(acc_t).view(-1, 1) - torch.where(lse == float("-inf"), float("inf"), lse))
+    diff = sinks.to(acc_t).view(-1, 1) - torch.where(lse == float("-inf"), float("inf"), lse)
+    # a +inf sink has lse +inf: inf - inf is its probability 1 (it holds all of its row's mass)
+    p_sink = torch.exp(torch.where(diff.isnan(), 0.0, diff).clamp(max=0.0))
     return -(p_sink * delta).sum((0, 2)).to(sinks.dtype)
 
 

@@ -17,7 +17,8 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import _from_start, _inv, _prescaled, _scores, _visible  # noqa: E402
+from .semantics import (_from_start, _inv, _prescaled, _scores, _sink_lse, _sink_start, SINK_CAP2,  # noqa: E402
+                        _visible)
 from .tiles import _load  # noqa: E402
 
 
@@ -55,10 +56,11 @@ def _cache_append_kernel(
     BLOCK: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):
     """Write the new keys and values of (batch, kv head) at cache positions cache_seqlens[b] + j. A
-    position outside [0, capacity) or on a page entry outside [0, num_pages) is not written."""
+    position outside [0, capacity) or on a page entry outside [0, num_pages) is not written. Grid (B, H_kv,
+    blocks of new keys): the batch on axis 0, which CUDA does not cap at 65535."""
+    b = tl.program_id(0)
     off_h = tl.program_id(1)
-    b = tl.program_id(2)
-    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    j = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
     pos = tl.load(cache_seqlens_ptr + b) + j
     ok = (j < n_new) & (pos >= 0) & (pos < capacity)
     slot, row, page_ok = _cache_slots(b, pos, ok, block_table_ptr, stride_btb, num_pages, PAGED, PAGE_SIZE, False, 0)
@@ -156,8 +158,8 @@ def _attn_decode_kernel(
     q, qk_scale = _prescaled(q, qk_scale)  # the raw dot overflows only where the scaled score does
     inv_cap2 = _inv(cap2, SOFTCAP)
     if SINKS:
-        m_i = tl.load(sinks_ptr + off_h, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        sink = tl.load(sinks_ptr + off_h, mask=row_ok, other=0.0).to(tl.float32)
+        m_i, l_i = _sink_start(sink, BLOCK_M)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -190,6 +192,8 @@ def _attn_decode_kernel(
     l_safe = tl.where(live, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    if SINKS:
+        lse = _sink_lse(lse, sink)
     o_ptrs = (out_ptr + b.to(tl.int64) * stride_oz + off_h.to(tl.int64)[:, None] * stride_oh
               + qi.to(tl.int64)[:, None] * stride_om + split.to(tl.int64) * stride_os + offs_dv[None, :] * stride_od)
     l_ptrs = (lse_ptr + b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + qi.to(tl.int64) * stride_lm
@@ -208,30 +212,34 @@ def _attn_decode_combine_kernel(
 ):
     """Merge the splits of one query row: out = sum_s exp(lse_s - lse) out_s, lse = log(sum_s exp(lse_s)
     [+ exp(sink)]), in split order (deterministic). The partials are contiguous (B, H, N_q, S, D_v) and
-    (B, H, N_q, S) fp32. A row no split saw outputs 0 with lse -inf (the sink with SINKS)."""
-    i = tl.program_id(0)
+    (B, H, N_q, S) fp32. A row no split saw outputs 0 with lse -inf (the sink with SINKS). Grid (B, H, N_q):
+    the batch on axis 0, which CUDA does not cap at 65535."""
+    b = tl.program_id(0)
     off_h = tl.program_id(1)
-    b = tl.program_id(2)
+    i = tl.program_id(2)
     row = (b.to(tl.int64) * num_heads + off_h) * n_q + i
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
     s_ok = offs_s < num_splits
     lse_s = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse_s, 0)
-    if SINKS:
+    if SINKS:  # natural units here: the sink capped as _sink_start caps it (SINK_CAP2 * ln 2)
         sink = tl.load(sinks_ptr + off_h).to(tl.float32)
-        m = tl.maximum(m, sink)
+        sink_c = tl.minimum(sink, SINK_CAP2 * 0.6931471805599453)
+        m = tl.maximum(m, sink_c)
     m_sub = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - m_sub)
     total = tl.sum(w, 0)
     if SINKS:
-        total += tl.exp(sink - m_sub)
+        total += tl.exp(sink_c - m_sub)
     parts = tl.load(part_out_ptr + (row * num_splits + offs_s[:, None]) * HEAD_DIM_V + offs_dv[None, :],
                     mask=s_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :], other=0.0)
     live = total > 0
     total_safe = tl.where(live, total, 1.0)
     out = tl.sum(parts * (w / total_safe)[:, None], 0)
     lse = tl.where(live, m_sub + tl.log(total_safe), float("-inf"))
+    if SINKS:
+        lse = _sink_lse(lse, sink)
     tl.store(out_ptr + b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh + i.to(tl.int64) * stride_om
              + offs_dv * stride_od, out.to(out_ptr.dtype.element_ty), mask=offs_dv < HEAD_DIM_V)
     tl.store(lse_ptr + b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + i.to(tl.int64) * stride_lm, lse)

@@ -8,7 +8,8 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
 from .lazy import LAZY_SLACK, _rescale  # noqa: E402
-from .semantics import _band, _inv, _prescaled, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
+from .semantics import (_band, _inv, _prescaled, _scores, _sequence, _sink_lse, _sink_start, _slope, _tile,  # noqa: E402
+                        _visible)
 from .tiles import _desc_load, _desc_load4, _load, _rows, _rows_desc, _stepped, _streamed  # noqa: E402
 
 
@@ -188,8 +189,8 @@ def _attn_fwd_kernel(
     if PASS == 2:  # exact (the same bits where the raw dot is finite), and the dot overflows only where the score does
         q, qk_scale = _prescaled(q, qk_scale)
     if SINKS:  # the sink is a logit of its own: the row starts with max = sink, sum = exp(sink - sink) = 1
-        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + tl.load(sinks_ptr + off_h).to(tl.float32) * 1.4426950408889634
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        sink = tl.load(sinks_ptr + off_h).to(tl.float32)
+        m_i, l_i = _sink_start(sink, BLOCK_M)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -237,6 +238,8 @@ def _attn_fwd_kernel(
     else:
         out = acc / l_safe[:, None]
     lse = tl.where(row_live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # * ln(2)
+    if SINKS:
+        lse = tl.where(row_live, _sink_lse(lse, sink), lse)
     if PASS == 1:
         # a raw q.k past fp32's range (issue 23) leaves +-inf or NaN scores: a NaN sum, or no finite max in a
         # row that has keys (every score -inf). Mark the block for the second pass. (A block whose rows see

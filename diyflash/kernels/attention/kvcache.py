@@ -218,7 +218,7 @@ def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, 
     if n_new and b:
         block = 16
         launches.append(_Launch(
-            _APPEND, (cdiv(n_new, block), h_kv, b), ("k_new", "v_new", "k_cache", "v_cache", "cache_seqlens", "block_table"),
+            _APPEND, (b, h_kv, cdiv(n_new, block)), ("k_new", "v_new", "k_cache", "v_cache", "cache_seqlens", "block_table"),
             args.pop(0), dict(BLOCK=block, num_warps=4, **common)))
     if not args:
         return launches
@@ -233,7 +233,7 @@ def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, 
              num_warps=DECODE_WARPS, num_stages=decode_stages(b * h_kv * row_tiles, splits, q.device), **common)))
     if splits > 1:
         launches.append(_Launch(
-            _COMBINE, (n_q, h, b), ("dst", "dst_lse", "out", "lse", "sinks"), args[1],
+            _COMBINE, (b, h, n_q), ("dst", "dst_lse", "out", "lse", "sinks"), args[1],
             dict(HEAD_DIM_V=dv, HEAD_DIM_V_PAD=head_dim_pad(dv), SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()),
                  SINKS=env["sinks"] is not None, num_warps=4)))
     return launches

@@ -191,6 +191,28 @@ def _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI: tl.constexpr):
     return slope2
 
 
+# A sink logit (gpt-oss) starts every row's online softmax: max = the sink in base 2, sum = 1. A sink past
+# SINK_CAP2 in base 2 (+inf included, ~5.9e37 in natural units) starts at SINK_CAP2 instead, where sink * log2(e)
+# would leave fp32's range (inf - inf = NaN in the first rescale): every key's p is then exp2(s - SINK_CAP2) = 0,
+# the output 0, and _sink_lse gives lse the sink itself: it holds all of its row's mass, as it does on the
+# PyTorch path (attention_torch.SINK_CAP) and in the reference.
+SINK_CAP2: tl.constexpr = tl.constexpr(2.0**126)
+
+
+@triton.jit
+def _sink_start(sink, BLOCK_M: tl.constexpr):
+    """(m, l) of rows that start with this sink logit (natural units, fp32; a scalar or one per row)."""
+    m = tl.minimum(sink * 1.4426950408889634, SINK_CAP2) + tl.zeros([BLOCK_M], dtype=tl.float32)
+    return m, tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+
+
+@triton.jit
+def _sink_lse(lse, sink):
+    """A row's natural-log lse where it started with `sink`: the sink itself (or a larger lse) where the sink
+    was past SINK_CAP2, whose mass is then all of the row's; lse elsewhere."""
+    return tl.where(sink * 1.4426950408889634 >= SINK_CAP2, tl.maximum(lse, sink), lse)
+
+
 @triton.jit
 def _inv(cap2, SOFTCAP: tl.constexpr):
     """1 / cap2 for the softcap (0.0 without SOFTCAP: unused)."""
