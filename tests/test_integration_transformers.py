@@ -328,6 +328,40 @@ def test_packed_rows_through_position_ids(device):
     torch.testing.assert_close(packed, alone, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("positions", [[*range(5, 11), *range(6)], [5, 4, 3, 2, 1, 0], [0, 1, 2, 2, 3, 4, 0, 1],
+                                       [*range(3, 9), *range(4)]])
+def test_packed_rows_in_any_order_equal_sdpa(device, positions):
+    """A packed row whose first segment does not start at its smallest position (segments in any order, a
+    position that falls or repeats): each segment starts where the position is not the previous one plus 1,
+    as transformers' sdpa masks it; every row written (before, the first segment's rows were left empty)."""
+    ours, plain, _ = _models("llama", device)
+    ours.eval()
+    plain.eval()
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, VOCAB, (1, len(positions)), generator=gen).to(device)
+    pos = torch.tensor([positions], device=device)
+    with torch.no_grad():  # no cache: sdpa's masks find packed rows only then (as in training)
+        got = ours(input_ids=ids, position_ids=pos, use_cache=False).logits
+        want = plain(input_ids=ids, position_ids=pos, use_cache=False).logits
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_sequence_starts_follow_transformers():
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    from diyflash.integrations.padding import sequence_starts, sequences_from_positions
+
+    for positions in ([0, 1, 2, 0, 1], [5, 6, 0, 1, 2], [3, 2, 1], [0, 1, 1, 2], [4, 5, 6], [0]):
+        pos = torch.tensor([positions])
+        seq = find_packed_sequence_indices(pos)
+        want = torch.zeros(len(positions), dtype=torch.bool) if seq is None else torch.diff(
+            seq[0], prepend=seq[0, :1] - 1) != 0
+        want[0] = True
+        assert sequence_starts(pos).tolist() == want.tolist(), positions
+        cu = sequences_from_positions(pos)
+        assert cu.tolist() == [*want.nonzero().squeeze(1).tolist(), len(positions)]
+
+
 def test_compiled_training_step_has_no_graph_break(device):
     ours, _, _ = _models("llama", device)
     ids, _ = _batch(device)

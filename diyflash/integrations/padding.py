@@ -136,18 +136,26 @@ def _gap_rows(mask, inner, keep_k, cu_k, q0: int, len_q: int):
     return (b * len_q + col, keys, cu_seqlens(run_rows.to(torch.int32)), cu_keys, most_rows, most_keys)
 
 
-def sequences_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
-    """cu_seqlens of the sequences packed in one row of position_ids (1, T) (a sequence starts wherever the
-    position is the row's smallest, as in transformers). Eagerly the starts are
-    found with nonzero (one device sync); while compiling, a fixed-size (T + 1,) cu_seqlens (sequences past
-    the last are empty) keeps shapes static and the graph whole, at the cost of T grid slices."""
+def sequence_starts(position_ids: torch.Tensor) -> torch.Tensor:
+    """(T,) bool: where one row of position_ids (1, T) starts a sequence: its first token, and every token
+    whose position is not the previous one's plus 1 (transformers' find_packed_sequence_indices: rows
+    packed in any order, [5..10, 0..5], or a position that repeats or falls, start sequences of their own)."""
     pos = position_ids.reshape(-1)
-    total = pos.shape[0]
-    starts = pos == pos.min()
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[1:] = pos[1:] != pos[:-1] + 1
+    return starts
+
+
+def sequences_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
+    """cu_seqlens of the sequences packed in one row of position_ids (1, T) (sequence_starts). Eagerly the
+    starts are found with nonzero (one device sync); while compiling, a fixed-size (T + 1,) cu_seqlens
+    (sequences past the last are empty) keeps shapes static and the graph whole, at the cost of T grid
+    slices."""
+    starts = sequence_starts(position_ids)
+    total = starts.shape[0]
     if not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
         first = starts.nonzero().squeeze(1).to(torch.int32)
         return torch.cat([first, first.new_full((1,), total)])
-    seq = torch.cumsum(starts.to(torch.int32), 0) - 1  # sequence of each token (0 when the row starts mid-way)
-    lengths = torch.zeros(total, dtype=torch.int32, device=pos.device).scatter_add(
-        0, seq.clamp(min=0).long(), torch.ones_like(seq))
+    seq = torch.cumsum(starts.to(torch.int32), 0) - 1  # sequence of each token (the first token starts one)
+    lengths = torch.zeros(total, dtype=torch.int32, device=starts.device).scatter_add(0, seq.long(), torch.ones_like(seq))
     return cu_seqlens(lengths)

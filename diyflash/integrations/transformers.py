@@ -32,7 +32,7 @@ import weakref
 import torch
 
 from ..api import flash_attention, flash_attention_varlen, flash_attention_with_kvcache
-from .padding import pad, sequences_from_positions, token_major, unpad_attention
+from .padding import pad, sequence_starts, sequences_from_positions, token_major, unpad_attention
 
 ATTN_IMPLEMENTATION = "diyattention"
 
@@ -220,12 +220,12 @@ def _version(t: torch.Tensor) -> int | None:
 
 
 def _restarts(position_ids: torch.Tensor) -> bool:
-    """Whether one row of position_ids packs several sequences (it is not min, min + 1, ...). Eagerly a
-    device sync; while compiling, always True (sequences_from_positions then keeps shapes static)."""
+    """Whether one row of position_ids packs several sequences (padding.sequence_starts past its first
+    token). Eagerly a device sync; while compiling, always True (sequences_from_positions then keeps shapes
+    static)."""
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return True
-    pos = position_ids.reshape(-1)
-    return bool((pos != torch.arange(pos.shape[0], device=pos.device) + pos.min()).any())
+    return bool(sequence_starts(position_ids)[1:].any())
 
 
 def register() -> str:
