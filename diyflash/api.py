@@ -14,8 +14,8 @@ from .ops.attention_varlen import call_attention_varlen
 from .ops.matmul import call_matmul
 from .kernels import interpreter_active
 from .kernels.matmul_configs import manual_config
-from .ops.checks import (attention_shape_error, cu_seqlens_error, kvcache_error, kvcache_values_error, variant_error,
-                         varlen_error)
+from .ops.checks import (attention_shape_error, cu_seqlens_error, kvcache_error, kvcache_values_error, one_device,
+                         variant_error, varlen_error)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -155,6 +155,19 @@ def flash_attention(
             not float32.
         ModuleNotFoundError: "triton is required" when triton is missing.
     """
+    causal, sm_scale, left, right, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap,
+                                                                 alibi_slopes, sinks, seq_lens=seq_lens)
+    out = call_attention(q, k, v, causal, sm_scale, seq_lens, left, right, softcap, alibi_slopes, sinks,
+                         _check_bool("return_lse", return_lse))
+    return tuple(out) if return_lse else out
+
+
+def attention_arguments(q, k, v, causal, sm_scale, window_size, softcap, alibi_slopes, sinks, *, seq_lens=None,
+                        any_device: bool = False) -> tuple[bool, float | None, int, int, float]:
+    """flash_attention's argument rules, which diyflash.distributed applies to every rank's shards too:
+    raises what flash_attention documents, else returns (causal, sm_scale, window left, window right,
+    softcap) as the ops take them. any_device: CPU tensors without the interpreter too (the ops' PyTorch
+    path; the distributed attentions run on gloo's CPU processes)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -164,7 +177,10 @@ def flash_attention(
         )
     if not _usual(q, k, v):
         _check_dtypes(q=q, k=k, v=v)
-        _check_devices(q=q, k=k, v=v)
+        if any_device:
+            one_device("attention", q=q, k=k, v=v)
+        else:
+            _check_devices(q=q, k=k, v=v)
     shape_problem = attention_shape_error(q, k, v)
     if shape_problem:
         raise ValueError(shape_problem)
@@ -172,9 +188,7 @@ def flash_attention(
     if seq_lens is not None:
         _check_seq_lens(seq_lens, q.shape[0], k.shape[-2], q.device)
     left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks)
-    out = call_attention(q, k, v, _check_bool("causal", causal), sm_scale, seq_lens, left, right, softcap,
-                         alibi_slopes, sinks, _check_bool("return_lse", return_lse))
-    return tuple(out) if return_lse else out
+    return _check_bool("causal", causal), sm_scale, left, right, softcap
 
 
 def _check_scale(sm_scale) -> float | None:

@@ -141,9 +141,29 @@ def _cases_2(world):
         (lambda: dd.shard_sequence(torch.zeros(1, 1, 10, 4)), ValueError, "must divide into 4 equal chunks"),
         (lambda: dd.ulysses_attention(sh[0][:, :3], sh[1][:, :1], sh[2][:, :1]), ValueError, "H must divide"),
         (lambda: dd.ring_attention(sh[0], sh[1][..., :4, :], sh[2]), ValueError, "one length"),
+        # flash_attention's argument rules, on every rank (issue 44)
+        (lambda: dd.ring_attention(*sh, sinks=torch.zeros(1)), ValueError, r"sinks must have shape \(4,\)"),
+        (lambda: dd.ring_attention(*sh, sm_scale=float("nan")), ValueError, "sm_scale must be finite"),
+        (lambda: dd.ring_attention(*sh, causal="no"), TypeError, "causal must be a bool"),
+        (lambda: dd.ring_attention(*sh, sinks=torch.zeros(4, dtype=torch.float16)), TypeError, "sinks must be float32"),
+        (lambda: dd.ring_attention(*sh, return_lse="yes"), TypeError, "return_lse must be a bool"),
+        (lambda: dd.ulysses_attention(*sh, window_size=(2.5, 0)), TypeError, "window left must be an int"),
+        (lambda: dd.ulysses_attention(*sh, sinks=torch.zeros(3)), ValueError, r"sinks must have shape \(4,\)"),
+        (lambda: dd.ulysses_attention(*sh, softcap=1e39), ValueError, "softcap must be 0"),
+        (lambda: dd.ulysses_attention(*sh, causal=1), TypeError, "causal must be a bool"),
     ]:
         with pytest.raises(kind, match=words):
             call()
+    # shards or arguments that differ across ranks: every rank raises, naming the rank that differs
+    rank = dist.get_rank()
+    q2, k2, v2 = (t.reshape(t.shape[0], t.shape[1] * 2, t.shape[2] // 2, t.shape[3]) if rank == 1 else t for t in sh)
+    for fn in (dd.ring_attention, dd.ulysses_attention):
+        with pytest.raises(ValueError, match="rank 1 has q"):
+            fn(q2, k2, v2, True)
+        with pytest.raises(ValueError, match="the ranks' calls differ"):
+            fn(*sh, rank == 0)  # causal on rank 0 only
+        with pytest.raises(ValueError, match="the ranks' calls differ"):
+            fn(*sh, True, sm_scale=0.5 if rank else None)
 
 
 def _cases_3(world):

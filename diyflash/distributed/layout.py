@@ -8,6 +8,8 @@ sequence and a rank's shard; `chunks_of` says which chunks a shard holds.
 
 from __future__ import annotations
 
+import struct
+
 import torch
 import torch.distributed as dist
 
@@ -116,3 +118,48 @@ def ring_shift(tensors: list[torch.Tensor], group, forward: bool = True):
 def wait(requests) -> None:
     for r in requests:
         r.wait()
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def same_on_every_rank(fn: str, group, tensors: dict, settings: dict) -> None:
+    """Raise ValueError naming the first rank whose shards' shapes and dtypes, or whose settings (ints,
+    floats, bools, strings), differ from rank 0's: one all_gather of a few int64s (on the GPU for NCCL, so
+    reading it waits for the group's queued work). Shards of other shapes but the same byte count would
+    otherwise travel and be read as garbage; other settings would compute something else on each rank."""
+    rank, size = world(group)
+    if size == 1:
+        return
+    row = []
+    for t in tensors.values():
+        dims = [] if t is None else list(t.shape)
+        row += [len(dims), *dims, *[0] * (4 - len(dims)), -1 if t is None else _DTYPES.index(t.dtype)]
+    for value in settings.values():
+        if isinstance(value, str):
+            value = sum(ord(c) << (8 * i) for i, c in enumerate(value[:7]))
+        elif isinstance(value, float) or value is None:
+            value = struct.unpack("<q", struct.pack("<d", float("nan") if value is None else value))[0]
+        row.append(int(value))
+    device = next(iter(tensors.values())).device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    mine = torch.tensor(row, dtype=torch.int64, device=device)
+    rows = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(rows, mine, group=group)
+    table = torch.stack(rows).tolist()
+    for r, other in enumerate(table):
+        if other != table[0]:
+            raise ValueError(f"{fn}: the ranks' calls differ: rank {r} has {_describe(other, tensors, settings)}, "
+                             f"rank 0 has {_describe(table[0], tensors, settings)} (this is rank {rank}); every "
+                             "rank must pass shards of one shape and dtype and the same arguments")
+
+
+def _describe(row: list[int], tensors: dict, settings: dict) -> str:
+    parts, i = [], 0
+    for name in tensors:
+        n = row[i]
+        dims, dtype = row[i + 1:i + 1 + n], row[i + 5]
+        parts.append(f"{name} None" if dtype < 0 else f"{name} {tuple(dims)} {_DTYPES[dtype]}")
+        i += 6
+    for name, value in zip(settings, row[i:]):
+        parts.append(f"{name} #{value}")  # as encoded: enough to see which one differs
+    return ", ".join(parts)

@@ -16,7 +16,8 @@ import math
 
 import torch
 
-from .layout import check_layout, chunks_of, ring_shift, wait, world
+from ..api import attention_arguments
+from .layout import check_layout, chunks_of, ring_shift, same_on_every_rank, wait, world
 
 
 def _pair(i: int, j: int, causal: bool) -> str | None:
@@ -132,14 +133,17 @@ class _Ring(torch.autograd.Function):
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                    sm_scale: float | None = None, *, group=None, layout: str = "zigzag",
                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                   return_lse: bool = False):
+                   return_lse: bool = False, validate: bool = True):
     """Context-parallel attention over the ranks of `group` (torch.distributed; any backend: NCCL on
     GPUs, gloo on CPU). q (B, H, N/W, D), k and v (B, H_kv, N/W, D[_v]) are this rank's shards of the
     sequence in `layout` (shard_sequence); the result is this rank's shard of the output (and with
     return_lse its lse (B, H, N/W) fp32), differentiable in q, k, v and sinks. GQA sends the H_kv heads
     only. causal, sm_scale, softcap and sinks ((H,) logits) as diyflash.flash_attention. Windows are
     not supported here (a window moves by a different offset for each pair of chunks, which the
-    kernels' bottom-right windows do not express): use ulysses_attention, which runs windows."""
+    kernels' bottom-right windows do not express): use ulysses_attention, which runs windows.
+    Every rank's arguments follow flash_attention's rules; validate (default) also compares the shards'
+    shapes and dtypes and the arguments across ranks, once per call (layout.same_on_every_rank: one small
+    all_gather, which waits for the group's queued work)."""
     check_layout(layout)
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         raise TypeError("q, k and v must be tensors")
@@ -153,9 +157,20 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
         raise NotImplementedError(f"ring_attention does not take windows (got window_size={tuple(window_size)}): a "
                                   "window shifts differently for each pair of sequence chunks; ulysses_attention runs "
                                   "them")
+    causal, sm_scale, _, _, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap, None, sinks,
+                                                          any_device=True)
     per = len(chunks_of(0, world(group)[1], layout))
     if q.shape[-2] % per:
         raise ValueError(f"a zigzag shard holds two equal chunks: its length ({q.shape[-2]}) must be even")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    out, lse = _Ring.apply(q, k, v, sinks, bool(causal), scale, float(softcap), group, layout)
-    return (out, lse) if return_lse else out
+    if _flag("validate", validate):
+        same_on_every_rank("ring_attention", group, dict(q=q, k=k, v=v, sinks=sinks),
+                           dict(causal=causal, sm_scale=sm_scale, softcap=softcap, layout=layout, lse=return_lse))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    out, lse = _Ring.apply(q, k, v, sinks, causal, scale, softcap, group, layout)
+    return (out, lse) if _flag("return_lse", return_lse) else out
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):  # bool("no") is True: refused, as flash_attention refuses it
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value

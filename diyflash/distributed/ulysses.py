@@ -10,7 +10,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from .layout import check_layout, shard_of, unshard, world
+from ..api import attention_arguments
+from .layout import check_layout, same_on_every_rank, shard_of, unshard, world
+from .ring import _flag
 
 
 def _to_heads(x, group, layout):
@@ -48,14 +50,17 @@ class _Exchange(torch.autograd.Function):
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                       sm_scale: float | None = None, *, group=None, layout: str = "zigzag",
                       window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                      sinks: torch.Tensor | None = None, return_lse: bool = False):
+                      sinks: torch.Tensor | None = None, return_lse: bool = False, validate: bool = True):
     """Context-parallel attention by two all-to-alls over the ranks of `group` (any torch.distributed
     backend with all_to_all: NCCL, gloo). Shards as in ring_attention; H must divide by the group size W.
     GQA: the H_kv kv heads are split the same way when W divides H_kv; otherwise each kv head is repeated
     to the H query heads first (more traffic, the same result). Every variant of flash_attention applies
-    on the whole sequence: causal, windows, softcap, sinks ((H,): each rank takes its heads' sinks)."""
+    on the whole sequence: causal, windows, softcap, sinks ((H,): each rank takes its heads' sinks).
+    Arguments and validate as ring_attention's."""
     check_layout(layout)
     rank, size = world(group)
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        raise TypeError("q, k and v must be tensors")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"ulysses_attention takes (B, H, N/W, D) shards, got q {tuple(q.shape)}, k "
                          f"{tuple(k.shape)}, v {tuple(v.shape)}")
@@ -65,10 +70,16 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
                          "group size")
     if h_kv == 0 or h % h_kv:
         raise ValueError(f"the number of query heads ({h}) must be a multiple of the number of kv heads ({h_kv})")
-    left, right = (int(x) for x in window_size)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    causal, sm_scale, left, right, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap, None,
+                                                                 sinks, any_device=True)
+    return_lse = _flag("return_lse", return_lse)
+    if _flag("validate", validate):
+        same_on_every_rank("ulysses_attention", group, dict(q=q, k=k, v=v, sinks=sinks),
+                           dict(causal=causal, sm_scale=sm_scale, softcap=softcap, left=left, right=right,
+                                layout=layout, lse=return_lse))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     if size == 1:
-        out, lse = torch.ops.diyflash.attention_fwd(q, k, v, bool(causal), scale, None, left, right, float(softcap),
+        out, lse = torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, None, left, right, softcap,
                                                     None, sinks)
         return (out, lse) if return_lse else out
     if h_kv % size:
@@ -76,7 +87,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     qh, kh, vh = (_Exchange.apply(t, group, layout, True) for t in (q, k, v))
     if sinks is not None:
         sinks = sinks.chunk(size)[rank]
-    out, lse = torch.ops.diyflash.attention_fwd(qh, kh, vh, bool(causal), scale, None, left, right, float(softcap),
+    out, lse = torch.ops.diyflash.attention_fwd(qh, kh, vh, causal, scale, None, left, right, softcap,
                                                 None, sinks)
     if not return_lse:
         return _Exchange.apply(out, group, layout, False)

@@ -43,6 +43,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     - scale: the softmax scale, default 1 / sqrt(E).
     Differentiable in query, key and value. dtypes, devices and head dims as diyflash.flash_attention.
     """
+    for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa)):
+        if not isinstance(flag, bool):  # bool("no") is True: refused as SDPA refuses it
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a bool, got {type(flag).__name__} {flag!r}")
     if dropout_p != 0.0:
         raise NotImplementedError(f"diyflash.scaled_dot_product_attention has no dropout; got dropout_p={dropout_p}")
     if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
