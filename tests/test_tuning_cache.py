@@ -116,3 +116,48 @@ def test_a_second_process_tunes_nothing(cache, monkeypatch):
     assert len(tuned) == 3  # rewritten by the tuning above
     assert MatmulConfig(**json.loads(tc.cache_file(tc.environment(a.device)).read_text())["entries"][
         tc.key_text(tuned[0][1:])]["config"]) == first
+
+
+def test_float_tile_fields_are_not_returned(cache):
+    """A hand edit (or another writer) that stores 256.0 for 256: equal as numbers, refused by the kernel
+    on every call if returned; ignored instead, and the key tuned again."""
+    env = tc.environment(torch.device("cpu"))
+    tc.store(env, KEY, CFG, 0.5)
+    path = tc.cache_file(env)
+    data = json.loads(path.read_text())
+    entry = next(iter(data["entries"].values()))
+    entry["config"]["block_m"] = float(entry["config"]["block_m"])
+    path.write_text(json.dumps(data))
+    assert tc.load(env, KEY, HALF_CANDIDATES) is None
+    entry["config"]["block_m"] = CFG.block_m
+    entry["config"]["use_tma"] = int(entry["config"]["use_tma"])  # 1 for True: the same refusal
+    path.write_text(json.dumps(data))
+    assert tc.load(env, KEY, HALF_CANDIDATES) is None
+
+
+def test_deeply_nested_file_reads_as_empty(cache):
+    env = tc.environment(torch.device("cpu"))
+    path = tc.cache_file(env)
+    path.parent.mkdir(parents=True)
+    path.write_text("[" * 100000 + "]" * 100000)
+    assert tc.load(env, KEY, HALF_CANDIDATES) is None
+    tc.store(env, KEY, CFG, 0.5)  # rewritten
+    assert tc.load(env, KEY, HALF_CANDIDATES) == (CFG, 0.5)
+
+
+def test_cache_dir_expands_home_and_ignores_a_relative_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv(tc.CACHE_DIR_ENV, "~/x")
+    assert tc.cache_dir() == tmp_path / "x"
+    monkeypatch.delenv(tc.CACHE_DIR_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert tc.cache_dir() == tmp_path / ".cache" / "diyflash"
+
+
+def test_a_directory_on_the_file_path_leaves_no_temporary_files(cache):
+    env = tc.environment(torch.device("cpu"))
+    tc.cache_file(env).mkdir(parents=True)  # a directory where the file goes
+    for _ in range(3):
+        tc.store(env, KEY, CFG, 0.5)  # cannot replace a directory: skipped, as the docstring says
+    assert [p.name for p in cache.iterdir()] == [tc.cache_file(env).name]
+    assert tc.load(env, KEY, HALF_CANDIDATES) is None

@@ -36,10 +36,13 @@ FORMAT = 1  # bump when the file's layout changes: older files are then ignored
 
 
 def cache_dir() -> Path:
+    """$DIYFLASH_CACHE_DIR (with ~ expanded), else $XDG_CACHE_HOME/diyflash where that is an absolute path
+    (the XDG spec says to ignore a relative one), else ~/.cache/diyflash."""
     env = os.environ.get(CACHE_DIR_ENV)
     if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "diyflash"
 
 
@@ -73,8 +76,8 @@ def key_text(key: tuple) -> str:
 def _read(path: Path, env: dict) -> dict:
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # missing, unreadable or corrupt: as if empty (and rewritten on the next store)
+    except (OSError, ValueError, RecursionError):
+        return {}  # missing, unreadable, corrupt or absurdly nested: as if empty (rewritten on the next store)
     if not isinstance(data, dict) or data.get("environment") != env or not isinstance(data.get("entries"), dict):
         return {}
     return data["entries"]
@@ -85,11 +88,15 @@ def load(env: dict, key: tuple, valid: list[MatmulConfig]) -> tuple[MatmulConfig
     would time for this key today); else None."""
     entry = _read(cache_file(env), env).get(key_text(key))
     try:
-        cfg = MatmulConfig(**{f.name: entry["config"][f.name] for f in fields(MatmulConfig)})
+        values = {f.name: entry["config"][f.name] for f in fields(MatmulConfig)}
         ms = float(entry["ms"])
     except (TypeError, KeyError, ValueError):
         return None
-    return (cfg, ms) if cfg in valid else None
+    # the candidate itself, each field of its type: a stored 256.0 equals 256, and returned as it was the
+    # kernel refused its float tile on every call
+    cfg = MatmulConfig(**values)
+    same = [c for c in valid if c == cfg and all(type(getattr(c, n)) is type(x) for n, x in values.items())]
+    return (same[0], ms) if same else None
 
 
 def store(env: dict, key: tuple, cfg: MatmulConfig, ms: float) -> None:
@@ -101,8 +108,14 @@ def store(env: dict, key: tuple, cfg: MatmulConfig, ms: float) -> None:
         entries = _read(path, env)
         entries[key_text(key)] = {"config": cfg.as_dict(), "ms": ms}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "w") as f:
             json.dump({"environment": env, "entries": entries}, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except OSError:  # e.g. a directory where the file goes: leave no temporary file behind
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
