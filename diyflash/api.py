@@ -312,7 +312,9 @@ def flash_attention_with_kvcache(
         k_cache, v_cache: (batch, kv_heads, N_cache, head_dim[_v]) with any strides (a (B, N_cache, H_kv,
             D) buffer viewed with .transpose(1, 2) is read in place), or paged: (num_pages, kv_heads,
             page_size, head_dim[_v]) with block_table; page_size a multiple of 16. Written in place
-            when k and v are given. q's dtype.
+            when k and v are given: they must then not overlap in memory, themselves (an expanded view)
+            or each other, nor the new k and v (ValueError), and their version counters move as for any
+            in-place op. q's dtype.
         cache_seqlens: int32 (batch,): the keys already in the cache. Not modified: the caller advances it.
         k, v: optional (batch, kv_heads, N_new, head_dim[_v]) new keys and values, written into the cache
             at positions cache_seqlens[b] .. + N_new before attending, in the same call.
