@@ -170,7 +170,7 @@ def main(argv=None) -> int:
 
 
 def readme_table(rows: list[dict]) -> str:
-    """The README's cold-start table: one line per case, cold and warm side by side."""
+    """The cold-start table (docs/performance.md): one line per case, cold and warm side by side."""
     by = {(r["case"], r["cache"]): r for r in rows}
     cases = list(dict.fromkeys(r["case"] for r in rows))
     fmt = lambda r, k: f"{r[k]:.1f} s" if r and r.get(k) is not None else "-"  # noqa: E731
