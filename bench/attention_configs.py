@@ -33,11 +33,11 @@ from bench.common import DTYPES, attention_flops, interleaved_times, provenance,
 # backward is split into a dv pass and a dk pass at all
 KINDS = ("fwd", "dkdv", "dv", "dq")
 SHAPES = {64: (4, 32), 128: (4, 16), 256: (2, 8)}  # (batch, heads) per head_dim: the benchmark's shapes
-# do_bench per candidate. 10 ms / 50 ms picked winners that the full benchmark did not confirm (2026-11-22);
+# do_bench per candidate. 10 ms / 50 ms picked winners that the full benchmark did not confirm;
 # with 25 ms / 100 ms the TMA probe's winners held up there.
 WARMUP_MS, REP_MS = 25, 100
 # The leaders' second timing, in turns (bench.common.interleaved_times): a full-benchmark run did not
-# confirm a first-pass winner that led by 9 % (D64 causal forward, 2026-11-22).
+# confirm a first-pass winner that led by 9 % (D64 causal forward).
 CONFIRM, CONFIRM_ROUNDS, CONFIRM_MS = 4, 6, 60
 
 

@@ -140,8 +140,8 @@ def interleaved_times(fns: dict, rounds: int = 5, round_ms: float = 50, warmup_m
     """Times (ms, every sample) of each callable in `fns`, measured in `rounds` rounds that take the
     callables in turn, each round a triton.testing.do_bench of `round_ms`. A GPU's clocks move with
     power and heat over seconds, so callables timed one after the other can meet different clocks:
-    the same diyflash tiles measured 392 TFLOPS in a sweep and 359 in the full benchmark (H200,
-    2026-11-22). Taken in turns, every callable meets every state alike. A kernel longer than
+    the same diyflash tiles measured 392 TFLOPS in a sweep and 359 in the full benchmark (H200).
+    Taken in turns, every callable meets every state alike. A kernel longer than
     `round_ms` still gives one sample a round."""
     import triton
 

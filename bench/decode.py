@@ -6,7 +6,7 @@ Each cell (B, L): q (B, 32, 1, 128) bf16 against a cache of L keys per batch (8 
 and paged (page 256). Bandwidth = bytes of K and V read (2 * B * L * 8 * 128 * 2) / GPU time, as a share
 of the device's copy bandwidth measured in the same run (a 1 GiB device-to-device copy: read + write
 bytes / time). GPU time is one CUDA graph replay of one call, the L2 emptied before it by reading 256 MB
-(clean_graph_ms: no host cost, one graph launch included). Until 2026-11-25 it was do_bench's replay
+(clean_graph_ms: no host cost, one graph launch included). It was do_bench's replay before
 (graph_ms, kept as "flush_us"), whose zeroing flush leaves the L2 dirty: its write-back ran inside every
 timed call, +9-10 us on a 268 MB read for every provider (bench/probes/decode_timing.py). "eager us" is the
 wall time per call of 200 eager calls in a row (host cost included; the default validate=True syncs once a call,

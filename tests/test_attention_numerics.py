@@ -805,7 +805,7 @@ def test_fp16_tiny_operand_keeps_its_bits(device, tiny):
     a kernel holds by the power of two of the scale (semantics._prescaled, 2^-12 here: needed where a raw q.k
     can leave fp32's range, bf16 and fp32) makes ~0.02 subnormal in fp16 (< 6.1e-5) and cuts it to a few bits;
     the dk/dv kernel holds k and the dq kernel q, and with the prescale dq (tiny q: 1.3x the bound) or dk and
-    dv (tiny k: 1.2x, 1.4x) missed the 2x rule (interpreter, 2026-11-24). fp16 cannot overflow, and every fp16
+    dv (tiny k: 1.2x, 1.4x) missed the 2x rule (interpreter). fp16 cannot overflow, and every fp16
     kernel dots its operands as they are."""
     from diyflash.utils.validation import compare_with_oracle
 

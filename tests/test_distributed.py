@@ -64,7 +64,7 @@ def _worker(rank, world, port, cases, backend="gloo"):
         dist.destroy_process_group()
     # Passed: leave without the interpreter's finalization, where gloo's C++ threads can still abort the process
     # ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489 shows the message). A CI
-    # run lost test_two_processes that way after every case had passed (2026-11-24). A failure still raises above.
+    # run lost test_two_processes that way after every case had passed. A failure still raises above.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -123,7 +123,7 @@ def test_generation_with_a_static_cache(device, kind, pad_side):
     """cache_implementation="static" (what compiled generation uses; the sliding layers' static window
     fills up here): the keys are the whole preallocated buffer. With padding the 2-D mask covers the
     tokens seen so far (the empty slots past it are left out); without, mask_function counts the filled
-    keys. Before 2026-11-25 padding raised a shape error and no padding gave other tokens than sdpa."""
+    keys. Before, padding raised a shape error and no padding gave other tokens than sdpa."""
     ours, plain, _ = _models(kind, device)
     ids, mask = _batch(device, length=16, pad_side=pad_side)
     kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
@@ -137,7 +137,7 @@ def test_static_cache_generate_with_split_kv(device, monkeypatch, pad_side):
     """The static cache's compiled generate (CUDA-graph trees, mode="reduce-overhead") with every KV-cache
     call split over 4 key ranges, as long prompts are: the tokens equal sdpa's. Split-KV's scratch kept
     between calls made the graphs' warmup refuse ("tensor(s) in the cudagraph pool not tracked as
-    outputs") before 2026-11-26; the test above is too short to split."""
+    outputs") before the fix; the test above is too short to split."""
     from diyflash.kernels.attention import kvcache as kv
 
     calls = []
@@ -156,7 +156,7 @@ def test_left_padded_decode_steps_read_the_cache_in_place(device, monkeypatch, c
     """A left-padded batch: every decode step attends through flash_attention_with_kvcache with each row's
     first key as cache_leftpad. On a static cache what attention gets in place of the mask has one shape at
     every step (the 2-D mask grew a column a step: a compiled decode step recompiled for every length before
-    2026-11-25); on a dynamic one the kernel reads the cache in place (packed sequences gathered a copy of
+    cache_leftpad); on a dynamic one the kernel reads the cache in place (packed sequences gathered a copy of
     every key a layer a step)."""
     ours, plain, _ = _models("llama", device)
     ids, mask = _batch(device, length=16, pad_side="left")

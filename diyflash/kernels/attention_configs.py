@@ -31,7 +31,7 @@ def head_dim_pad(head_dim: int) -> int:
 MAX_BLOCK_ROWS = 256  # the most rows a tile may have: the kernels' 32-bit row offsets count on it (rows_fit_int32)
 # Warp-specialized main loops (ws) run with 8 warps only. With 4, Triton 3.6's warp-specialization pass
 # fails on some of these kernels (NVGPUWarpSpecialization, a dominance assertion) and compiles the D128
-# forward (128x64 w4 s2 tma) into a kernel whose output is wrong by up to 0.47 (H200, 2026-11-22).
+# forward (128x64 w4 s2 tma) into a kernel whose output is wrong by up to 0.47 (H200).
 WS_WARPS = 8
 
 

@@ -314,7 +314,7 @@ def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) 
 # Calls of less work than SPLIT_MIN_WORK (Z*H*N_q*N_k*D) keep one launch: through autograd the backward costs
 # ~200 us of host time a call (bench/results/attention_bwd_host_h200.txt), more than such a grid's GPU time, and
 # the split's extra launch and two allocations added ~40 us to it (B1 H16/4 N1024 D128, 2^31: the kernels 190 ->
-# 90 us, yet autograd.grad in a loop 195 -> 250-290 us a call; H200, 2026-11-24). B1 H16 N2048 D128 is 2^33.
+# 90 us, yet autograd.grad in a loop 195 -> 250-290 us a call; H200). B1 H16 N2048 D128 is 2^33.
 SPLIT_PROGRAMS_PER_SM = 1
 SPLIT_MIN_WORK = 1 << 32
 
@@ -397,7 +397,7 @@ def _variant_meta(var: Variant, alibi: torch.Tensor | None) -> dict:
 def _v_pad(d: int, dv: int) -> int:
     """The v tiles' width. A 16-wide v beside wider q/k tiles is widened to 32: Triton 3.6 compiled the
     forward with D 24 / D_v 8 (tiles 32 / 16, 128x64, 3 stages) into a kernel that read shared memory out
-    of bounds (compute-sanitizer, H100, 2026-11-24: 'Invalid __shared__ read' at the p @ v dot), and
+    of bounds (compute-sanitizer, H100: 'Invalid __shared__ read' at the p @ v dot), and
     crashed on some calls."""
     dv_pad = head_dim_pad(dv)
     return max(dv_pad, 32) if dv_pad < head_dim_pad(d) else dv_pad
@@ -414,7 +414,7 @@ def overflow_passes(dtype: torch.dtype) -> tuple[int, ...]:
     The first pass dots q as it is and marks a block whose dot overflowed; the second runs only the marked
     blocks again, on q times the power of two of the scale (semantics._prescaled), and costs the others a
     load and a return. Prescaling q in every block instead kept it out of shared memory for the dots:
-    the bf16 D128 causal forward fell from 532 to 342 TFLOPS at N16384 (H200, 2026-11-24)."""
+    the bf16 D128 causal forward fell from 532 to 342 TFLOPS at N16384 (H200)."""
     return (0,) if dtype == torch.float16 else (1, 2)  # the same rule keeps fp16 raw in semantics._prescaled
 
 
