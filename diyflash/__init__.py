@@ -6,7 +6,8 @@ torch.compile(fullgraph=True) and torch.export.
 """
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
-from .api import flash_attention, flash_attention_varlen, flash_attention_with_kvcache, triton_matmul
+from .api import (cache_info, clear_caches, flash_attention, flash_attention_varlen, flash_attention_with_kvcache,
+                  triton_matmul)
 from .integrations.sdpa import scaled_dot_product_attention
 from .precompile import precompile
 from .reference import reference_attention
@@ -28,6 +29,8 @@ __all__ = [
     "flash_attention_with_kvcache",
     "scaled_dot_product_attention",
     "triton_matmul",
+    "clear_caches",
+    "cache_info",
     "reference_attention",
     "precompile",
     "AdaptiveKernelSelector",

@@ -12,6 +12,7 @@ from .ops.attention import call_attention
 from .ops.attention_kvcache import call_attention_with_kvcache
 from .ops.attention_varlen import call_attention_varlen
 from .ops.matmul import call_matmul
+from . import kernels as kernel_caches
 from .kernels import interpreter_active
 from .kernels.matmul_configs import manual_config
 from .ops.checks import (attention_shape_error, cu_seqlens_error, kvcache_error, kvcache_values_error, one_device,
@@ -376,6 +377,21 @@ def flash_attention_with_kvcache(
                                            _check_bool("causal", causal), sm_scale, left, right, softcap, alibi_slopes,
                                            sinks, num_splits, cache_leftpad, need_lse=return_lse)
     return (out, lse) if return_lse else out
+
+
+def clear_caches() -> None:
+    """Forget what diyflash keeps between calls to make them cheap on the host: the attention, KV-cache and
+    matmul plans (the launches a call of known shapes replays), the launchers' bound kernels, the kept
+    KV-cache decode buffers and this process's matmul tuning choices. Compiled kernels stay in Triton's
+    cache and tuned choices in diyflash's disk cache, so the next call recompiles and retunes nothing;
+    it only pays the host path once more. For tests, memory accounting and debugging."""
+    kernel_caches.clear_caches()
+
+
+def cache_info() -> dict[str, int]:
+    """What clear_caches would forget, by kind: counts, and the kept decode buffers' bytes. Kinds of a part
+    not used yet in this process (its module not imported) are absent."""
+    return kernel_caches.cache_info()
 
 
 def triton_matmul(

@@ -124,6 +124,11 @@ class DirectLauncher:
         # a constexpr passed positionally is keyed by its value: from the first one on, args are keyed exactly
         self._classes_below = min(getattr(kernel, "constexprs", None) or [1 << 30])
 
+    def clear(self) -> None:
+        """Forget the bound kernels: the next call of each signature binds again through the JIT (the
+        compiled binaries stay in Triton's caches)."""
+        self._compiled.clear()
+
     def _signature(self, device, args, meta) -> tuple:
         # the names of meta keep the call site's order: (BLOCK_M=64, BLOCK_N=128) != (BLOCK_N=64, BLOCK_M=128)
         args_key = [_int_class(x) if type(x) is int else x if type(x) in _SCALARS else _arg_key(x) for x in args]

@@ -294,6 +294,18 @@ _PLANS: dict[tuple, Plan] = {}
 MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
 
 
+def cache_info() -> dict[str, int]:
+    return {"matmul plans": len(_PLANS), "matmul tuned choices": len(_TUNED), "matmul bound kernels": len(_KERNEL._compiled)}
+
+
+def clear_caches() -> None:
+    """Forget the matmul's plans, bound kernel and this process's tuned choices (the tuner's disk cache
+    stays: a later call reads its choice from there, without timing)."""
+    _PLANS.clear()
+    _TUNED.clear()
+    _KERNEL.clear()
+
+
 def _plan_key(a: torch.Tensor, b: torch.Tensor, block_sizes, autotune: bool, allow_tf32: bool) -> tuple:
     # everything a plan depends on: shapes, strides, dtype, device, 16-byte alignment (TMA), options
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0,

@@ -293,6 +293,23 @@ def _kept(q: torch.Tensor, slot: str, numel: int) -> torch.Tensor:
 _STREAM: list = []
 
 
+def cache_info() -> dict[str, int]:
+    return {"kv-cache plans": len(_KV_PLANS), "kept decode buffers": len(_KEPT),
+            "kept decode bytes": sum(t.numel() * t.element_size() for t in _KEPT.values()),
+            "kv-cache bound kernels": sum(len(lc._compiled) for lc in (_APPEND, _DECODE, _COMBINE))}
+
+
+def clear_caches() -> None:
+    """Forget the KV-cache calls' plans, length classes, bound kernels and kept decode buffers (their memory
+    returns to PyTorch's caching allocator once no launch in flight uses it: launches on a stream run in
+    order, and a freed block is reused on its own stream only)."""
+    _KV_PLANS.clear()
+    _CLASSES.clear()
+    _KEPT.clear()
+    for lc in (_APPEND, _DECODE, _COMBINE):
+        lc.clear()
+
+
 def _stream(index: int) -> int:
     """The current CUDA stream's handle on device `index`, by Triton's driver (~0.1 us, where
     torch.cuda.current_stream() costs ~8 us of the H200 host's time)."""

@@ -63,6 +63,18 @@ class _Plan(NamedTuple):
 
 _PLANS: dict[tuple, _Plan] = {}
 MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
+_LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM)
+
+
+def cache_info() -> dict[str, int]:
+    return {"attention plans": len(_PLANS), "attention bound kernels": sum(len(lc._compiled) for lc in _LAUNCHERS)}
+
+
+def clear_caches() -> None:
+    """Forget the attention calls' plans and bound kernels (kernels.clear_caches)."""
+    _PLANS.clear()
+    for lc in _LAUNCHERS:
+        lc.clear()
 
 
 def _layout(t: torch.Tensor | None):
