@@ -1,6 +1,10 @@
 """diyflash.clear_caches() and diyflash.cache_info(): the public view of what the launchers keep between
 calls (plans, bound kernels, kept decode buffers, the matmul's tuned choices)."""
 
+import os
+import subprocess
+import sys
+
 import torch
 
 import diyflash
@@ -32,3 +36,28 @@ def test_clear_caches_forgets_and_the_next_calls_agree(device):
     again = _calls(device)  # the host path once more: the same kernels, the same bits
     for a, b in zip(first, again):
         assert torch.equal(a, b)
+
+
+def test_plain_switch_turns_every_shortcut_off(device, tmp_path):
+    """DIYFLASH_PLAIN=1: every API call goes through its op, nothing is kept between calls (on the GPU, where
+    plans and buffers are kept otherwise), and the results are the same bits as with the shortcuts."""
+    from diyflash.ops.eager import dispatcher_free
+
+    assert dispatcher_free(torch.ones(1))  # the shortcut, without the switch
+    script = f"""
+import torch, diyflash
+from diyflash.ops.eager import dispatcher_free
+from test_caches import _calls
+assert not dispatcher_free(torch.ones(1))  # every API call through its op
+results = _calls({str(device)!r})
+info = diyflash.cache_info()
+assert all(v == 0 for v in info.values()), info
+torch.save([r.cpu() for r in results], {str(tmp_path / "plain.pt")!r})
+"""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "DIYFLASH_PLAIN": "1", "PYTHONPATH": os.pathsep.join([here, *sys.path])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    plain = torch.load(tmp_path / "plain.pt")
+    for a, b in zip(plain, _calls(device)):
+        assert torch.equal(a, b.cpu())

@@ -21,6 +21,12 @@ import torch
 _TRUTHY = ("1", "true", "yes", "on", "y")  # Triton's spelling rules, for machines where triton is missing
 
 
+# DIYFLASH_PLAIN=1 (read once, when diyflash is imported): every host-speed shortcut off at once, the plain
+# path for debugging: each API call dispatches through its op (ops/eager.dispatcher_free), no launch plan
+# is kept or replayed, no decode buffer is kept between calls. The same kernels, the same results.
+PLAIN = os.environ.get("DIYFLASH_PLAIN", "0").strip().lower() in _TRUTHY
+
+
 @functools.cache
 def _triton_knobs():
     """triton.knobs where triton imports, else None (the PyTorch path needs no triton)."""

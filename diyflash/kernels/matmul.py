@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._runtime import device_limits, require_triton
+from ._runtime import PLAIN, device_limits, require_triton
 from .matmul_configs import (
     INTERPRETER_CONFIG, MatmulConfig, bucket, candidates, default_config, manual_config, tma_layout,
 )
@@ -327,7 +327,8 @@ def matmul_auto(a: torch.Tensor, b: torch.Tensor, block_sizes: tuple[int, int, i
             cfg = select_config(a, b, allow_tf32, autotune)
         p = plan(a, b, cfg)
         # not under a capture that could not tune: select_config's stand-in default is not the choice
-        if block_sizes is not None or not autotune or a.device.type == "cpu" or tuning_key(a, b, allow_tf32) in _TUNED:
+        if not PLAIN and (block_sizes is not None or not autotune or a.device.type == "cpu"
+                          or tuning_key(a, b, allow_tf32) in _TUNED):
             if len(_PLANS) >= MAX_PLANS:
                 _PLANS.clear()
             _PLANS[key] = p

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels._runtime import PLAIN
+
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -33,7 +35,8 @@ def dispatcher_free(*tensors: torch.Tensor | None, autograd: bool = False) -> bo
     autograd=True drops the "no autograd" condition: for callers that skip only a composite op's
     own dispatch and call the op it lowers to, whose autograd formula still runs."""
     if (
-        torch.compiler.is_compiling()
+        PLAIN  # DIYFLASH_PLAIN=1: always the op
+        or torch.compiler.is_compiling()
         or torch.compiler.is_exporting()
         or torch.jit.is_tracing()
         or torch._C._len_torch_dispatch_stack()

@@ -6,7 +6,7 @@ from threading import get_ident
 
 import torch
 
-from .._runtime import device_limits, require_triton
+from .._runtime import PLAIN, device_limits, require_triton
 from ..attention_configs import head_dim_pad
 from ..attention_torch import empty_out
 
@@ -181,7 +181,7 @@ def _kv_key(q, k_cache, v_cache, page_size: int, others: tuple, var: Variant, sc
     their class as Triton specializes ints (_int_class), so that a contiguous cache one token longer
     (transformers' DynamicCache: new length, new strides every decode step) replays the same plan with its
     own arguments (_replay_with); the launches' grids and options follow from the exact parts."""
-    if INTERPRETED or q.shape[0] > MAX_GRID_Z:
+    if PLAIN or INTERPRETED or q.shape[0] > MAX_GRID_Z:
         return None
     k_shape = k_cache.shape
     return ("kvcache", q.device, torch.cuda.current_device(), *runtime_key(), q.dtype, q.shape, q.stride(),
@@ -273,7 +273,7 @@ MAX_KEPT = 192  # buffers (three a stream and thread): a program with ever-new s
 def _keeps(q: torch.Tensor) -> bool:
     """Whether this call's scratch buffers come from _KEPT: an eager CUDA call (not the interpreter, not
     while capturing a CUDA graph)."""
-    return q.is_cuda and not torch.cuda.is_current_stream_capturing()
+    return not PLAIN and q.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
 def _kept(q: torch.Tensor, slot: str, numel: int) -> torch.Tensor:

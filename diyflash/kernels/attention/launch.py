@@ -9,7 +9,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .._runtime import device_limits, require_triton
+from .._runtime import PLAIN, device_limits, require_triton
 from ..attention_torch import band, empty_out
 from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad,
                                  window_fwd_config)
@@ -89,7 +89,7 @@ def _plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
     explicit (config, group), so that a benchmark of given tiles replays a plan as users' calls do and
     times the kernels, not the host path that picks tiles. (kvcache.py keys its plans on classes of the
     caches' lengths instead: kvcache._kv_key.)"""
-    if INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
+    if PLAIN or INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
         return None
     return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs),
             *overrides)
