@@ -448,11 +448,12 @@ def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeyp
     from dataclasses import replace
 
     from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import plans
     from diyflash.kernels.attention_configs import fwd_config
 
     built = []
-    make = ka.host_descriptor
-    monkeypatch.setattr(ka, "host_descriptor", lambda t, *a: built.append(t.shape) or make(t, *a))
+    make = plans.host_descriptor
+    monkeypatch.setattr(plans, "host_descriptor", lambda t, *a: built.append(t.shape) or make(t, *a))
     tiles = fwd_config(128, torch.float16, device, causal, ka.INTERPRETED)
     tma_tiles = replace(tiles, tma=True, rowoff=False, row64=False)
     pointer_tiles = replace(tiles, tma=False)

@@ -54,6 +54,58 @@ def test_layer_imports(layer):
                 assert not (name == banned or name.startswith(banned + ".")), f"{f.name} imports {name}"
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    """Each diyflash module -> the diyflash modules it imports (anywhere in it, function-level imports too),
+    a `from package import name` counted as the module package.name where that is one; a module's own
+    ancestor packages left out (importing a submodule runs them first: no cycle)."""
+    modules = {_module_name(f) for f in PKG.rglob("*.py")}
+    graph = {}
+    for f in PKG.rglob("*.py"):
+        me = _module_name(f)
+        edges = set()
+        for name in imported_modules(f):
+            while name and name not in modules:  # a name imported from a module: that module
+                name = name.rpartition(".")[0]
+            if name and name != me and not me.startswith(name + "."):
+                edges.add(name)
+        graph[me] = edges
+    # `from pkg import sub` names both pkg and pkg.sub: keep the submodule only
+    for me, edges in graph.items():
+        graph[me] = {e for e in edges if not any(o.startswith(e + ".") for o in edges)}
+    return graph
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    done, path = set(), []
+
+    def visit(m):
+        if m in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(m):] + [m]))
+        if m in done:
+            return
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            visit(n)
+        path.pop()
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m)
+
+
+def test_every_package_has_a_rule_or_is_the_top():
+    """A new package under diyflash/ must be placed in the layering (RULES) or declared a leaf here."""
+    leaves = {"utils", "_registry"}
+    packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
+    assert packages <= set(RULES) | leaves, packages - set(RULES) - leaves
+
+
 def test_kernels_package_does_not_import_triton():
     """Importing diyflash must work without triton (CPU machines without it use the PyTorch path)."""
     for f in ("__init__.py", "_runtime.py", "attention_torch.py", "attention_configs.py"):

@@ -30,28 +30,18 @@ Package layout (each file one part of the structure; the kernels know nothing of
 - tiles.py: how tiles are read (pointer loads, TMA descriptors, row offsets);
 - lazy.py: the forward's lazy rescaling (warp vote and predicated rescale);
 - forward.py, backward.py: the kernels;
-- launch.py: the launchers and their plans (attention_fwd, attention_bwd);
+- launch_args.py: what every launcher derives from a call alike (the variant, dtype switches, widths);
+- plans.py: the host-speed machinery (launches remembered as plans bound to compiled kernels, host TMA
+  descriptors);
+- launch.py: the launchers (attention_fwd, attention_bwd) and their plan keys;
 - decode.py, kvcache.py: KV-cache attention (cache append, split-KV decode, combine) and its launcher.
 """
 
 from ..attention_configs import MAX_BLOCK_ROWS
 from .kvcache import attention_kvcache, num_splits_for
-from .launch import (
-    GROUP_TILES_PER_SM,
-    HOST_DESC_MIN_WORK,
-    INTERPRETED,
-    LOG2E,
-    MAX_GRID_Z,
-    Packed,
-    attention_bwd,
-    attention_fwd,
-    head_group,
-    host_descriptor,
-    host_descriptors_ok,
-    rows_fit_int32,
-    tma_ok,
-    vote_rows,
-)
+from .launch import GROUP_TILES_PER_SM, Packed, attention_bwd, attention_fwd, head_group, rows_fit_int32, tma_ok, vote_rows
+from .launch_args import INTERPRETED, LOG2E
+from .plans import HOST_DESC_MIN_WORK, MAX_GRID_Z, host_descriptor, host_descriptors_ok
 
 __all__ = ["GROUP_TILES_PER_SM", "HOST_DESC_MIN_WORK", "INTERPRETED", "LOG2E", "MAX_BLOCK_ROWS", "MAX_GRID_Z",
            "Packed", "attention_bwd", "attention_kvcache", "num_splits_for", "attention_fwd", "head_group", "host_descriptor", "host_descriptors_ok",

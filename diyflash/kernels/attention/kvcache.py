@@ -13,10 +13,10 @@ from ..attention_torch import empty_out
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from .._launch import DirectLauncher, _active_driver, _int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
-from .launch import (  # noqa: E402
-    DECODE_MAX_ROWS, INTERPRETED, LOG2E, MAX_GRID_Z, MAX_PLANS, Variant, _aligned, _alibi_stride, _bind, _dot_precision, _Launch,
-    _layout, _remember, _replay_with, _run_launches, _upcast, _v_pad, variant,
-)
+from .launch_args import (DECODE_MAX_ROWS, INTERPRETED, LOG2E, Variant, _alibi_stride, _dot_precision,  # noqa: E402
+                          _upcast, _v_pad, variant)
+from .plans import (MAX_GRID_Z, MAX_PLANS, _aligned, _bind, _Launch, _layout, _remember, _replay_with,  # noqa: E402
+                    _run_launches)
 
 _APPEND = DirectLauncher(_cache_append_kernel)
 _DECODE = DirectLauncher(_attn_decode_kernel)

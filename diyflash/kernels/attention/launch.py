@@ -1,32 +1,29 @@
-"""The launchers: tiles, TMA and offset choices per call, host descriptors, head groups, and the plans
-that replay a call's launches (attention_fwd, attention_bwd)."""
+"""The attention launchers (attention_fwd, attention_bwd): tiles, TMA and offset choices per call, head
+groups and splits, and the keys of the plans (plans.py) that replay a call's launches."""
 
 from __future__ import annotations
 
-import functools
-import operator
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from .._runtime import PLAIN, device_limits, require_triton
-from ..attention_torch import band, empty_out
+from ..attention_torch import empty_out
 from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad,
                                  window_fwd_config)
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from .._launch import (BoundLaunch, DirectLauncher, cdiv, ensure_scratch_allocator,  # noqa: E402
-                       runtime_key)
-
+from .._launch import DirectLauncher, cdiv, runtime_key  # noqa: E402
 from .backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
                        _attn_bwd_preprocess_kernel)
+from . import kvcache  # noqa: E402  (the decode route; kvcache shares launch_args and plans, not this module)
 from .forward import _attn_fwd_kernel  # noqa: E402
+from .launch_args import (DECODE_MAX_ROWS, INTERPRETED, LOG2E, Variant, _alibi_stride, _dot_precision,  # noqa: E402
+                          _upcast, _v_pad, _variant_meta, variant)
 from .lazy import _RESCALE_N, VOTE_PACKS  # noqa: E402
-
-LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
-MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
+from .plans import (_PLANS, HOST_DESC_MIN_WORK, MAX_GRID_Z, _aligned, _launch, _Launch, _layout,  # noqa: E402
+                    _replay, _scratch, host_descriptors_ok)
 
 
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
@@ -40,29 +37,9 @@ _BWD_PRE = DirectLauncher(_attn_bwd_preprocess_kernel)
 _BWD_DKDV = DirectLauncher(_attn_bwd_dkdv_kernel)
 _BWD_DQ = DirectLauncher(_attn_bwd_dq_kernel)
 _BWD_SUM = DirectLauncher(_attn_bwd_group_sum_kernel)
-INTERPRETED = _FWD.interpreted  # fixed when the kernels were decorated, as Triton decides it
+assert INTERPRETED == _FWD.interpreted  # launch_args decides it as Triton decorated these kernels
 
 
-class _Launch(NamedTuple):
-    """One kernel launch of a call: its leading pointer arguments by name (looked up in the call's
-    tensors), then every other argument."""
-
-    launcher: DirectLauncher
-    grid: tuple
-    pointers: tuple[str, ...]
-    args: tuple
-    meta: dict
-
-
-class _Plan(NamedTuple):
-    launches: tuple[tuple[BoundLaunch, Callable[[dict], tuple]], ...]  # each with its pointers' getter (env -> tuple)
-    tma: bool  # some launch builds TMA descriptors on the device: Triton needs a scratch allocator
-    descs: tuple = ()  # (name, block_rows, block_cols): tensors the launches read through host descriptors
-    scratch: tuple = ()  # (name, shape, dtype): buffers the launches use within the call, allocated per call
-
-
-_PLANS: dict[tuple, _Plan] = {}
-MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
 _LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM)
 
 
@@ -77,11 +54,6 @@ def clear_caches() -> None:
         lc.clear()
 
 
-def _layout(t: torch.Tensor | None):
-    # everything a launch specializes on per tensor (Triton: dtype, alignment; ours: shape, strides)
-    return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
-
-
 def _plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
               overrides: tuple = (None, None)) -> tuple | None:
     """The key of a call's plan, or None where there is no plan: under the interpreter (no compiled
@@ -93,91 +65,6 @@ def _plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
         return None
     return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs),
             *overrides)
-
-
-def _aligned(*outputs: torch.Tensor) -> bool:
-    # fresh allocations: the caching allocator's blocks are 512-byte aligned, but a plan assumes nothing
-    return all(t.data_ptr() % 16 == 0 for t in outputs)
-
-
-def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tuple = ()) -> None:
-    """Run each chunk's launches ([(tensors by name, [_Launch, ...]), ...]) through the launchers, and
-    remember them as the plan of `key` when there was one chunk and every launch has a compiled kernel.
-    descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptor),
-    which each chunk's tensors become here. scratch: (name, shape, dtype) of the call's buffers (in the
-    chunks' tensors), which the plan allocates again on every replay (_scratch)."""
-    if tma:
-        ensure_scratch_allocator()
-    if descs:
-        chunks = [(_with_descriptors(env, descs), launches) for env, launches in chunks]
-    for env, launches in chunks:
-        _run_launches(env, launches)
-    if key is None or len(chunks) != 1:
-        return
-    plan = _bind(chunks[0], tma, descs, scratch)
-    if plan is not None:
-        _remember(_PLANS, key, plan)
-
-
-def _run_launches(env: dict, launches) -> None:
-    """Each launch through its launcher, its pointers looked up by name in env."""
-    for lc in launches:
-        lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
-
-
-def _bind(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> _Plan | None:
-    """The plan of one chunk's launches, just run: each bound to its compiled kernel with its pointers
-    left open. None when some launch has no compiled kernel (the interpreter, a defaulted parameter)."""
-    env, launches = chunk
-    bound = []
-    for lc in launches:
-        b = lc.launcher.bind(lc.grid, tuple(env[name] for name in lc.pointers), lc.args, lc.meta)
-        if b is None:
-            return None
-        bound.append((b, _pointer_getter(lc.pointers)))
-    return _Plan(tuple(bound), tma, descs, scratch)
-
-
-def _pointer_getter(names: tuple[str, ...]):
-    """env -> the tuple of env[name] for names, in one C call (operator.itemgetter) where a generator
-    costs ~1 us a launch of the GPU machine's host time."""
-    if len(names) == 1:
-        return lambda env: (env[names[0]],)
-    return operator.itemgetter(*names)
-
-
-def _scratch(spec: tuple, device: torch.device) -> dict:
-    """A call's scratch buffers by name, from their (name, shape, dtype)."""
-    return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape, dtype in spec}
-
-
-def _remember(plans: dict, key: tuple, value) -> None:
-    if len(plans) >= MAX_PLANS:  # a workload with ever-new shapes starts over instead of growing
-        plans.clear()
-    plans[key] = value
-
-
-def _replay(plan: _Plan, env: dict) -> None:
-    if plan.tma:
-        ensure_scratch_allocator()  # per thread: autograd's backward thread starts without one
-    if plan.descs:
-        env = _with_descriptors(env, plan.descs)
-    for bound, pointers in plan.launches:
-        bound(*pointers(env))
-
-
-def _replay_with(plan: _Plan, env: dict, args: list[tuple]) -> bool:
-    """A plan run with this call's arguments (kvcache._kv_key's plans), one tuple per launch, each
-    argument of the Triton class the plan's was (the key's guarantee; the grids, fixed by the key, are the
-    plan's). False, launching nothing, where the count of launches differs or the plan reads host
-    descriptors (built from exact shapes): the caller then launches the call itself."""
-    if plan.descs or len(args) != len(plan.launches):
-        return False
-    if plan.tma:
-        ensure_scratch_allocator()
-    for (bound, pointers), launch_args in zip(plan.launches, args):
-        bound.run_with(pointers(env), launch_args)
-    return True
 
 
 class Packed(NamedTuple):
@@ -241,44 +128,6 @@ def rows_fit_int32(*tensors: torch.Tensor) -> bool:
     then compute row offsets in 32 bits (ROW32, _rows); the (batch, head) offsets are 64-bit either way."""
     return all((t.shape[2] + MAX_BLOCK_ROWS) * abs(t.stride(2)) + head_dim_pad(t.shape[3]) * abs(t.stride(3)) < 2**31
                for t in tensors)
-
-
-def host_descriptor(t: torch.Tensor, block_rows: int, block_cols: int) -> TensorDescriptor:
-    """A TMA descriptor over a whole (Z, H, N, D) tensor (a (Z*H, N, D) one as (Z*H, 1, N, D)) in
-    (1, 1, block_rows, block_cols) blocks; the kernels load slice (z, h)'s tile at row r as [z, h, r, 0]
-    (_desc_load4). Built once per launch on the host, where each program would otherwise build its
-    slice's descriptor in global memory (tl.make_tensor_descriptor): D128 N1024 forward in a minimal
-    kernel, 400 -> 424 TFLOPS on the H200. The hardware needs every stride 16-byte aligned: a size-1
-    dimension's stride never moves the address, so it is given a dense one. Needs tma_ok and
-    host_descriptors_ok."""
-    if t.dim() == 3:
-        (z, n, d), (sz, sn, _) = t.shape, t.stride()
-        h, sh = 1, 0
-    else:
-        (z, h, n, d), (sz, sh, sn, _) = t.shape, t.stride()
-    sn = sn if n > 1 else d
-    sh = sh if h > 1 else n * sn
-    sz = sz if z > 1 else h * sh
-    return TensorDescriptor(t, [z, h, n, d], [sz, sh, sn, 1], [1, 1, block_rows, block_cols])
-
-
-# Host descriptors cost host time, per launch: three TensorDescriptor objects and Triton's encoding of
-# each (cuTensorMapEncodeTiled), ~18 us on the H200 host (bench/overhead.py: a D128 TMA launch 42 against
-# 24 us). They save each program building its own (D128 N1024: ~4.5 us of an 84 us kernel). Calls with
-# less work than this (Z*H*N_q*N_k*padded head_dim; 2^32 is a ~40 us kernel) keep the per-program ones:
-# a short call is bound by host time, and short-sequence cells measured 30 -> 45 us with host descriptors.
-HOST_DESC_MIN_WORK = 1 << 32
-
-
-def host_descriptors_ok(*tensors: torch.Tensor) -> bool:
-    """Whether host_descriptor can describe these tma_ok tensors: no stride 0 where a dimension has
-    more than one element (an expanded, broadcast view: TMA strides must be positive). Such inputs read
-    through the per-program descriptors instead."""
-    return all(stride != 0 or size == 1 for t in tensors for size, stride in zip(t.shape, t.stride()))
-
-
-def _with_descriptors(env: dict, descs: tuple) -> dict:
-    return {**env, **{name: host_descriptor(env[name], rows, cols) for name, rows, cols in descs}}
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:
@@ -370,56 +219,6 @@ def vote_rows(cfg: AttnConfig, d_pad: int) -> int:
     return rows
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    # fp32 inputs must stay fp32-accurate: no TF32. fp16/bf16 ignore the setting.
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _upcast(dtype: torch.dtype) -> bool:
-    # the interpreter's bf16 tl.dot is wrong (triton-lang/triton#11584): widen the tiles there
-    return dtype == torch.bfloat16 and INTERPRETED
-
-
-class Variant(NamedTuple):
-    """A call's variant arguments as the kernels take them (semantics.py): `causal` after folding a
-    non-causal window with right edge 0 into it; `window` a bounded band (the unbounded side passed as
-    N_q + N_k, right capped at 0 under causal); cap2 = softcap * log2(e); GQA's query heads per kv head."""
-
-    causal: bool
-    window: bool
-    left: int
-    right: int
-    cap2: float
-    kv_group: int
-
-    @property
-    def softcap(self) -> bool:
-        return self.cap2 > 0
-
-
-def variant(causal: bool, window: tuple[int, int], softcap: float, n_q: int, n_k: int, h: int, h_kv: int) -> Variant:
-    causal, bounded, left, right = band(causal, window, n_q, n_k)
-    return Variant(causal, bounded, left, right, softcap * LOG2E, h // h_kv)
-
-
-def _variant_meta(var: Variant, alibi: torch.Tensor | None) -> dict:
-    return dict(WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=alibi is not None)
-
-
-def _v_pad(d: int, dv: int) -> int:
-    """The v tiles' width. A 16-wide v beside wider q/k tiles is widened to 32: Triton 3.6 compiled the
-    forward with D 24 / D_v 8 (tiles 32 / 16, 128x64, 3 stages) into a kernel that read shared memory out
-    of bounds (compute-sanitizer, H100: 'Invalid __shared__ read' at the p @ v dot), and
-    crashed on some calls."""
-    dv_pad = head_dim_pad(dv)
-    return max(dv_pad, 32) if dv_pad < head_dim_pad(d) else dv_pad
-
-
-def _alibi_stride(alibi: torch.Tensor | None) -> int:
-    # (H,) slopes: the same row for every batch; (B, H): row z
-    return 0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)
-
-
 def overflow_passes(dtype: torch.dtype) -> tuple[int, ...]:
     """The forward's passes (its PASS): (1, 2) where a raw q.k can leave fp32's range (bf16, fp32 inputs
     of ~1e19; issue 23), else (0,): fp16 products are below 65504^2 = 4.3e9, so no dot of them comes near 3.4e38.
@@ -434,18 +233,6 @@ def overflow_passes(dtype: torch.dtype) -> tuple[int, ...]:
 # specialization or lazy rescaling keep its shared memory and setup small (more programs resident, less
 # work before the return); the rare block it runs again is slower for it.
 _RESCUE_META = dict(num_warps=4, num_stages=1, WS=False, LAZY=False, VOTE_ROWS=0)
-
-
-DECODE_MAX_ROWS = 64  # the decode kernel's largest row tile (kvcache.decode_rows), also decode_route's bound
-
-
-@functools.cache
-def _kvcache():
-    # kvcache builds on this module, so it is imported at the first decode-route call: once, since an
-    # import statement in a function costs ~8 us every call (~20 us of the GPU machine's host time)
-    from . import kvcache
-
-    return kvcache
 
 
 def decode_route(q, k, seq_lens, packed, config, group) -> bool:
@@ -486,7 +273,7 @@ def attention_fwd(
     kv head packed into one tile; the same semantics (semantics.py), out and lse alike. There need_lse=False
     (a caller that drops lse) returns lse None, one allocation less; elsewhere lse is always returned."""
     if decode_route(q, k, seq_lens, packed, config, group):
-        return _kvcache().attention_kvcache(q, k, v, None, None, None, None, causal, scale, window=window,
+        return kvcache.attention_kvcache(q, k, v, None, None, None, None, causal, scale, window=window,
                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                                             need_lse=need_lse, keep_scratch=keep_scratch)
     out = empty_out(q, v.shape[-1])

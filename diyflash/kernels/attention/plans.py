@@ -1,0 +1,173 @@
+"""Host-speed machinery of the attention launchers: a call's launches (_Launch), run through their
+DirectLaunchers and remembered as a plan (_Plan: each launch bound to its compiled kernel, its pointers
+left open) that a later call of the same key replays with its own tensors; host-built TMA descriptors.
+launch.py keys dense calls' plans (_plan_key), kvcache.py KV-cache calls' (_kv_key)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Callable, NamedTuple
+
+import torch
+
+from .._runtime import require_triton
+
+require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from .._launch import BoundLaunch, DirectLauncher, ensure_scratch_allocator  # noqa: E402
+
+
+MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
+
+
+class _Launch(NamedTuple):
+    """One kernel launch of a call: its leading pointer arguments by name (looked up in the call's
+    tensors), then every other argument."""
+
+    launcher: DirectLauncher
+    grid: tuple
+    pointers: tuple[str, ...]
+    args: tuple
+    meta: dict
+
+
+class _Plan(NamedTuple):
+    launches: tuple[tuple[BoundLaunch, Callable[[dict], tuple]], ...]  # each with its pointers' getter (env -> tuple)
+    tma: bool  # some launch builds TMA descriptors on the device: Triton needs a scratch allocator
+    descs: tuple = ()  # (name, block_rows, block_cols): tensors the launches read through host descriptors
+    scratch: tuple = ()  # (name, shape, dtype): buffers the launches use within the call, allocated per call
+
+
+_PLANS: dict[tuple, _Plan] = {}
+
+
+MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
+
+
+def _layout(t: torch.Tensor | None):
+    # everything a launch specializes on per tensor (Triton: dtype, alignment; ours: shape, strides)
+    return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+
+
+def _aligned(*outputs: torch.Tensor) -> bool:
+    # fresh allocations: the caching allocator's blocks are 512-byte aligned, but a plan assumes nothing
+    return all(t.data_ptr() % 16 == 0 for t in outputs)
+
+
+def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tuple = ()) -> None:
+    """Run each chunk's launches ([(tensors by name, [_Launch, ...]), ...]) through the launchers, and
+    remember them as the plan of `key` when there was one chunk and every launch has a compiled kernel.
+    descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptor),
+    which each chunk's tensors become here. scratch: (name, shape, dtype) of the call's buffers (in the
+    chunks' tensors), which the plan allocates again on every replay (_scratch)."""
+    if tma:
+        ensure_scratch_allocator()
+    if descs:
+        chunks = [(_with_descriptors(env, descs), launches) for env, launches in chunks]
+    for env, launches in chunks:
+        _run_launches(env, launches)
+    if key is None or len(chunks) != 1:
+        return
+    plan = _bind(chunks[0], tma, descs, scratch)
+    if plan is not None:
+        _remember(_PLANS, key, plan)
+
+
+def _run_launches(env: dict, launches) -> None:
+    """Each launch through its launcher, its pointers looked up by name in env."""
+    for lc in launches:
+        lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
+
+
+def _bind(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> _Plan | None:
+    """The plan of one chunk's launches, just run: each bound to its compiled kernel with its pointers
+    left open. None when some launch has no compiled kernel (the interpreter, a defaulted parameter)."""
+    env, launches = chunk
+    bound = []
+    for lc in launches:
+        b = lc.launcher.bind(lc.grid, tuple(env[name] for name in lc.pointers), lc.args, lc.meta)
+        if b is None:
+            return None
+        bound.append((b, _pointer_getter(lc.pointers)))
+    return _Plan(tuple(bound), tma, descs, scratch)
+
+
+def _pointer_getter(names: tuple[str, ...]):
+    """env -> the tuple of env[name] for names, in one C call (operator.itemgetter) where a generator
+    costs ~1 us a launch of the GPU machine's host time."""
+    if len(names) == 1:
+        return lambda env: (env[names[0]],)
+    return operator.itemgetter(*names)
+
+
+def _scratch(spec: tuple, device: torch.device) -> dict:
+    """A call's scratch buffers by name, from their (name, shape, dtype)."""
+    return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape, dtype in spec}
+
+
+def _remember(plans: dict, key: tuple, value) -> None:
+    if len(plans) >= MAX_PLANS:  # a workload with ever-new shapes starts over instead of growing
+        plans.clear()
+    plans[key] = value
+
+
+def _replay(plan: _Plan, env: dict) -> None:
+    if plan.tma:
+        ensure_scratch_allocator()  # per thread: autograd's backward thread starts without one
+    if plan.descs:
+        env = _with_descriptors(env, plan.descs)
+    for bound, pointers in plan.launches:
+        bound(*pointers(env))
+
+
+def _replay_with(plan: _Plan, env: dict, args: list[tuple]) -> bool:
+    """A plan run with this call's arguments (kvcache._kv_key's plans), one tuple per launch, each
+    argument of the Triton class the plan's was (the key's guarantee; the grids, fixed by the key, are the
+    plan's). False, launching nothing, where the count of launches differs or the plan reads host
+    descriptors (built from exact shapes): the caller then launches the call itself."""
+    if plan.descs or len(args) != len(plan.launches):
+        return False
+    if plan.tma:
+        ensure_scratch_allocator()
+    for (bound, pointers), launch_args in zip(plan.launches, args):
+        bound.run_with(pointers(env), launch_args)
+    return True
+
+
+def host_descriptor(t: torch.Tensor, block_rows: int, block_cols: int) -> TensorDescriptor:
+    """A TMA descriptor over a whole (Z, H, N, D) tensor (a (Z*H, N, D) one as (Z*H, 1, N, D)) in
+    (1, 1, block_rows, block_cols) blocks; the kernels load slice (z, h)'s tile at row r as [z, h, r, 0]
+    (_desc_load4). Built once per launch on the host, where each program would otherwise build its
+    slice's descriptor in global memory (tl.make_tensor_descriptor): D128 N1024 forward in a minimal
+    kernel, 400 -> 424 TFLOPS on the H200. The hardware needs every stride 16-byte aligned: a size-1
+    dimension's stride never moves the address, so it is given a dense one. Needs tma_ok and
+    host_descriptors_ok."""
+    if t.dim() == 3:
+        (z, n, d), (sz, sn, _) = t.shape, t.stride()
+        h, sh = 1, 0
+    else:
+        (z, h, n, d), (sz, sh, sn, _) = t.shape, t.stride()
+    sn = sn if n > 1 else d
+    sh = sh if h > 1 else n * sn
+    sz = sz if z > 1 else h * sh
+    return TensorDescriptor(t, [z, h, n, d], [sz, sh, sn, 1], [1, 1, block_rows, block_cols])
+
+
+# Host descriptors cost host time, per launch: three TensorDescriptor objects and Triton's encoding of
+# each (cuTensorMapEncodeTiled), ~18 us on the H200 host (bench/overhead.py: a D128 TMA launch 42 against
+# 24 us). They save each program building its own (D128 N1024: ~4.5 us of an 84 us kernel). Calls with
+# less work than this (Z*H*N_q*N_k*padded head_dim; 2^32 is a ~40 us kernel) keep the per-program ones:
+# a short call is bound by host time, and short-sequence cells measured 30 -> 45 us with host descriptors.
+HOST_DESC_MIN_WORK = 1 << 32
+
+
+def host_descriptors_ok(*tensors: torch.Tensor) -> bool:
+    """Whether host_descriptor can describe these tma_ok tensors: no stride 0 where a dimension has
+    more than one element (an expanded, broadcast view: TMA strides must be positive). Such inputs read
+    through the per-program descriptors instead."""
+    return all(stride != 0 or size == 1 for t in tensors for size, stride in zip(t.shape, t.stride()))
+
+
+def _with_descriptors(env: dict, descs: tuple) -> dict:
+    return {**env, **{name: host_descriptor(env[name], rows, cols) for name, rows, cols in descs}}
