@@ -22,7 +22,7 @@ from .forward import _attn_fwd_kernel  # noqa: E402
 from .launch_args import (DECODE_MAX_ROWS, INTERPRETED, LOG2E, Variant, _alibi_stride, _dot_precision,  # noqa: E402
                           _upcast, _v_pad, _variant_meta, variant)
 from .lazy import _RESCALE_N, VOTE_PACKS  # noqa: E402
-from .plans import (_PLANS, HOST_DESC_MIN_WORK, MAX_GRID_Z, _aligned, _launch, _Launch, _layout,  # noqa: E402
+from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, _aligned, _launch, _Launch, _layout, _Plan,  # noqa: E402
                     _replay, _scratch, host_descriptors_ok)
 
 
@@ -41,6 +41,7 @@ assert INTERPRETED == _FWD.interpreted  # launch_args decides it as Triton decor
 
 
 _LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM)
+_PLANS: dict[tuple, _Plan] = {}  # the dense calls' plans (plans.py), by _plan_key
 
 
 def cache_info() -> dict[str, int]:
@@ -333,7 +334,7 @@ def attention_fwd(
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
     # the interpreter emulates descriptors without scratch memory; host descriptors need none
-    _launch(chunks, key if _aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs)
+    _launch(chunks, key if _aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs, plans=_PLANS)
     return out, lse
 
 
@@ -472,5 +473,5 @@ def attention_bwd(
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
     _launch(chunks, key if _aligned(dq, dk, dv, delta, lse2, dk_out, dv_out) else None,
-            (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch)
+            (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch, plans=_PLANS)
     return dq, dk, dv

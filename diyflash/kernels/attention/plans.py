@@ -39,7 +39,6 @@ class _Plan(NamedTuple):
     scratch: tuple = ()  # (name, shape, dtype): buffers the launches use within the call, allocated per call
 
 
-_PLANS: dict[tuple, _Plan] = {}
 
 
 MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
@@ -55,9 +54,10 @@ def _aligned(*outputs: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in outputs)
 
 
-def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tuple = ()) -> None:
+def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tuple = (), *, plans: dict) -> None:
     """Run each chunk's launches ([(tensors by name, [_Launch, ...]), ...]) through the launchers, and
-    remember them as the plan of `key` when there was one chunk and every launch has a compiled kernel.
+    remember them in `plans` (the caller's store) as the plan of `key` when there was one chunk and every
+    launch has a compiled kernel.
     descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptor),
     which each chunk's tensors become here. scratch: (name, shape, dtype) of the call's buffers (in the
     chunks' tensors), which the plan allocates again on every replay (_scratch)."""
@@ -71,7 +71,7 @@ def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tu
         return
     plan = _bind(chunks[0], tma, descs, scratch)
     if plan is not None:
-        _remember(_PLANS, key, plan)
+        _remember(plans, key, plan)
 
 
 def _run_launches(env: dict, launches) -> None:
