@@ -43,7 +43,6 @@ RULES: dict[str, Rule] = {
        for name in ("k_cache", "v_cache")},
 }
 
-LOG2E = 1.4426950408889634
 # softcap's bounds: the kernels take cap2 = softcap * log2(e) and 1 / cap2 as fp32 scalars, both finite
 # and normal within these (2.35e38 * log2(e) = 3.39e38 < fp32's largest, 3.40e38)
 MIN_SOFTCAP = float(torch.finfo(torch.float32).tiny)
