@@ -44,6 +44,17 @@ def torch_path(monkeypatch):
     return torch.device("cpu")
 
 
+_SLOW = frozenset(line.strip() for line in open(os.path.join(os.path.dirname(__file__), "slow_tests.txt"))
+                  if line.strip() and not line.startswith("#"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the slow tier (slow_tests.txt): `pytest -m "not slow"` runs the rest in a few minutes on a CPU."""
+    for item in items:
+        if item.nodeid in _SLOW:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_report_header(config):
     interp = os.environ.get("TRITON_INTERPRET", "0")
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "none"
