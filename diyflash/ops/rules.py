@@ -107,23 +107,14 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _reaches(b_lo - a_lo, dims)
 
 
-def internal_overlap(t: torch.Tensor) -> bool:
-    """Whether two elements of t are one element of memory (a stride 0 over a dimension of more than one,
-    an expanded view), as PyTorch's in-place ops refuse."""
-    return torch._debug_has_internal_overlap(t) == 1
-
-
 def written_error(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
                   v: torch.Tensor | None) -> str | None:
     """The written rule: where an append writes the caches (k and v given), None when no element of memory
     is written twice or both written and read, else the sentence naming the tensors. Eager and
     implementation-side (it reads storage addresses); the fakes check what shapes and strides show."""
-    if k is None:
-        return None
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if internal_overlap(t):
-            return (f"{name} overlaps itself in memory (an expanded view, strides {tuple(t.stride())}): the append "
-                    "would write several rows' keys into one slot; append into a cache of its own (.clone())")
+    error = written_shape_error(k_cache, v_cache, k)  # an expanded cache, one tensor as both (or no append)
+    if error or k is None:
+        return error
     pairs = (("k_cache", k_cache, "v_cache", v_cache), ("k", k, "k_cache", k_cache), ("k", k, "v_cache", v_cache),
              ("v", v, "k_cache", k_cache), ("v", v, "v_cache", v_cache))
     for name_a, a, name_b, b in pairs:
