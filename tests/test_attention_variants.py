@@ -157,6 +157,22 @@ def test_dv_differs(device, d, dv, causal):
     check(q, k, v, causal)
 
 
+@pytest.mark.parametrize("d,dv", [(128, 16), (64, 32)])
+def test_narrow_v_beside_one_key(device, d, dv):
+    """A 16/32-wide v beside wide q/k tiles, causal, one key: Triton 3.6 compiled the TMA forward for it into a
+    kernel reading shared memory out of bounds (illegal address on some calls); narrow v tiles read through
+    pointers (tma_tiles_ok), forward and backward. Found by test_differential on the H200."""
+    from diyflash.kernels.attention.launch import tma_tiles_ok
+    from diyflash.kernels.attention.launch_args import _v_pad
+
+    assert not tma_tiles_ok(_v_pad(d, dv)) and tma_tiles_ok(_v_pad(d, 64))
+    q, k, v = make(2, 1, 1, 1023 if ON_GPU else 77, 1, d, dv, dtype=torch.bfloat16 if ON_GPU else torch.float16,
+                   device=device)
+    for _ in range(3 if ON_GPU else 1):
+        check(q, k, v, True, alibi=slopes(1, None, device))
+    check(q, k, v, False)
+
+
 def test_dv_differs_keeps_layout(device):
     q, k, v = make(2, 4, 2, 33, 33, 32, 16, device=device, layout="bnhd")
     out = diyflash.flash_attention(q, k, v)
