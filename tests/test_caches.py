@@ -51,6 +51,7 @@ from test_caches import _calls
 assert not dispatcher_free(torch.ones(1))  # every API call through its op
 results = _calls({str(device)!r})
 info = diyflash.cache_info()
+info.pop("matmul tuned choices")  # the tuner's choice is not a shortcut: the plain path tunes too
 assert all(v == 0 for v in info.values()), info
 torch.save([r.cpu() for r in results], {str(tmp_path / "plain.pt")!r})
 """

@@ -21,7 +21,7 @@ The signature covers everything Triton specializes on, so a hit runs the kernel 
 - the launch options (num_warps, ...), the current device and the JIT's debug/instrumentation knobs.
 Launch hooks (e.g. a profiler's) are passed on exactly as the JIT does; a kernel with pre-run hooks
 always goes through the JIT. Under TRITON_INTERPRET=1 there is no compiled kernel: every launch goes
-through the interpreter.
+through the interpreter; under DIYFLASH_PLAIN=1 every launch goes through the JIT (nothing is bound).
 
 `launcher.bind(grid, pointers, args, meta)` goes one step further for callers that repeat a whole call:
 it returns the compiled kernel with everything but the leading pointer arguments fixed (a
@@ -39,6 +39,8 @@ import triton
 from triton import knobs
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ._runtime import PLAIN
 
 
 def cdiv(a: int, b: int) -> int:
@@ -173,8 +175,8 @@ class DirectLauncher:
             compiled = self.kernel[grid](*args, **meta)
         if hasattr(compiled, "result"):  # an asynchronous compile's future
             compiled = compiled.result()
-        if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
-            return  # the interpreter, or a Triton whose compiled kernels look different: JIT every time
+        if PLAIN or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
+            return  # DIYFLASH_PLAIN=1, the interpreter, or a Triton whose compiled kernels look different: JIT every time
         names = self.kernel.arg_names[len(args):]
         if any(name not in meta for name in names):
             return  # a defaulted parameter: the JIT fills it in, so keep going through the JIT

@@ -23,7 +23,9 @@ _TRUTHY = ("1", "true", "yes", "on", "y")  # Triton's spelling rules, for machin
 
 # DIYFLASH_PLAIN=1 (read once, when diyflash is imported): every host-speed shortcut off at once, the plain
 # path for debugging: each API call dispatches through its op (ops/eager.dispatcher_free), no launch plan
-# is kept or replayed, no decode buffer is kept between calls. The same kernels, the same results.
+# is kept or replayed, no compiled kernel is bound (every launch through Triton's JIT), no decode buffer is
+# kept between calls; the matmul's tuned choices stay (a choice, not a shortcut). The same kernels, the
+# same results.
 PLAIN = os.environ.get("DIYFLASH_PLAIN", "0").strip().lower() in _TRUTHY
 
 
