@@ -49,9 +49,9 @@ def _tiles(row: dict) -> tuple:
     return AttnConfig(**{f: row[f] for f in fields if f in row}).as_tiles()
 
 
-def render_tuned(table: dict, sweeps: list[str]) -> str:
-    """The source of attention_tuned.py for `table` (kind -> "plain"/"causal" -> head_dim -> tiles) and
-    the sweeps behind it, newest first."""
+def render_tuned(table: dict) -> str:
+    """The source of attention_tuned.py for `table` (kind -> "plain"/"causal" -> head_dim -> tiles). The
+    sweeps and hand edits behind it are rows of HISTORY, not lines of the source."""
     def entry(tiles) -> str:
         if isinstance(tiles, dict):  # length buckets, None (longer sequences) last
             order = sorted(n for n in tiles if n is not None) + [None]
@@ -66,13 +66,11 @@ def render_tuned(table: dict, sweeps: list[str]) -> str:
             lines.append(f"        {mode!r}: {{{entries}}},")
         lines.append("    },")
     lines.append("}")
-    history = "\n".join(f"- {line}" for line in sweeps)
     return ('"""Tuned attention tiles (block_m, block_n, num_warps, num_stages, *flags) per kernel, causal or not,\n'
-            'and padded head_dim. Written by `python -m bench.attention_configs --write`: re-run it rather than edit by hand;\n'
-            'a hand edit adds a line below saying what and why.\n\n'
-            'Sweeps behind these entries, newest first (an entry comes from the newest sweep that covered it):\n'
-            f'{history}\n"""\n\n'
-            "SWEEPS = [\n" + "".join(f"    {line!r},\n" for line in sweeps) + "]\n\n" + "\n".join(lines) + "\n")
+            'and padded head_dim. Written by `python -m bench.attention_configs --write`: re-run it rather than edit by hand.\n'
+            f'Each sweep that wrote it, and each hand edit, is a row of {HISTORY}\n'
+            '(device, versions, date, command or reason); an entry comes from the newest row that covered it."""\n\n'
+            + "\n".join(lines) + "\n")
 
 
 def sweep_one(kind, d, causal, dtype, n, candidates, cost, limit, confirm=CONFIRM, keep=lambda cfg: True):
@@ -169,7 +167,9 @@ def main(argv=None) -> int:
     prov = provenance()
     table = {kind: {m: dict(dims) for m, dims in ms.items()} for kind, ms in attention_tuned.TUNED.items()}
     table.setdefault("dv", {"plain": {}, "causal": {}})
-    sweeps = ([_sweep_line(prov, args)] + list(attention_tuned.SWEEPS))[:MAX_SWEEPS]
+    history_row = {"kind": "sweep", "gpu": prov["gpu"], "torch": prov["torch"], "triton": prov["triton"],
+                   "dtype": args.dtype, "n": args.n, "timestamp": prov["timestamp"], "command": _command(args)}
+    wrote = False
     all_rows = []
     # the backward kernels are swept in turn, each timed next to the others' best so far
     for kind in [k for k in KINDS if k in args.kinds]:
@@ -195,7 +195,11 @@ def main(argv=None) -> int:
                 mode = "causal" if causal else "plain"
                 table[kind][mode][d] = with_winner(table[kind][mode].get(d), _tiles(best), args.n if args.bucket else None)
                 if args.write:  # after each winner: later kernels' sweeps run with it
-                    _write(table, sweeps)
+                    _write(table)
+                    if not wrote:
+                        with open(Path(__file__).parent / "results" / Path(HISTORY).name, "a") as f:
+                            f.write(json.dumps(history_row) + "\n")
+                        wrote = True
     if args.out:
         with open(args.out, "a") as f:
             for r in all_rows:
@@ -203,7 +207,7 @@ def main(argv=None) -> int:
     return 0
 
 
-MAX_SWEEPS = 32  # history lines kept in attention_tuned.py (12 pushed out lines whose entries still stood)
+HISTORY = "bench/results/attention_tuned_history.jsonl"  # append-only: one row per sweep that wrote, per hand edit
 FLAG_FILTERS = {"both": lambda flag: True, "only": lambda flag: flag, "none": lambda flag: not flag}
 
 
@@ -218,10 +222,9 @@ def with_winner(entry, tiles: tuple, bucket: int | None):
     return buckets[None] if len(buckets) == 1 else buckets
 
 
-def _sweep_line(prov, args) -> str:
-    """One history line of attention_tuned.py: where, with what, and the exact command."""
-    return (f"{prov['gpu']}, torch {prov['torch']}, Triton {prov['triton']}, {args.dtype}, N={args.n}, "
-            f"{prov['timestamp']}: python -m bench.attention_configs --n {args.n} --dtype {args.dtype} "
+def _command(args) -> str:
+    """The exact command of a sweep, for its history row."""
+    return (f"python -m bench.attention_configs --n {args.n} --dtype {args.dtype} "
             f"--head-dims {' '.join(map(str, args.head_dims))} --causal {args.causal} "
             f"--kinds {' '.join(args.kinds)} --write" + (" --bucket" if args.bucket else "")
             + (f" --confirm {args.confirm}" if args.confirm != CONFIRM else "")
@@ -229,13 +232,13 @@ def _sweep_line(prov, args) -> str:
             + (f" --ws {args.ws}" if args.ws != "both" else ""))
 
 
-def _write(table, sweeps) -> None:
+def _write(table) -> None:
     import importlib
 
     from diyflash.kernels.attention import launch as ka
     from diyflash.kernels import attention_configs, attention_tuned
 
-    Path(attention_tuned.__file__).write_text(render_tuned(table, sweeps))
+    Path(attention_tuned.__file__).write_text(render_tuned(table))
     importlib.reload(attention_tuned)
     attention_configs.TUNED = attention_tuned.TUNED
     attention_configs.fwd_config.cache_clear()
