@@ -8,7 +8,7 @@ of the device's copy bandwidth measured in the same run (a 1 GiB device-to-devic
 bytes / time). GPU time is one CUDA graph replay of one call, the L2 emptied before it by reading 256 MB
 (clean_graph_ms: no host cost, one graph launch included). It was do_bench's replay before
 (graph_ms, kept as "flush_us"), whose zeroing flush leaves the L2 dirty: its write-back ran inside every
-timed call, +9-10 us on a 268 MB read for every provider (bench/probes/decode_timing.py). "eager us" is the
+timed call, +9-10 us on a 268 MB read for every provider (the decode_timing probe). "eager us" is the
 wall time per call of 200 eager calls in a row (host cost included; the default validate=True syncs once a call,
 diyflash-novalidate skips that check; diyflash-dense is flash_attention, the dense API, at N_q = 1).
 Peers: SDPA with every backend that takes the shape (enable_gqa=True) and FlexAttention's decode path

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: GPU test suite, config sweep and benchmark; full logs under $OUT.
-#   bash bench/device_run.sh [tests] [sweep] [groups] [bench] [variants] [decode] [varlen] [short] [overhead] [matmul]
+#   bash bench/device_run.sh [tests] [sweep] [bench] [variants] [decode] [varlen] [short] [overhead] [matmul]
 #                            [coldstart]
 #   (default: tests sweep bench)
 # The GPU's SM clock, power and temperature are logged every 500 ms to $OUT/clocks.csv throughout.
@@ -24,9 +24,6 @@ fi
 if [[ $parts == *sweep* ]]; then  # re-tunes diyflash/kernels/attention_tuned.py (copied to $OUT)
   python3 -m bench.attention_configs --write --out "$OUT/configs.jsonl" ${SWEEP_ARGS:-} 2>&1 | tee -a "$OUT/sweep.log" | grep -v "^  skip"
   cp diyflash/kernels/attention_tuned.py "$OUT/"
-fi
-if [[ $parts == *groups* ]]; then
-  python3 -m bench.probes.attention_groups --out "$OUT/groups.jsonl" ${GROUPS_ARGS:-} 2>&1 | tee "$OUT/groups.log"
 fi
 if [[ $parts == *bench* ]]; then
   python3 -m bench.attention --out "$OUT/attention.jsonl" --plot "$OUT/attention.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60

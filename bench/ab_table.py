@@ -1,7 +1,7 @@
 """A/B table of two bench.attention JSONL runs (a tree before and after a kernel change, measured in the
 same device call): per cell, diyflash's median ms in each, new / old, and each against its own run's
 peer (default sdpa-cudnn), so drift between the runs shows in the peer's column.
-    python -m bench.probes.ab_table OLD.jsonl NEW.jsonl [--peer sdpa-cudnn]"""
+    python -m bench.ab_table OLD.jsonl NEW.jsonl [--peer sdpa-cudnn]"""
 
 from __future__ import annotations
 

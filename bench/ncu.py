@@ -1,7 +1,7 @@
 """One call of each kernel under test, for Nsight Compute's hardware counters.
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight ... \\
-        python -m bench.probes.ncu_probe --shape 4x16x128 --n 1024 [--causal] [--mode fwd|bwd] \\
+        python -m bench.ncu --shape 4x16x128 --n 1024 [--causal] [--mode fwd|bwd] \\
                                   --run diyflash tutorial fwd=64,64,4,3 dkdv=32,64,4,3,split,tma ...
 
 Every runner is called three times first (Triton compiles, the tutorial autotunes), then once more

@@ -1,7 +1,7 @@
 """Probe (issue 23, item 9): at which score magnitude do the attention kernels stop being finite and
 exact? A few rows of q and keys of k get one entry of size M (so the scores of those rows reach ~M^2/8);
 prints, per M and provider, whether out / grads are finite and the max error against the float64 oracle.
-    python -m bench.probes.huge_scores [--dtype bf16]"""
+    python -m bench.huge_scores [--dtype bf16]"""
 
 from __future__ import annotations
 

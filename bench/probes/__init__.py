@@ -1,1 +1,0 @@
-"""One-off probes behind earlier tuning decisions, kept re-runnable (python -m bench.probes.NAME); bench/README.md lists them."""
