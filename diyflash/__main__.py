@@ -112,7 +112,7 @@ def validate_attention_part(device, dtypes, head_dims, causals, n) -> bool:
 
 
 def validate_variants_cell(device, dtype, d, n, gen) -> bool:
-    """One cell with every variant at once (issue 24): GQA 4/2, D_v = D/2 (at least 8), a causal window
+    """One cell with every variant at once: GQA 4/2, D_v = D/2 (at least 8), a causal window
     of n/4 keys, softcap 20, per-head ALiBi slopes and sinks, N_k = N_q + 5; out, dq, dk, dv and dsinks."""
     from diyflash.reference import attention_ref
     from diyflash.utils.validation import compare_with_oracle
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
 
         return precompile_main(argv[1:])
     args = _parse(argv)
-    from diyflash.kernels import interpreter_active
+    from diyflash.ops.runtime import interpreter_active
 
     on_gpu = torch.cuda.is_available()
     if not on_gpu and not interpreter_active():

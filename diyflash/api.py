@@ -1,4 +1,4 @@
-"""The public API promised by the seed (../shared/spec/seed-api.md): validate, resolve, call the op."""
+"""The public API: validate, resolve, call the op."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from .ops.attention import call_attention
 from .ops.attention_kvcache import call_attention_with_kvcache
 from .ops.attention_varlen import call_attention_varlen
 from .ops.matmul import call_matmul
-from . import kernels as kernel_caches
-from .kernels import interpreter_active
-from .kernels.matmul_configs import manual_config
+from .ops import runtime
+from .ops.runtime import interpreter_active
 from .ops.checks import (attention_shape_error, cu_seqlens_error, kvcache_error, kvcache_values_error, one_device,
                          variant_error, varlen_error)
 
@@ -385,13 +384,13 @@ def clear_caches() -> None:
     KV-cache decode buffers and this process's matmul tuning choices. Compiled kernels stay in Triton's
     cache and tuned choices in diyflash's disk cache, so the next call recompiles and retunes nothing;
     it only pays the host path once more. For tests, memory accounting and debugging."""
-    kernel_caches.clear_caches()
+    runtime.clear_caches()
 
 
 def cache_info() -> dict[str, int]:
     """What clear_caches would forget, by kind: counts, and the kept decode buffers' bytes. Kinds of a part
     not used yet in this process (its module not imported) are absent."""
-    return kernel_caches.cache_info()
+    return runtime.cache_info()
 
 
 def triton_matmul(
@@ -440,6 +439,6 @@ def triton_matmul(
     blocks = None
     if (block_m, block_n, block_k) != (None, None, None):
         # validated here so the error names the arguments; the op validates the same way
-        manual_config(block_m, block_n, block_k, a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
+        runtime.check_matmul_tiles(block_m, block_n, block_k, a, b)
         blocks = [block_m, block_n, block_k]
     return call_matmul(a, b, blocks, _check_bool("use_autotune", use_autotune), _check_bool("allow_tf32", allow_tf32))

@@ -2,7 +2,7 @@
 
 Triton compiles a kernel the first time a process launches it with a new specialization, one kernel
 after the other, and most of that is CPU work: on a fresh H200 machine `python -m diyflash` spent over
-150 s validating, nearly all of it compiling (issue 22). Compiled kernels land in Triton's disk cache
+150 s validating, nearly all of it compiling. Compiled kernels land in Triton's disk cache
 (`$TRITON_CACHE_DIR`, default `~/.triton/cache`), and the matmul tuner's choices in diyflash's
 (`$DIYFLASH_CACHE_DIR`, kernels/tuning_cache.py), so work done by any process serves every later one.
 
@@ -82,10 +82,10 @@ def matmul_jobs(dtypes: Iterable[str], shapes: Iterable[tuple], autotune: bool =
             if not autotune:
                 jobs.append(Job("matmul", dtype, (m, k, n)))
                 continue
-            from .kernels.matmul_configs import candidates
+            from .ops.runtime import matmul_candidates
 
             device = device or torch.device("cuda")
-            for cfg in candidates(DTYPES[dtype], m, n, k, device):
+            for cfg in matmul_candidates(DTYPES[dtype], m, n, k, device):
                 fields = tuple(asdict(cfg).values())
                 # Triton specializes integers on being 1 or a multiple of 16: alike shapes share a kernel
                 spec = (dtype, fields, tuple((x == 1, x % 16 == 0) for x in (m, n, k)))
@@ -98,7 +98,7 @@ def matmul_jobs(dtypes: Iterable[str], shapes: Iterable[tuple], autotune: bool =
 def run_job(job: Job, device: str = "cuda") -> float:
     """Make the job's call once (compiling what it needs); returns its seconds."""
     import diyflash
-    from diyflash.kernels.matmul_configs import MatmulConfig
+    from diyflash.ops.runtime import matmul_with_tiles
 
     start = time.perf_counter()
     dtype = DTYPES[job.dtype]
@@ -116,9 +116,7 @@ def run_job(job: Job, device: str = "cuda") -> float:
         bt = torch.randn(n, k, generator=gen).to(device, dtype).mT if job.b_transposed else None
         bm = bt if bt is not None else torch.randn(k, n, generator=gen).to(device, dtype)
         if job.tiles is not None:
-            from diyflash.kernels import matmul as km
-
-            km.matmul(a, bm, MatmulConfig(*job.tiles))
+            matmul_with_tiles(a, bm, job.tiles)
         else:
             a.requires_grad_(job.backward)
             bm.requires_grad_(job.backward)
@@ -131,18 +129,18 @@ def run_job(job: Job, device: str = "cuda") -> float:
 
 
 def _fingerprint(jobs: list[Job], device: str) -> str:
-    from .kernels.tuning_cache import environment
+    from .ops.runtime import tuning_environment
 
-    env = environment(torch.device(device)) if device == "cuda" else {"device": device}
+    env = tuning_environment(torch.device(device)) if device == "cuda" else {"device": device}
     env["triton_cache"] = os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
     text = json.dumps([env, [asdict(j) for j in jobs]], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _marker(jobs: list[Job], device: str):
-    from .kernels.tuning_cache import cache_dir
+    from .ops.runtime import tuning_cache_dir
 
-    return cache_dir() / f"precompiled-{_fingerprint(jobs, device)}"
+    return tuning_cache_dir() / f"precompiled-{_fingerprint(jobs, device)}"
 
 
 def is_precompiled(jobs: list[Job], device: str = "cuda") -> bool:

@@ -12,12 +12,9 @@ from typing import Callable
 import torch
 
 from .api import flash_attention, triton_matmul
-from .kernels import interpreter_active
-from .kernels.attention_configs import bwd_config, fwd_config, head_dim_pad
-from .kernels.attention_torch import BLOCK_N as TORCH_PATH_BLOCK_N
-from .kernels.matmul_configs import INTERPRETER_CONFIG as MATMUL_INTERPRETER_CONFIG
-from .kernels.matmul_configs import tma_layout
 from .ops.checks import head_dim_error
+from .ops.runtime import PYTORCH_PATH_BLOCK_N as TORCH_PATH_BLOCK_N
+from .ops.runtime import attention_tiles, interpreter_active, matmul_choice, matmul_interpreter_tiles
 from .utils.gpu import check_hopper_features, detect_gpu, supports_fp8
 
 
@@ -45,15 +42,13 @@ class AdaptiveKernelSelector:
         """The tiles diyflash.triton_matmul uses for an (m, k) @ (k, n) product of this dtype. On a GPU this
         runs the autotuner for that shape bucket if it has not run yet (seconds, once per process)."""
         if not self.on_gpu:
-            cfg = MATMUL_INTERPRETER_CONFIG.as_dict() if interpreter_active() else {}
+            cfg = matmul_interpreter_tiles() if interpreter_active() else {}
             return {**self._where(), **cfg, "shape": (m, n, k), "dtype": str(dtype)}
-        from .kernels import matmul as km
-
         a = torch.randn(m, k, device=self.device, dtype=dtype)
         b = torch.randn(k, n, device=self.device, dtype=dtype)
-        cfg = km.select_config(a, b, allow_tf32=False, autotune=True)
-        uses_tma = cfg.use_tma and tma_layout(a, b) is not None and self.features["tma_available"]
-        return {**self._where(), **cfg.as_dict(), "tma": uses_tma, "autotuned": True,
+        cfg, tma = matmul_choice(a, b)
+        uses_tma = tma and self.features["tma_available"]
+        return {**self._where(), **cfg, "tma": uses_tma, "autotuned": True,
                 "shape": (m, n, k), "dtype": str(dtype)}
 
     def get_attention_config(self, head_dim: int = 64, dtype: torch.dtype = torch.float16,
@@ -65,14 +60,12 @@ class AdaptiveKernelSelector:
             raise TypeError(f"head_dim must be an int, got {type(head_dim).__name__} {head_dim!r}")
         if head_dim_error(head_dim):
             raise ValueError(head_dim_error(head_dim))
-        pad = head_dim_pad(head_dim)
         interpret = not self.on_gpu and interpreter_active()
         if not self.on_gpu and not interpret:
             return {**self._where(), "head_dim": head_dim, "dtype": str(dtype), "block_n": TORCH_PATH_BLOCK_N,
                     "note": f"PyTorch blocked implementation ({TORCH_PATH_BLOCK_N} keys per block)"}
-        fwd = fwd_config(pad, dtype, self.device, causal, interpret, seq_len)
-        bwd = bwd_config(pad, dtype, self.device, causal, interpret, seq_len)
-        # TMA: some kernel reads through tensor descriptors (for inputs they can address: kernels.attention.tma_ok)
+        pad, fwd, bwd = attention_tiles(head_dim, dtype, self.device, causal, interpret, seq_len)
+        # TMA: some kernel reads through tensor descriptors (for inputs they can address)
         uses_tma = self.features["tma_available"] and any(c.tma for c in (fwd, *bwd.kernels()))
         return {**self._where(), "head_dim": head_dim, "head_dim_pad": pad, "dtype": str(dtype), "tma": uses_tma,
                 "causal": causal, "seq_len": seq_len, "forward": fwd.as_dict(), "backward": bwd.as_dict()}

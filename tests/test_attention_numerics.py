@@ -839,10 +839,10 @@ def test_huge_scores_as_exact_as_sdpa_flash(device, m):
     1e18 at 1e9. Every kernel now rounds the scaled score on its own (semantics._mul_exact) and the backward
     caps p at 1 (semantics._probs). Out and the gradients must be finite and within 2x the error of SDPA's
     FlashAttention-2 backend in the same precision (bf16), plus a bf16 rounding band of the reference.
-    Inputs: bench.probes.huge_scores's."""
+    Inputs: bench.huge_scores's."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from bench.probes.huge_scores import inputs
+    from bench.huge_scores import inputs
 
     gen = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = inputs(m, torch.bfloat16, device, gen)

@@ -163,9 +163,9 @@ def test_narrow_v_beside_one_key(device, d, dv):
     kernel reading shared memory out of bounds (illegal address on some calls); narrow v tiles read through
     pointers (tma_tiles_ok), forward and backward. Found by test_differential on the H200."""
     from diyflash.kernels.attention.launch import tma_tiles_ok
-    from diyflash.kernels.attention.launch_args import _v_pad
+    from diyflash.kernels.attention.launch_args import v_pad
 
-    assert not tma_tiles_ok(_v_pad(d, dv)) and tma_tiles_ok(_v_pad(d, 64))
+    assert not tma_tiles_ok(v_pad(d, dv)) and tma_tiles_ok(v_pad(d, 64))
     q, k, v = make(2, 1, 1, 1023 if ON_GPU else 77, 1, d, dv, dtype=torch.bfloat16 if ON_GPU else torch.float16,
                    device=device)
     for _ in range(3 if ON_GPU else 1):

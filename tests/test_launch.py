@@ -53,7 +53,7 @@ class FakeKernel:
 
 @pytest.fixture
 def fake_driver(monkeypatch):
-    monkeypatch.setattr(_launch, "_active_driver", lambda: (lambda: 0, lambda device: 1234))
+    monkeypatch.setattr(_launch, "active_driver", lambda: (lambda: 0, lambda device: 1234))
 
 
 def kinds(log):
@@ -212,7 +212,7 @@ def test_int_classes_match_tritons_specialization():
     triton_key = {x: specialize(BaseBackend, x, False, True, True) for x in samples}
     for a in samples:
         for b in samples:
-            assert (_launch._int_class(a) == _launch._int_class(b)) == (triton_key[a] == triton_key[b]), (a, b)
+            assert (_launch.int_class(a) == _launch.int_class(b)) == (triton_key[a] == triton_key[b]), (a, b)
 
 
 # ---- the real kernels, compiled (GPU) -----------------------------------------------------------------

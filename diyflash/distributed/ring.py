@@ -162,15 +162,15 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     per = len(chunks_of(0, world(group)[1], layout))
     if q.shape[-2] % per:
         raise ValueError(f"a zigzag shard holds two equal chunks: its length ({q.shape[-2]}) must be even")
-    if _flag("validate", validate):
+    if bool_flag("validate", validate):
         same_on_every_rank("ring_attention", group, dict(q=q, k=k, v=v, sinks=sinks),
                            dict(causal=causal, sm_scale=sm_scale, softcap=softcap, layout=layout, lse=return_lse))
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     out, lse = _Ring.apply(q, k, v, sinks, causal, scale, softcap, group, layout)
-    return (out, lse) if _flag("return_lse", return_lse) else out
+    return (out, lse) if bool_flag("return_lse", return_lse) else out
 
 
-def _flag(name: str, value) -> bool:
+def bool_flag(name: str, value) -> bool:
     if not isinstance(value, bool):  # bool("no") is True: refused, as flash_attention refuses it
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return value

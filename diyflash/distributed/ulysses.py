@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ..api import attention_arguments
 from .layout import check_layout, same_on_every_rank, shard_of, unshard, world
-from .ring import _flag
+from .ring import bool_flag
 
 
 def _to_heads(x, group, layout):
@@ -72,8 +72,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         raise ValueError(f"the number of query heads ({h}) must be a multiple of the number of kv heads ({h_kv})")
     causal, sm_scale, left, right, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap, None,
                                                                  sinks, any_device=True)
-    return_lse = _flag("return_lse", return_lse)
-    if _flag("validate", validate):
+    return_lse = bool_flag("return_lse", return_lse)
+    if bool_flag("validate", validate):
         same_on_every_rank("ulysses_attention", group, dict(q=q, k=k, v=v, sinks=sinks),
                            dict(causal=causal, sm_scale=sm_scale, softcap=softcap, left=left, right=right,
                                 layout=layout, lse=return_lse))

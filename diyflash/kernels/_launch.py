@@ -13,7 +13,7 @@ launch with the same signature calls that kernel's `run` with exactly what the J
 The signature covers everything Triton specializes on, so a hit runs the kernel the JIT would pick:
 - a tensor contributes its dtype and whether its address is 16-byte aligned (what Triton reads);
 - a tensor descriptor: its dtype, shape, strides, block shape, padding and base alignment;
-- an int its class as Triton specializes it (== 1, a multiple of 16, 32- or 64-bit or unsigned; `_int_class`),
+- an int its class as Triton specializes it (== 1, a multiple of 16, 32- or 64-bit or unsigned; `int_class`),
   not its value: a decode step against a cache one token longer (new lengths and strides, the same
   classes) launches directly, where a key of exact values sent every step of a growing cache (transformers'
   DynamicCache) through the JIT again;
@@ -76,11 +76,11 @@ INTERPRETER_LOCK = threading.Lock()
 MAX_SIGNATURES = 4096  # per kernel; a workload with ever-new shapes starts over instead of growing
 
 
-_SCALARS = frozenset({float, bool, str, type(None)})  # their value is their key (ints: _int_class)
+_SCALARS = frozenset({float, bool, str, type(None)})  # their value is their key (ints: int_class)
 _INT_KEYS = tuple(("int", c) for c in range(16))  # one tuple per class: a key costs no allocation
 
 
-def _int_class(x: int) -> tuple:
+def int_class(x: int) -> tuple:
     """What Triton's specialization reads of an int argument: whether it is 1 (a constexpr then), a
     multiple of 16, and its type (i32 within [-2^31, 2^31), u64 from 2^63, else i64). Two ints of one class
     run the same compiled kernel (tests/test_launch.py checks this against Triton's own specialization)."""
@@ -99,7 +99,7 @@ def _arg_key(x):
     return x
 
 
-def _active_driver():
+def active_driver():
     """Triton's own (get_current_device, get_current_stream): the JIT launches on these."""
     from triton.runtime import driver
 
@@ -133,7 +133,7 @@ class DirectLauncher:
 
     def _signature(self, device, args, meta) -> tuple:
         # the names of meta keep the call site's order: (BLOCK_M=64, BLOCK_N=128) != (BLOCK_N=64, BLOCK_M=128)
-        args_key = [_int_class(x) if type(x) is int else x if type(x) in _SCALARS else _arg_key(x) for x in args]
+        args_key = [int_class(x) if type(x) is int else x if type(x) in _SCALARS else _arg_key(x) for x in args]
         if len(args) > self._classes_below:
             args_key[self._classes_below:] = [x if type(x) in _SCALARS or type(x) is int else _arg_key(x)
                                               for x in args[self._classes_below:]]
@@ -181,7 +181,7 @@ class DirectLauncher:
         if any(name not in meta for name in names):
             return  # a defaulted parameter: the JIT fills it in, so keep going through the JIT
         if self._driver is None:
-            self._driver = _active_driver()
+            self._driver = active_driver()
         if len(self._compiled) >= MAX_SIGNATURES:
             self._compiled.clear()
         self._compiled[self._signature(self._driver[0](), args, meta)] = (compiled, tuple(names))
@@ -209,7 +209,7 @@ class BoundLaunch:
 
     def run_with(self, pointers: tuple, args: tuple) -> None:
         """This launch with other arguments after the pointers, each of the class Triton specialized the
-        bound one on (an int of the same `_int_class`, any other scalar equal): the caller's key guarantees
+        bound one on (an int of the same `int_class`, any other scalar equal): the caller's key guarantees
         it, as a decode step's key does for a cache one token longer (kvcache.py). Costs the launch alone,
         like calling the bound launch: no signature is computed."""
         launcher = self.launcher
@@ -236,7 +236,7 @@ def _hook(hook):
     """A launch hook as the launcher passes it, None where it would call nothing. Triton 3.6 keeps each in a
     HookChain that is never None: the compiled launcher then called the empty chain twice a launch, and
     launch_metadata built its LazyDict for it (~4 us of the H200 host's time a launch, by cProfile in
-    bench.probes.hf_generate_host). An empty chain calls nothing, so None in its place is the same launch."""
+    the hf_generate_host probe). An empty chain calls nothing, so None in its place is the same launch."""
     calls = getattr(hook, "calls", None)
     return None if calls is not None and not calls else hook
 

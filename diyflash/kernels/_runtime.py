@@ -83,7 +83,7 @@ def require_triton():
 def device_guard(t: torch.Tensor):
     """A context that makes t's CUDA device the current one while kernels launch (Triton launches on the
     current device, on its current stream): inputs on cuda:1 while cuda:0 is current ran on GPU 0, or
-    failed with "Pointer argument cannot be accessed from Triton" (issue 23). A no-op context where t
+    failed with "Pointer argument cannot be accessed from Triton". A no-op context where t
     already is on the current device, or not on a GPU (~1 us)."""
     if t.is_cuda and t.device.index != torch.cuda.current_device():
         return torch.cuda.device(t.device)

@@ -57,11 +57,11 @@ class AttnConfig:
     # loop differently, and which way is faster depends on the tiles: on the H200 (Triton 3.6,
     # bench/results/attention_tiles_probe_h200.txt) 64-bit offsets gained 2-16 % with 4 warps and
     # moved -7..+2.5 % with 8; 32-bit offsets take the D64 forward's 8-warp loop from 282 to 272 SASS
-    # instructions, +1..3 %. Called off64 before the 32-bit offsets (results files up to run 7).
+    # instructions, +1..3 %. Called off64 in older results files.
     rowoff: bool = False
     # rowoff tiles only: keep the row offsets 64-bit even where they fit in 32 bits. The same addresses
     # again, and ptxas schedules 4-warp loops better with the wider adds: on the H200 (Triton 3.6,
-    # bench/results/attention_tiles_probe_h200.txt run 11) +3 % for the D128 causal forward at 64x64 w4
+    # bench/results/attention_tiles_probe_h200.txt) +3 % for the D128 causal forward at 64x64 w4
     # s3 and +1..5 % for the D64 backward's 4-warp tiles, against -5 % at 128x64 w8 (forward, D128)
     row64: bool = False
     # forward only: lazy rescaling (kernels.attention, LAZY_SLACK): a row's running max moves only when a
@@ -299,7 +299,7 @@ def _dv_config(dkdv: AttnConfig, head_dim_pad: int, dtype: torch.dtype, device: 
 
 # Forward tiles for a sliding window, where they differ from the causal ones. A band keeps every query
 # block on about the same number of key blocks, so the causal table's choice (short tiles for short
-# diagonal blocks) does not carry over: bench/probes/window_probe.py, H100, B1 H16 N16384 D128 fp16, window
+# diagonal blocks) does not carry over: the window_probe probe, H100, B1 H16 N16384 D128 fp16, window
 # 4096 (results/window_probe_h100.txt): the causal tiles (128x64 w4 s2 tma lazy) 389 TFLOPS of visible
 # work, 128x128 w8 s3 tma lazy 455. Only D128 was measured; other head_dims keep the causal tiles.
 WINDOW_FWD = {128: AttnConfig(128, 128, 8, 3, tma=True, lazy=True)}

@@ -1,7 +1,7 @@
 """The matmul autotuner's choices, kept on disk so that a second process tunes nothing.
 
 Before, every process timed every candidate tile again on its first product of each shape bucket: most
-of a warm `python -m diyflash`'s 42 s on the H200 (issue 22). Now a choice, once made, is written to a
+of a warm `python -m diyflash`'s 42 s on the H200. Now a choice, once made, is written to a
 JSON file and read back by later processes.
 
 Where: `$DIYFLASH_CACHE_DIR`, else `$XDG_CACHE_HOME/diyflash`, else `~/.cache/diyflash`; one file per

@@ -1,6 +1,6 @@
 """diyflash::attention and its internal forward/backward ops.
 
-Design (FACTS.md, "one verified way"):
+Design:
 - `diyflash::attention_fwd -> (out, lse)` is a custom_op with an exact fake and an autograd formula
   whose backward calls `diyflash::attention_bwd -> (dq, dk, dv)`, another custom_op with a fake. The
   backward reuses the forward's lse, so a compiled training step holds only diyflash ops.
@@ -32,7 +32,7 @@ from .registry import NAMESPACE, entry
 from .rules import for_kernels
 
 
-def _resolve_scale(scale: float | None, head_dim: int) -> float:
+def resolve_scale(scale: float | None, head_dim: int) -> float:
     # scale=None is resolved here, inside the op: a float that varies would recompile compiled graphs
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
@@ -57,7 +57,7 @@ def _prepare_seq_lens(seq_lens: torch.Tensor | None, device: torch.device) -> to
 
 
 @functools.cache  # an import statement costs ~1 us per call even when the module is loaded
-def _kernels():
+def kernels_module():
     from ..kernels import attention as triton_attention  # imports triton (or explains its absence)
 
     return triton_attention
@@ -68,7 +68,7 @@ _BWD = entry("attention_bwd")
 _ATTN = entry("attention")
 
 
-def _variant_kwargs(window_left, window_right, softcap, alibi_slopes):
+def variant_kwargs(window_left, window_right, softcap, alibi_slopes):
     """The launchers' variant keywords (sinks go to the forward only: the backward reads them in lse)."""
     return dict(window=(int(window_left), int(window_right)), softcap=float(softcap), alibi_slopes=alibi_slopes)
 
@@ -78,13 +78,13 @@ def _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window
     """What attention_fwd computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut
     (need_lse=False where no caller sees lse: the decode route may then return lse None; keep_scratch=True
     from that shortcut only: kvcache.attention_kvcache says why)."""
-    scale = _resolve_scale(scale, q.shape[-1])
+    scale = resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
-    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
-    var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
+    alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
+    var = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
-            return _kernels().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, need_lse=need_lse,
+            return kernels_module().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, need_lse=need_lse,
                                             keep_scratch=keep_scratch, **var)
     return attention_fwd_blocked(q, k, v, causal, scale, seq_lens, sinks=sinks, **var)
 
@@ -103,7 +103,7 @@ def _check_qkv(op: str, q, k, v, seq_lens, window_left=-1, window_right=-1, soft
     check_variants(op, q, window_left, window_right, softcap, alibi_slopes, sinks)
 
 
-def _prepare_variants(alibi_slopes, sinks):
+def prepare_variants(alibi_slopes, sinks):
     """Slopes and sinks as the kernels read them (rules.for_kernels: a copy of at most B*H floats where the
     caller's are strided). Every implementation function applies it, so each route does: the op, the API's
     shortcut, and the eager backward, which gets the tensors autograd saved as the caller gave them."""
@@ -118,7 +118,7 @@ def attention_fwd(q, k, v, causal, scale, seq_lens, window_left=-1, window_right
                                alibi_slopes, sinks)
 
 
-def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     # lse is fp32; fp64 only for fp64 inputs
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -128,7 +128,7 @@ def _attention_fwd_fake(q, k, v, causal, scale, seq_lens, window_left=-1, window
                         alibi_slopes=None, sinks=None):
     _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
     # the launchers' allocation list, nothing else
-    return empty_out(q, v.shape[-1]), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    return empty_out(q, v.shape[-1]), q.new_empty(q.shape[:-1], dtype=lse_dtype(q.dtype))
 
 
 def check_saved(op: str, fwd: str, dout, dlse, q, v, out, lse, lse_shape) -> None:
@@ -144,9 +144,9 @@ def check_saved(op: str, fwd: str, dout, dlse, q, v, out, lse, lse_shape) -> Non
         raise TypeError(f"diyflash::{op}: dout and out must have q's dtype {q.dtype}, "
                         f"got dout {dout.dtype}, out {out.dtype}")
     for name, t in (("lse", lse), ("dlse", dlse)):
-        if t is not None and t.dtype != _lse_dtype(q.dtype):
+        if t is not None and t.dtype != lse_dtype(q.dtype):
             raise TypeError(f"diyflash::{op}: {name} must have {fwd}'s lse dtype "
-                            f"{_lse_dtype(q.dtype)} for {q.dtype} inputs, got {t.dtype}")
+                            f"{lse_dtype(q.dtype)} for {q.dtype} inputs, got {t.dtype}")
 
 
 def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes,
@@ -155,25 +155,25 @@ def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_righ
     check_saved("attention_bwd", "attention_fwd", dout, dlse, q, v, out, lse, q.shape[:-1])
 
 
-def _no_sinks_grad(q: torch.Tensor) -> torch.Tensor:
+def no_sinks_grad(q: torch.Tensor) -> torch.Tensor:
     # attention_bwd's dsinks without sinks: empty (a custom op returns a tensor, never None)
-    return q.new_empty((0,), dtype=_lse_dtype(q.dtype))
+    return q.new_empty((0,), dtype=lse_dtype(q.dtype))
 
 
 def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
                         softcap=0.0, alibi_slopes=None, sinks=None):
     """What attention_bwd computes on a real device: its CUDA/CPU kernel, and the autograd formula's
     eager shortcut."""
-    scale = _resolve_scale(scale, q.shape[-1])
+    scale = resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
-    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
-    var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
+    alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
+    var = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
-            dq, dk, dv = _kernels().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, **var)
+            dq, dk, dv = kernels_module().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, **var)
     else:
         dq, dk, dv = attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, **var)
-    dsinks = _no_sinks_grad(q) if sinks is None else sinks_grad(sinks, out, dout, lse, dlse)
+    dsinks = no_sinks_grad(q) if sinks is None else sinks_grad(sinks, out, dout, lse, dlse)
     return dq, dk, dv, dsinks
 
 
@@ -189,7 +189,7 @@ def attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window
 def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
                         softcap=0.0, alibi_slopes=None, sinks=None):
     _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
-    dsinks = _no_sinks_grad(q) if sinks is None else torch.empty_like(sinks)
+    dsinks = no_sinks_grad(q) if sinks is None else torch.empty_like(sinks)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 

@@ -13,7 +13,7 @@ from torch.library import custom_op
 
 from ..kernels import device_guard, uses_triton
 from ..kernels.attention_torch import attention_kvcache_torch, empty_out
-from .attention import _kernels, _lse_dtype, _prepare_variants, _resolve_scale, _variant_kwargs
+from .attention import kernels_module, lse_dtype, prepare_variants, resolve_scale, variant_kwargs
 from .autocast import register_autocast
 from .checks import check_dtype, check_kvcache, check_variants
 from .eager import dispatcher_free
@@ -43,14 +43,14 @@ def _impl(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, 
     error = written_error(k_cache, v_cache, k, v)  # where they are written: storage addresses, so here
     if error:
         raise ValueError(f"diyflash::{OP_NAME}: {error}")
-    scale = _resolve_scale(scale, q.shape[-1])
-    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
-    var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
+    scale = resolve_scale(scale, q.shape[-1])
+    alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
+    var = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     # index tensors with unit strides: B (or B x pages) integers
     cache_seqlens, cache_leftpad, block_table = map(for_kernels, (cache_seqlens, cache_leftpad, block_table))
     if uses_triton(q):
         with device_guard(q):
-            return _kernels().attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale,
+            return kernels_module().attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale,
                                                 sinks=sinks, num_splits=num_splits, cache_leftpad=cache_leftpad,
                                                 need_lse=need_lse, keep_scratch=keep_scratch, **var)
     return attention_kvcache_torch(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, sinks=sinks,
@@ -72,7 +72,7 @@ def _fake(q, k_cache, v_cache, cache_seqlens, k=None, v=None, block_table=None, 
           window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, num_splits=0, cache_leftpad=None):
     _check(q, k_cache, v_cache, cache_seqlens, k, v, block_table, window_left, window_right, softcap, alibi_slopes,
            sinks, num_splits, cache_leftpad)
-    return empty_out(q, v_cache.shape[-1]), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q.dtype))
+    return empty_out(q, v_cache.shape[-1]), q.new_empty(q.shape[:-1], dtype=lse_dtype(q.dtype))
 
 
 guard_autograd(attention_with_kvcache)  # no derivative, forward or reverse: an inference op

@@ -13,7 +13,7 @@ from torch.library import Library, custom_op
 
 from ..kernels import device_guard, uses_triton
 from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, empty_out, sinks_grad
-from .attention import (_kernels, _lse_dtype, _no_sinks_grad, _prepare_variants, _resolve_scale, _variant_kwargs,
+from .attention import (kernels_module, lse_dtype, no_sinks_grad, prepare_variants, resolve_scale, variant_kwargs,
                         check_saved)
 from .autocast import register_autocast
 from .checks import check_dtype, check_variants, check_varlen, one_device
@@ -43,13 +43,13 @@ def _packed(cu_k, max_q, max_k):
 
 def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
               alibi_slopes=None, sinks=None):
-    scale = _resolve_scale(scale, q.shape[-1])
+    scale = resolve_scale(scale, q.shape[-1])
     cu_q, cu_k = for_kernels(cu_q), for_kernels(cu_k)  # the kernels read cu_seqlens with unit stride
-    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
-    var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
+    alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
+    var = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
-            kernels = _kernels()
+            kernels = kernels_module()
             return kernels.attention_fwd(q, k, v, causal, scale, cu_q, sinks=sinks,
                                          packed=kernels.Packed(*_packed(cu_k, max_q, max_k)), **var)
     return attention_fwd_blocked(q, k, v, causal, scale, cu_q, sinks=sinks, packed=_packed(cu_k, max_q, max_k), **var)
@@ -69,7 +69,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
               window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
     _check("attention_varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
            window_right, softcap, alibi_slopes, sinks)
-    return empty_out(q, v.shape[-1]), q.new_empty((q.shape[1], q.shape[0]), dtype=_lse_dtype(q.dtype))
+    return empty_out(q, v.shape[-1]), q.new_empty((q.shape[1], q.shape[0]), dtype=lse_dtype(q.dtype))
 
 
 def _check_bwd(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, window_left, window_right, softcap,
@@ -81,20 +81,20 @@ def _check_bwd(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, window_l
 
 def _bwd_impl(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1,
               window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
-    scale = _resolve_scale(scale, q.shape[-1])
+    scale = resolve_scale(scale, q.shape[-1])
     cu_q, cu_k = for_kernels(cu_q), for_kernels(cu_k)
-    alibi_slopes, sinks = _prepare_variants(alibi_slopes, sinks)
-    var = _variant_kwargs(window_left, window_right, softcap, alibi_slopes)
+    alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
+    var = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
     if uses_triton(q):
         with device_guard(q):
-            kernels = _kernels()
+            kernels = kernels_module()
             dq, dk, dv = kernels.attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, cu_q,
                                                packed=kernels.Packed(*_packed(cu_k, max_q, max_k)), **var)
     else:
         dq, dk, dv = attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal, scale, cu_q,
                                            packed=_packed(cu_k, max_q, max_k), **var)
     if sinks is None:
-        dsinks = _no_sinks_grad(q)
+        dsinks = no_sinks_grad(q)
     else:  # sinks_grad reads (Z, H, N) rows: packed (T, H) rows as (1, H, T)
         dsinks = sinks_grad(sinks, out.transpose(0, 1).unsqueeze(0), dout.transpose(0, 1).unsqueeze(0),
                             lse.unsqueeze(0), None if dlse is None else dlse.unsqueeze(0))
@@ -115,7 +115,7 @@ def _bwd_fake(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
               window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
     _check_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
                window_right, softcap, alibi_slopes, sinks)
-    dsinks = _no_sinks_grad(q) if sinks is None else torch.empty_like(sinks)
+    dsinks = no_sinks_grad(q) if sinks is None else torch.empty_like(sinks)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 

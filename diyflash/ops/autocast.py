@@ -3,7 +3,7 @@
 Under `torch.autocast(device, dtype)` an op casts its floating inputs (not float64, which autocast
 never touches) to the autocast dtype and runs its fp16/bf16 kernels, so an AMP training loop with fp32
 activations gets the fast kernels, as SDPA and torch.matmul do there. The row statistics (lse, dlse)
-stay fp32. Without these kernels (issue 23), attention and matmul ran the slow IEEE-fp32 kernels under
+stay fp32. Without these kernels, attention and matmul ran the slow IEEE-fp32 kernels under
 CUDA autocast, the CPU PyTorch path computed in bf16 but returned fp32, and matmul's eager result under
 autocast (bf16) disagreed with its fake (fp32), so eager and compiled disagreed.
 

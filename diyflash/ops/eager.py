@@ -1,7 +1,7 @@
 """When the public API may call an op's implementation directly instead of going through the dispatcher.
 
-A custom op's eager dispatch costs ~25-35 us of host time per call on the GPU machine (FACTS.md;
-`bench/overhead.py`): more than the GPU needs for a 1024^3 matmul or a short attention. When nothing
+A custom op's eager dispatch costs ~25-35 us of host time per call on the GPU machine
+(`bench/overhead.py`): more than the GPU needs for a 1024^3 matmul or a short attention. When nothing
 can observe the difference, `diyflash.flash_attention` and `diyflash.triton_matmul` skip it and call
 the same implementation function the op's CUDA/CPU kernel calls, so the result is bit-identical.
 

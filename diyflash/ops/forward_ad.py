@@ -2,8 +2,8 @@
 
 The ops have reverse-mode formulas only. PyTorch runs a custom op that has no forward formula as if its
 inputs had no tangents: torch.func.jvp (and jacfwd, hessian) got an all-zero tangent and a dual tensor
-(torch.autograd.forward_ad) an output without one, silently (issue 23: matmul and attention_fwd called
-by name did; the attention API already refused). Two places check:
+(torch.autograd.forward_ad) an output without one, silently (matmul and attention_fwd called
+by name once did; the attention API refused). Two places check:
 - `refuse_forward_ad`, called by the Python API before its eager shortcuts (which skip the dispatcher);
 - `guard_autograd`, which wraps each custom op's own autograd kernel, so that the ops called by name
   refuse too. The wrapper is registered on the AutogradCPU and AutogradCUDA keys, which take precedence

@@ -89,7 +89,7 @@ def _backward_tiles(ctx, x, y) -> tuple[list[int] | None, bool]:
     """(block_sizes, autotune) of a gradient product x @ y: the forward's choice. Pinned tiles are kept
     where they are valid for the gradient's shapes (block sizes may not exceed a dimension's padded
     size); else, as after use_autotune=False, the untuned default tiles. Either way the backward is
-    reproducible across processes when the forward was, and tunes nothing (issue 23: dA and dB had
+    reproducible across processes when the forward was, and tunes nothing (dA and dB once
     autotuned even for pinned forwards)."""
     if ctx.block_sizes is None:
         return None, ctx.autotune

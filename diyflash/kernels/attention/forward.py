@@ -241,7 +241,7 @@ def _attn_fwd_kernel(
     if SINKS:
         lse = tl.where(row_live, _sink_lse(lse, sink), lse)
     if PASS == 1:
-        # a raw q.k past fp32's range (issue 23) leaves +-inf or NaN scores: a NaN sum, or no finite max in a
+        # a raw q.k past fp32's range leaves +-inf or NaN scores: a NaN sum, or no finite max in a
         # row that has keys (every score -inf). Mark the block for the second pass. (A block whose rows see
         # no key is marked too; its second pass has no key block to run.)
         overflow = tl.max(((l_i != l_i) | (m_i == float("-inf"))).to(tl.int32), 0)

@@ -11,12 +11,12 @@ from ..attention_configs import head_dim_pad
 from ..attention_torch import empty_out
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
-from .._launch import DirectLauncher, _active_driver, _int_class, cdiv, runtime_key  # noqa: E402
+from .._launch import DirectLauncher, active_driver, int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
-from .launch_args import (DECODE_MAX_ROWS, INTERPRETED, LOG2E, Variant, _alibi_stride, _dot_precision,  # noqa: E402
-                          _upcast, _v_pad, variant)
-from .plans import (MAX_GRID_Z, MAX_PLANS, _aligned, _bind, _Launch, _layout, _remember, _replay_with,  # noqa: E402
-                    _run_launches)
+from .launch_args import (DECODE_MAX_ROWS, INTERPRETED, LOG2E, Variant, alibi_stride, dot_precision,  # noqa: E402
+                          upcast, v_pad, variant)
+from .plans import (MAX_GRID_Z, MAX_PLANS, aligned, bind_launch, Launch, layout_key, remember, replay_with,  # noqa: E402
+                    run_launches)
 
 _APPEND = DirectLauncher(_cache_append_kernel)
 _DECODE = DirectLauncher(_attn_decode_kernel)
@@ -37,7 +37,7 @@ def decode_rows(n_q: int, kv_group: int) -> int:
     return min(DECODE_MAX_ROWS, max(16, 1 << (n_q * kv_group - 1).bit_length()))
 
 
-# Programs of a decode launch and where they sit (bench/probes/decode_probe.py --grid, H200, B x L = 64k
+# Programs of a decode launch and where they sit (the decode_probe probe --grid, H200, B x L = 64k
 # tokens, 8 kv heads, D128, bench/results/decode_probe_h200.txt): the time falls in steps with whole waves
 # of programs. With 3 pipeline stages (two programs an SM) B8 L8k took 80.0 us at 2 or 4 splits (128 or
 # 256 programs) and 83.8 us at 5 (320: a second, partial wave); one program an SM was as fast as two or
@@ -138,7 +138,7 @@ def attention_kvcache(
     if n_new and b:
         args.append((*k_new.stride(), *v_new.stride(), *k_strides, *v_strides, bt_stride, n_new, capacity, num_pages))
     if out.numel() == 0:
-        _run_launches(env, _launches(q, k_cache, v_cache, n_new, paged, page_size, args, None, 0, 0, 1, env))
+        run_launches(env, _launches(q, k_cache, v_cache, n_new, paged, page_size, args, None, 0, 0, 1, env))
         return out, lse if need_lse else None
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
@@ -151,7 +151,7 @@ def attention_kvcache(
     else:
         o_strides = (*out.stride()[:3], 0, out.stride(3))
         l_strides = (*lse_strides, 0)
-    args.append((*q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, bt_stride, _alibi_stride(alibi_slopes),
+    args.append((*q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, bt_stride, alibi_stride(alibi_slopes),
                  h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group, var.left, var.right,
                  var.cap2))
     if splits > 1:
@@ -159,17 +159,17 @@ def attention_kvcache(
     others = (cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad)
     key = _kv_key(q, k_cache, v_cache, page_size, others, var, scale, num_splits, splits,
                   (*k_strides, *v_strides, capacity, var.left, var.right))
-    if key is not None and not _aligned(out, lse, env["dst"], env["dst_lse"]):  # the key assumes it
+    if key is not None and not aligned(out, lse, env["dst"], env["dst_lse"]):  # the key assumes it
         key = None
     hit = _KV_PLANS.get(key) if key is not None else None
-    if hit is not None and _replay_with(hit, env, args):
+    if hit is not None and replay_with(hit, env, args):
         return out, lse if need_lse else None
     launches = _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits, env)
-    _run_launches(env, launches)
+    run_launches(env, launches)
     if key is not None:
-        plan = _bind((env, launches), False)
+        plan = bind_launch((env, launches), False)
         if plan is not None:
-            _remember(_KV_PLANS, key, plan)
+            remember(_KV_PLANS, key, plan)
     return out, lse if need_lse else None
 
 
@@ -178,61 +178,61 @@ def _kv_key(q, k_cache, v_cache, page_size: int, others: tuple, var: Variant, sc
     """The key of a call's plan (None where there is none: the interpreter, a batch past MAX_GRID_Z): every
     exact layout the launches depend on, except that the caches' strides and lengths (`grows`: the strides,
     the capacity, and the band's sides, whose unbounded value N_q + N_k grows with the cache) count by
-    their class as Triton specializes ints (_int_class), so that a contiguous cache one token longer
+    their class as Triton specializes ints (int_class), so that a contiguous cache one token longer
     (transformers' DynamicCache: new length, new strides every decode step) replays the same plan with its
-    own arguments (_replay_with); the launches' grids and options follow from the exact parts."""
+    own arguments (replay_with); the launches' grids and options follow from the exact parts."""
     if PLAIN or INTERPRETED or q.shape[0] > MAX_GRID_Z:
         return None
     k_shape = k_cache.shape
     return ("kvcache", q.device, torch.cuda.current_device(), *runtime_key(), q.dtype, q.shape, q.stride(),
             k_cache.dtype, v_cache.dtype, k_shape[0], k_shape[1], k_shape[3], v_cache.shape[3], page_size,
-            (q.data_ptr() % 16, k_cache.data_ptr() % 16, v_cache.data_ptr() % 16), *map(_layout, others),
+            (q.data_ptr() % 16, k_cache.data_ptr() % 16, v_cache.data_ptr() % 16), *map(layout_key, others),
             var.causal, var.window, var.cap2, var.kv_group, scale, num_splits, splits, _classes(grows))
 
 
-_CLASSES: dict[tuple, tuple] = {}  # exact ints -> their _int_class tuple: a fixed-shape loop asks for the same ones
+_CLASSES: dict[tuple, tuple] = {}  # exact ints -> their int_class tuple: a fixed-shape loop asks for the same ones
 
 
 def _classes(ints: tuple[int, ...]) -> tuple:
-    """The _int_class of each of ints, remembered for the exact tuple: one dict lookup for a call of the same
-    shapes as an earlier one, where eleven _int_class calls cost ~4 us of the H200 host's time."""
+    """The int_class of each of ints, remembered for the exact tuple: one dict lookup for a call of the same
+    shapes as an earlier one, where eleven int_class calls cost ~4 us of the H200 host's time."""
     hit = _CLASSES.get(ints)
     if hit is None:
         if len(_CLASSES) >= MAX_PLANS:
             _CLASSES.clear()
-        hit = _CLASSES[ints] = tuple(map(_int_class, ints))
+        hit = _CLASSES[ints] = tuple(map(int_class, ints))
     return hit
 
 
 def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits,
-              env: dict) -> list[_Launch]:
+              env: dict) -> list[Launch]:
     """The call's launches (append, decode, combine; those `args` has arguments for), with their grids and
     options: what a call that replays no plan runs, and binds. env: the call's tensors by name."""
     b, h, n_q, d = q.shape
     h_kv, dv = k_cache.shape[1], v_cache.shape[-1]
-    d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv)
+    d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad, PAGED=paged,
                   PAGE_SIZE=page_size)
     launches = []
     args = list(args)
     if n_new and b:
         block = 16
-        launches.append(_Launch(
+        launches.append(Launch(
             _APPEND, (b, h_kv, cdiv(n_new, block)), ("k_new", "v_new", "k_cache", "v_cache", "cache_seqlens", "block_table"),
             args.pop(0), dict(BLOCK=block, num_warps=4, **common)))
     if not args:
         return launches
-    launches.append(_Launch(
+    launches.append(Launch(
         _DECODE, (b * h_kv, row_tiles, splits),
         ("q", "k_cache", "v_cache", "dst", "dst_lse", "cache_seqlens", "block_table", "alibi", "sinks", "leftpad"),
         args[0],
         dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, ONE_PAGE=paged and page_size % DECODE_BLOCK_N == 0,
              CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=env["alibi"] is not None,
-             SINKS=env["sinks"] is not None and splits == 1, DOT_PRECISION=_dot_precision(q.dtype),
-             UPCAST=_upcast(q.dtype), LENGTHS=env["cache_seqlens"] is not None, LEFTPAD=env["leftpad"] is not None,
+             SINKS=env["sinks"] is not None and splits == 1, DOT_PRECISION=dot_precision(q.dtype),
+             UPCAST=upcast(q.dtype), LENGTHS=env["cache_seqlens"] is not None, LEFTPAD=env["leftpad"] is not None,
              num_warps=DECODE_WARPS, num_stages=decode_stages(b * h_kv * row_tiles, splits, q.device), **common)))
     if splits > 1:
-        launches.append(_Launch(
+        launches.append(Launch(
             _COMBINE, (b, h, n_q), ("dst", "dst_lse", "out", "lse", "sinks"), args[1],
             dict(HEAD_DIM_V=dv, HEAD_DIM_V_PAD=head_dim_pad(dv), SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()),
                  SINKS=env["sinks"] is not None, num_warps=4)))
@@ -314,5 +314,5 @@ def _stream(index: int) -> int:
     """The current CUDA stream's handle on device `index`, by Triton's driver (~0.1 us, where
     torch.cuda.current_stream() costs ~8 us of the H200 host's time)."""
     if not _STREAM:
-        _STREAM.append(_active_driver()[1])
+        _STREAM.append(active_driver()[1])
     return _STREAM[0](index)

@@ -19,11 +19,11 @@ from .backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_gro
                        _attn_bwd_preprocess_kernel)
 from . import kvcache  # noqa: E402  (the decode route; kvcache shares launch_args and plans, not this module)
 from .forward import _attn_fwd_kernel  # noqa: E402
-from .launch_args import (DECODE_MAX_ROWS, INTERPRETED, LOG2E, Variant, _alibi_stride, _dot_precision,  # noqa: E402
-                          _upcast, _v_pad, _variant_meta, variant)
-from .lazy import _RESCALE_N, VOTE_PACKS  # noqa: E402
-from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, _aligned, _launch, _Launch, _layout, _Plan,  # noqa: E402
-                    _replay, _scratch, host_descriptors_ok)
+from .launch_args import (DECODE_MAX_ROWS, INTERPRETED, LOG2E, Variant, alibi_stride, dot_precision,  # noqa: E402
+                          upcast, v_pad, variant_meta, variant)
+from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
+from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, aligned, launch_chunks, Launch, layout_key, Plan,  # noqa: E402
+                    replay, scratch_bytes, host_descriptors_ok)
 
 
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
@@ -41,7 +41,7 @@ assert INTERPRETED == _FWD.interpreted  # launch_args decides it as Triton decor
 
 
 _LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM)
-_PLANS: dict[tuple, _Plan] = {}  # the dense calls' plans (plans.py), by _plan_key
+_PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by _plan_key
 
 
 def cache_info() -> dict[str, int]:
@@ -64,7 +64,7 @@ def _plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
     caches' lengths instead: kvcache._kv_key.)"""
     if PLAIN or INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
         return None
-    return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(_layout, inputs),
+    return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(layout_key, inputs),
             *overrides)
 
 
@@ -159,7 +159,7 @@ def tma_tiles_ok(dv_pad: int) -> bool:
 
 
 # Tiles a head group of a causal kernel holds, per SM: two, about one wave of resident programs.
-# Measured on the H200 (bench/probes/attention_groups.py, bench/results/attention_groups_h200.jsonl): with
+# Measured on the H200 (the attention_groups probe, bench/results/attention_groups_h200.jsonl): with
 # head groups of 1..128 at D 64/128/256 and N 2048..16384, the fastest group held 128-512 tiles in
 # every shape, and ~256 was within noise of the best everywhere. A group of one wave starts its heads'
 # heavy tiles together and drains on light ones while the next group starts; larger groups spread
@@ -183,7 +183,7 @@ def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) 
 # A GQA dk/dv kernel has one program per key block of a kv head, each summing its whole query-head group:
 # a grid a group's size smaller than the dense one. Where it holds fewer than SPLIT_PROGRAMS_PER_SM programs
 # per SM, the group is split over programs (head_split) and their fp32 partial sums added by one more launch.
-# Measured (H200, bench/probes/gqa_split.py, bench/results/gqa_split_h200.txt; D128 bf16, backward TFLOPS):
+# Measured (H200, the gqa_split probe, bench/results/gqa_split_h200.txt; D128 bf16, backward TFLOPS):
 # B1 H16/4 causal N1024 56 -> 117, N2048 121 -> 245, N4096 225 -> 334 (one wave of 128 programs ended on the
 # heaviest key blocks); grids of 256 programs and more (B1 N8192, B2 N4096) gained nothing from a split.
 # Calls of less work than SPLIT_MIN_WORK (Z*H*N_q*N_k*D) keep one launch: through autograd the backward costs
@@ -228,14 +228,14 @@ def vote_rows(cfg: AttnConfig, d_pad: int) -> int:
     (test_lazy_rescaling_*) check on the GPU that every row's rescale is kept where it is needed."""
     rows = cfg.stacked_rows
     per_thread = cfg.block_m * d_pad // (32 * cfg.num_warps)
-    if rows not in VOTE_PACKS or per_thread % _RESCALE_N:
+    if rows not in VOTE_PACKS or per_thread % RESCALE_N:
         return 0
     return rows
 
 
 def overflow_passes(dtype: torch.dtype) -> tuple[int, ...]:
     """The forward's passes (its PASS): (1, 2) where a raw q.k can leave fp32's range (bf16, fp32 inputs
-    of ~1e19; issue 23), else (0,): fp16 products are below 65504^2 = 4.3e9, so no dot of them comes near 3.4e38.
+    of ~1e19), else (0,): fp16 products are below 65504^2 = 4.3e9, so no dot of them comes near 3.4e38.
     The first pass dots q as it is and marks a block whose dot overflowed; the second runs only the marked
     blocks again, on q times the power of two of the scale (semantics._prescaled), and costs the others a
     load and a return. Prescaling q in every block instead kept it out of shared memory for the dots:
@@ -305,8 +305,8 @@ def attention_fwd(
            "alibi": alibi_slopes, "sinks": sinks}
     key = _plan_key("fwd", (q, k, v, seq_lens, cu_k, alibi_slopes, sinks), var, scale, (config, group, *extra))
     plan = _PLANS.get(key) if key is not None else None
-    if plan is not None and _aligned(out, lse):
-        _replay(plan, env)
+    if plan is not None and aligned(out, lse):
+        replay(plan, env)
         return out, lse
 
     q4, k4, v4, o4 = _as_4d(q, packed), _as_4d(k, packed), _as_4d(v, packed), _as_4d(out, packed)
@@ -315,7 +315,7 @@ def attention_fwd(
     len_k, dv = k4.shape[2], v4.shape[3]
     if packed is not None:
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
-    d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv)
+    d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
     if config is not None:
         cfg = config
     elif var.window and causal:
@@ -331,23 +331,23 @@ def attention_fwd(
            "alibi": alibi_slopes, "sinks": sinks}
     group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
     args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), *_strides(lse3)[:2],
-            _alibi_stride(alibi_slopes), h, len_q, len_k, scale * LOG2E, group, var.kv_group, var.left, var.right,
+            alibi_stride(alibi_slopes), h, len_q, len_k, scale * LOG2E, group, var.kv_group, var.left, var.right,
             var.cap2)
     meta = dict(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
-        DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype), HOST_DESC=host_desc,
+        DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast(q.dtype), HOST_DESC=host_desc,
         LAZY=cfg.lazy, VOTE_ROWS=vote_rows(cfg, dv_pad) if cfg.lazy and not INTERPRETED else 0,
-        SINKS=sinks is not None, VARLEN=packed is not None, **_variant_meta(var, alibi_slopes),
+        SINKS=sinks is not None, VARLEN=packed is not None, **variant_meta(var, alibi_slopes),
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens", "cu_k", "alibi", "sinks")
     passes = [dict(meta, PASS=p, **(_RESCUE_META if p == 2 else {})) for p in overflow_passes(q.dtype)]
-    chunks = [(env_, [_Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m) for m in passes])
+    chunks = [(env_, [Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m) for m in passes])
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
     # the interpreter emulates descriptors without scratch memory; host descriptors need none
-    _launch(chunks, key if _aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs, plans=_PLANS)
+    launch_chunks(chunks, key if aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs, plans=_PLANS)
     return out, lse
 
 
@@ -397,9 +397,9 @@ def attention_bwd(
                     (config, group, split, *extra))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None:
-        env.update(_scratch(plan.scratch, q.device))
-        if _aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in plan.scratch)):
-            _replay(plan, env)
+        env.update(scratch_bytes(plan.scratch, q.device))
+        if aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in plan.scratch)):
+            replay(plan, env)
             return dq, dk, dv
 
     q4, k4, v4 = _as_4d(q, packed), _as_4d(k, packed), _as_4d(v, packed)
@@ -412,7 +412,7 @@ def attention_bwd(
     z_pre = z  # the delta pass runs over the (1, H, T_q) rows of a packed call
     if packed is not None:
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
-    d_pad, dv_pad = head_dim_pad(d), _v_pad(d, dv_)
+    d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv_)
     cfg = config or bwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     if any(c is not None and c.lazy for c in cfg):
         raise ValueError(f"{cfg}: lazy (rescaling) is a forward flag; the backward keeps no running max")
@@ -426,8 +426,8 @@ def attention_bwd(
            "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes}
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, CAUSAL=causal,
-                  HAS_SEQ_LENS=seq_lens is not None, DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype),
-                  VARLEN=packed is not None, **_variant_meta(var, alibi_slopes))
+                  HAS_SEQ_LENS=seq_lens is not None, DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast(q.dtype),
+                  VARLEN=packed is not None, **variant_meta(var, alibi_slopes))
     var_args = (var.left, var.right, var.cap2)
     pre_block = 64
     pre_args = (*_strides(o4), *_strides(g4), *_strides(lse3),
@@ -445,12 +445,12 @@ def attention_bwd(
     if parts > 1:
         scratch = (("dk_part", (z_pre, h_kv * parts, len_k, d), torch.float32),
                    ("dv_part", (z_pre, h_kv * parts, len_k, dv_), torch.float32))
-        env.update(_scratch(scratch, q.device))
+        env.update(scratch_bytes(scratch, q.device))
         kv_out = ("dk_part", "dv_part")
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk_out, dv_out)
     kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk_out), *_strides(dv_out),
-                  _alibi_stride(alibi_slopes))
+                  alibi_stride(alibi_slopes))
     kv_launches = [  # (tiles, args, meta) of each dk/dv pass: one program per key block of a kv head (and part)
         (kv_cfg,
          (*kv_strides, h, len_q, len_k, scale * LOG2E, scale,
@@ -461,7 +461,7 @@ def attention_bwd(
         for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
     ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
-    q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4), _alibi_stride(alibi_slopes),
+    q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4), alibi_stride(alibi_slopes),
               h, len_q, len_k, scale * LOG2E, scale, q_group, var.kv_group, *var_args)
     q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k, row32), **common)
     sum_block = max(16, 1 << (8192 // (d_pad + dv_pad)).bit_length() - 1)  # <= 64 fp32 registers a thread
@@ -469,22 +469,22 @@ def attention_bwd(
     sum_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, BLOCK_N=sum_block,
                     num_warps=4)
 
-    def launches(zc: int) -> list[_Launch]:
+    def launches(zc: int) -> list[Launch]:
         return [
-            _Launch(_BWD_PRE, (cdiv(len_q, pre_block), h, z_pre if packed is not None else zc),
+            Launch(_BWD_PRE, (cdiv(len_q, pre_block), h, z_pre if packed is not None else zc),
                     ("out", "dout", "lse", "dlse", "delta", "lse2"),
                     pre_args, pre_meta),
-            *(_Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv * parts, zc),
+            *(Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv * parts, zc),
                       ("q", "k", "v", "dout", "lse2", "delta", *kv_out, "seq_lens", "cu_k", "alibi"), kv_args,
                       kv_meta)
               for kv_cfg, kv_args, kv_meta in kv_launches),
-            *([_Launch(_BWD_SUM, (cdiv(len_k, sum_block), h_kv, z_pre if packed is not None else zc),
+            *([Launch(_BWD_SUM, (cdiv(len_k, sum_block), h_kv, z_pre if packed is not None else zc),
                        ("dk_part", "dv_part", "dk", "dv"), sum_args, sum_meta)] if parts > 1 else []),
-            _Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
+            Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
                     ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "cu_k", "alibi"), q_args, q_meta),
         ]
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
-    _launch(chunks, key if _aligned(dq, dk, dv, delta, lse2, dk_out, dv_out) else None,
+    launch_chunks(chunks, key if aligned(dq, dk, dv, delta, lse2, dk_out, dv_out) else None,
             (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch, plans=_PLANS)
     return dq, dk, dv

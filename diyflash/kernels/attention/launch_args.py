@@ -18,12 +18,12 @@ INTERPRETED = not compiled(_valid_lengths)  # fixed when the kernels were decora
 LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype) -> str:
     # fp32 inputs must stay fp32-accurate: no TF32. fp16/bf16 ignore the setting.
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _upcast(dtype: torch.dtype) -> bool:
+def upcast(dtype: torch.dtype) -> bool:
     # the interpreter's bf16 tl.dot is wrong (triton-lang/triton#11584): widen the tiles there
     return dtype == torch.bfloat16 and INTERPRETED
 
@@ -50,11 +50,11 @@ def variant(causal: bool, window: tuple[int, int], softcap: float, n_q: int, n_k
     return Variant(causal, bounded, left, right, softcap * LOG2E, h // h_kv)
 
 
-def _variant_meta(var: Variant, alibi: torch.Tensor | None) -> dict:
+def variant_meta(var: Variant, alibi: torch.Tensor | None) -> dict:
     return dict(WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=alibi is not None)
 
 
-def _v_pad(d: int, dv: int) -> int:
+def v_pad(d: int, dv: int) -> int:
     """The v tiles' width. A 16-wide v beside wider q/k tiles is widened to 32: Triton 3.6 compiled the
     forward with D 24 / D_v 8 (tiles 32 / 16, 128x64, 3 stages) into a kernel that read shared memory out
     of bounds (compute-sanitizer, H100: 'Invalid __shared__ read' at the p @ v dot), and
@@ -63,7 +63,7 @@ def _v_pad(d: int, dv: int) -> int:
     return max(dv_pad, 32) if dv_pad < head_dim_pad(d) else dv_pad
 
 
-def _alibi_stride(alibi: torch.Tensor | None) -> int:
+def alibi_stride(alibi: torch.Tensor | None) -> int:
     # (H,) slopes: the same row for every batch; (B, H): row z
     return 0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)
 

@@ -34,14 +34,14 @@ def _rescale_asm(n: int) -> str:
 
 
 VOTE_PACKS = (1, 2, 4)
-_RESCALE_N = 32  # accumulator elements per inline-asm block (a divisor of every lazy tile's per-thread count)
-RESCALE_PACK: tl.constexpr = tl.constexpr(_RESCALE_N)
+RESCALE_N = 32  # accumulator elements per inline-asm block (a divisor of every lazy tile's per-thread count)
+RESCALE_PACK: tl.constexpr = tl.constexpr(RESCALE_N)
 _VOTE_1: tl.constexpr = tl.constexpr(_vote_asm(1))
 _VOTE_2: tl.constexpr = tl.constexpr(_vote_asm(2))
 _VOTE_4: tl.constexpr = tl.constexpr(_vote_asm(4))
-_RESCALE: tl.constexpr = tl.constexpr(_rescale_asm(_RESCALE_N))
+_RESCALE: tl.constexpr = tl.constexpr(_rescale_asm(RESCALE_N))
 _RESCALE_CONSTRAINTS: tl.constexpr = tl.constexpr(
-    ",".join(["=f"] * _RESCALE_N + [str(i) for i in range(_RESCALE_N)] + ["f"] * _RESCALE_N + ["r"] * _RESCALE_N))
+    ",".join(["=f"] * RESCALE_N + [str(i) for i in range(RESCALE_N)] + ["f"] * RESCALE_N + ["r"] * RESCALE_N))
 
 
 @triton.jit

@@ -1,5 +1,5 @@
-"""Host-speed machinery of the attention launchers: a call's launches (_Launch), run through their
-DirectLaunchers and remembered as a plan (_Plan: each launch bound to its compiled kernel, its pointers
+"""Host-speed machinery of the attention launchers: a call's launches (Launch), run through their
+DirectLaunchers and remembered as a plan (Plan: each launch bound to its compiled kernel, its pointers
 left open) that a later call of the same key replays with its own tensors; host-built TMA descriptors.
 launch.py keys dense calls' plans (_plan_key), kvcache.py KV-cache calls' (_kv_key)."""
 
@@ -21,7 +21,7 @@ from .._launch import BoundLaunch, DirectLauncher, ensure_scratch_allocator  # n
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
 
 
-class _Launch(NamedTuple):
+class Launch(NamedTuple):
     """One kernel launch of a call: its leading pointer arguments by name (looked up in the call's
     tensors), then every other argument."""
 
@@ -32,7 +32,7 @@ class _Launch(NamedTuple):
     meta: dict
 
 
-class _Plan(NamedTuple):
+class Plan(NamedTuple):
     launches: tuple[tuple[BoundLaunch, Callable[[dict], tuple]], ...]  # each with its pointers' getter (env -> tuple)
     tma: bool  # some launch builds TMA descriptors on the device: Triton needs a scratch allocator
     descs: tuple = ()  # (name, block_rows, block_cols): tensors the launches read through host descriptors
@@ -44,43 +44,43 @@ class _Plan(NamedTuple):
 MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
 
 
-def _layout(t: torch.Tensor | None):
+def layout_key(t: torch.Tensor | None):
     # everything a launch specializes on per tensor (Triton: dtype, alignment; ours: shape, strides)
     return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
 
 
-def _aligned(*outputs: torch.Tensor) -> bool:
+def aligned(*outputs: torch.Tensor) -> bool:
     # fresh allocations: the caching allocator's blocks are 512-byte aligned, but a plan assumes nothing
     return all(t.data_ptr() % 16 == 0 for t in outputs)
 
 
-def _launch(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tuple = (), *, plans: dict) -> None:
-    """Run each chunk's launches ([(tensors by name, [_Launch, ...]), ...]) through the launchers, and
+def launch_chunks(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tuple = (), *, plans: dict) -> None:
+    """Run each chunk's launches ([(tensors by name, [Launch, ...]), ...]) through the launchers, and
     remember them in `plans` (the caller's store) as the plan of `key` when there was one chunk and every
     launch has a compiled kernel.
     descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptor),
     which each chunk's tensors become here. scratch: (name, shape, dtype) of the call's buffers (in the
-    chunks' tensors), which the plan allocates again on every replay (_scratch)."""
+    chunks' tensors), which the plan allocates again on every replay (scratch_bytes)."""
     if tma:
         ensure_scratch_allocator()
     if descs:
         chunks = [(_with_descriptors(env, descs), launches) for env, launches in chunks]
     for env, launches in chunks:
-        _run_launches(env, launches)
+        run_launches(env, launches)
     if key is None or len(chunks) != 1:
         return
-    plan = _bind(chunks[0], tma, descs, scratch)
+    plan = bind_launch(chunks[0], tma, descs, scratch)
     if plan is not None:
-        _remember(plans, key, plan)
+        remember(plans, key, plan)
 
 
-def _run_launches(env: dict, launches) -> None:
+def run_launches(env: dict, launches) -> None:
     """Each launch through its launcher, its pointers looked up by name in env."""
     for lc in launches:
         lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
 
 
-def _bind(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> _Plan | None:
+def bind_launch(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> Plan | None:
     """The plan of one chunk's launches, just run: each bound to its compiled kernel with its pointers
     left open. None when some launch has no compiled kernel (the interpreter, a defaulted parameter)."""
     env, launches = chunk
@@ -90,7 +90,7 @@ def _bind(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> _Plan | N
         if b is None:
             return None
         bound.append((b, _pointer_getter(lc.pointers)))
-    return _Plan(tuple(bound), tma, descs, scratch)
+    return Plan(tuple(bound), tma, descs, scratch)
 
 
 def _pointer_getter(names: tuple[str, ...]):
@@ -101,18 +101,18 @@ def _pointer_getter(names: tuple[str, ...]):
     return operator.itemgetter(*names)
 
 
-def _scratch(spec: tuple, device: torch.device) -> dict:
+def scratch_bytes(spec: tuple, device: torch.device) -> dict:
     """A call's scratch buffers by name, from their (name, shape, dtype)."""
     return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape, dtype in spec}
 
 
-def _remember(plans: dict, key: tuple, value) -> None:
+def remember(plans: dict, key: tuple, value) -> None:
     if len(plans) >= MAX_PLANS:  # a workload with ever-new shapes starts over instead of growing
         plans.clear()
     plans[key] = value
 
 
-def _replay(plan: _Plan, env: dict) -> None:
+def replay(plan: Plan, env: dict) -> None:
     if plan.tma:
         ensure_scratch_allocator()  # per thread: autograd's backward thread starts without one
     if plan.descs:
@@ -121,7 +121,7 @@ def _replay(plan: _Plan, env: dict) -> None:
         bound(*pointers(env))
 
 
-def _replay_with(plan: _Plan, env: dict, args: list[tuple]) -> bool:
+def replay_with(plan: Plan, env: dict, args: list[tuple]) -> bool:
     """A plan run with this call's arguments (kvcache._kv_key's plans), one tuple per launch, each
     argument of the Triton class the plan's was (the key's guarantee; the grids, fixed by the key, are the
     plan's). False, launching nothing, where the count of launches differs or the plan reads host

@@ -102,7 +102,7 @@ def _key_range(start_m, q_len, kv_len, causal_offset,
     return full_hi, hi
 
 
-# -- Variants (issue 24). Scores in the kernels are base 2: s2 = log2(e) * s. Each helper below takes
+# -- Variants. Scores in the kernels are base 2: s2 = log2(e) * s. Each helper below takes
 # base-2 quantities, so a softcap or an ALiBi slope enters scaled by log2(e) too (the launcher does it). --
 
 
@@ -112,7 +112,7 @@ def _prescaled(x, qk_scale):
     p2, and the rest of the scale: (x * p2, qk_scale / p2), p2 = 2^e <= 1 the power of qk_scale's exponent
     (e in [-64, 0]). Both factors are exact (exponent arithmetic on the bits), so (x * p2).y * rest rounds
     to the same bits as (x.y) * qk_scale; but the raw dot now overflows fp32 only where the scaled score
-    itself leaves the fp32 range, not already where q.k passes 3.4e38 (issue 23: bf16 inputs of ~1e19
+    itself leaves the fp32 range, not already where q.k passes 3.4e38 (bf16 inputs of ~1e19
     gave NaN where SDPA, which scales before its matmul, stays finite).
     fp16 x is returned as it is: its products stay below 65504^2 = 4.3e9, so no fp16 dot comes near fp32's
     range (the rule of launch.overflow_passes), while x * p2 would go subnormal below 6.1e-5 * 2^-e and
@@ -127,7 +127,7 @@ def _prescaled(x, qk_scale):
         return (x * p2).to(x.dtype), qk_scale * inv_p2
 
 
-# -- Exact scores (issue 23). Every kernel rounds the scaled score on its own (_mul_exact) before any
+# -- Exact scores. Every kernel rounds the scaled score on its own (_mul_exact) before any
 # exp2(s - m): a compiled kernel would otherwise contract s * scale - m into one FMA, whose single rounding
 # is against m, so the row's top score got exp2 of up to half an ulp of m instead of exactly 1: gradients
 # off from scores of ~1e4 on, p overflowing (NaN) from ~1e11. Costs one op per score where the FMA saved
