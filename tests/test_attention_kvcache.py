@@ -591,7 +591,7 @@ def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
     from diyflash.kernels.attention import kvcache as kv
 
     replays = []
-    real = kv._replay_with
+    real = kv.replay_with
     monkeypatch.setattr(kv, "replay_with", lambda plan, env, args: replays.append(1) or real(plan, env, args))
     monkeypatch.setattr(kv, "_KV_PLANS", {})
     first, second = Case(n_new=2, device=device, seed=0), Case(n_new=2, lens=(3, 50, 7), device=device, seed=10)
@@ -624,7 +624,7 @@ def test_a_growing_cache_replays_the_plan_of_its_length_class(device, monkeypatc
     from diyflash.kernels.attention import kvcache as kv
 
     replays = []
-    real = kv._replay_with
+    real = kv.replay_with
     monkeypatch.setattr(kv, "replay_with", lambda plan, env, args: replays.append(1) or real(plan, env, args))
     q = _randn((2, 8, 1, 64), torch.bfloat16, device, 0)
     keys = _randn((2, 2, 560, 64), torch.bfloat16, device, 1)

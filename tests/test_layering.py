@@ -153,7 +153,7 @@ def test_no_private_names_across_modules():
 
 def test_kernels_package_does_not_import_triton():
     """Importing diyflash must work without triton (CPU machines without it use the PyTorch path)."""
-    for f in ("__init__.py", "_runtime.py", "attention_torch.py", "attention_configs.py"):
+    for f in ("__init__.py", "_runtime.py", "attention_torch.py", "attention_configs.py", "contract.py"):
         assert not any(n.split(".")[0] == "triton" for n in imported_modules(PKG / "kernels" / f)), f
 
 

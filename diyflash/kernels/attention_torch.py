@@ -3,7 +3,7 @@
 Serves CPU tensors when Triton's interpreter is off (so models trace, export and run on CPU-only
 machines) and float64 anywhere (gradcheck). Same semantics as the Triton kernels, function for function
 with kernels/attention/semantics.py: `_scores` (scale, softcap, ALiBi), `_visible` (key length, causal,
-window), `band` (how a window's sides are normalised); bottom-right alignment, seq_lens, sinks, GQA,
+window), contract.band (how a window's sides are normalised); bottom-right alignment, seq_lens, sinks, GQA,
 D_v != D, lse = -inf and output 0 for rows that see no key (lse = the sink for a row with a sink).
 Memory is O(N_q * BLOCK_N) per (batch, head): no N_q x N_k buffer for the whole sequence. GQA reads k
 and v through broadcasting views: no copy, no repeat.
@@ -16,52 +16,9 @@ from typing import NamedTuple
 
 import torch
 
+from .contract import SINK_CAP, band, empty_out
+
 BLOCK_N = 128
-# semantics.SINK_CAP2 in natural units (2^126 * ln 2, ~5.9e37): a sink beyond it starts its rows there and
-# gives their lse the sink itself (semantics._sink_start, _sink_lse)
-SINK_CAP = 2.0**126 * 0.6931471805599453
-
-
-def band(causal: bool, window: tuple[int, int], n_q: int, n_k: int) -> tuple[bool, bool, int, int]:
-    """(causal, bounded, left, right) as every implementation applies them: a non-causal window whose
-    right side is 0 is causal; causal caps right at 0; an unbounded side (-1) becomes N_q + N_k, which no
-    distance reaches; `bounded` says whether any side still bounds."""
-    left, right = window
-    if right == 0 and not causal:
-        causal = True
-    unbounded = n_q + n_k
-    bounded = left >= 0 or (right >= 0 and not causal)
-    left = unbounded if left < 0 else min(left, unbounded)
-    right = 0 if causal else unbounded if right < 0 else min(right, unbounded)
-    return causal, bounded, left, right
-
-
-def empty_out(q: torch.Tensor, dv: int) -> torch.Tensor:
-    """The output (..., N_q, D_v) in q's memory layout: torch.empty_like(q) when D_v = D, else the
-    same dimension order; contiguous where q is not dense (expanded or sliced), as empty_like makes it.
-    Every path and the ops' fakes allocate it here, so their strides agree."""
-    if q.shape[-1] == dv:
-        return torch.empty_like(q)
-    if not _dense(q):
-        # ordering an expanded q's dims by stride put its batch (stride 0) innermost: an output with batch
-        # stride 1 and head_dim stride B, which the H200 forward faulted on (tests/test_differential.py)
-        return torch.empty((*q.shape[:-1], dv), dtype=q.dtype, device=q.device)
-    order = sorted(range(q.dim()), key=lambda i: -q.stride(i))  # q's dims, outermost first
-    shape = (*q.shape[:-1], dv)
-    dense = torch.empty([shape[i] for i in order], dtype=q.dtype, device=q.device)
-    return dense.permute([order.index(i) for i in range(q.dim())])
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether t's elements fill its memory exactly once in some order of its dims (non-overlapping and
-    dense, as PyTorch's empty_like asks before it keeps a layout)."""
-    expected = 1
-    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
-        if size != 1:
-            if stride != expected:
-                return False
-            expected *= size
-    return True
 
 
 def _as_5d(t: torch.Tensor, groups: int) -> torch.Tensor:

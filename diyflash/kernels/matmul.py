@@ -69,7 +69,7 @@ def _matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
 
     for tile_id in tl.range(pid, num_tiles, num_programs):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M=GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         offs_m = off_m + tl.arange(0, BLOCK_M)

@@ -23,7 +23,8 @@ import torch
 from torch.library import Library, custom_op
 
 from ..kernels import device_guard, uses_triton
-from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, empty_out, sinks_grad
+from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, sinks_grad
+from ..kernels.contract import empty_out
 from .checks import INT32_MAX, check_attention_shapes, check_dtype, check_seq_lens, check_variants, one_device
 from .autocast import register_autocast
 from .eager import dispatcher_free

@@ -12,7 +12,8 @@ import torch
 from torch.library import custom_op
 
 from ..kernels import device_guard, uses_triton
-from ..kernels.attention_torch import attention_kvcache_torch, empty_out
+from ..kernels.attention_torch import attention_kvcache_torch
+from ..kernels.contract import empty_out
 from .attention import kernels_module, lse_dtype, prepare_variants, resolve_scale, variant_kwargs
 from .autocast import register_autocast
 from .checks import check_dtype, check_kvcache, check_variants

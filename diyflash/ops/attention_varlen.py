@@ -12,7 +12,8 @@ import torch
 from torch.library import Library, custom_op
 
 from ..kernels import device_guard, uses_triton
-from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, empty_out, sinks_grad
+from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, sinks_grad
+from ..kernels.contract import empty_out
 from .attention import (kernels_module, lse_dtype, no_sinks_grad, prepare_variants, resolve_scale, variant_kwargs,
                         check_saved)
 from .autocast import register_autocast

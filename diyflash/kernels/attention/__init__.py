@@ -40,7 +40,8 @@ Package layout (each file one part of the structure; the kernels know nothing of
 from ..attention_configs import MAX_BLOCK_ROWS
 from .kvcache import attention_kvcache, num_splits_for
 from .launch import GROUP_TILES_PER_SM, Packed, attention_bwd, attention_fwd, head_group, rows_fit_int32, tma_ok, vote_rows
-from .launch_args import INTERPRETED, LOG2E
+from ..contract import LOG2E
+from .launch_args import INTERPRETED
 from .plans import HOST_DESC_MIN_WORK, MAX_GRID_Z, host_descriptor, host_descriptors_ok
 
 __all__ = ["GROUP_TILES_PER_SM", "HOST_DESC_MIN_WORK", "INTERPRETED", "LOG2E", "MAX_BLOCK_ROWS", "MAX_GRID_Z",

@@ -10,7 +10,8 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import _band, _inv, _prescaled, _probs, _query_band, _scores, _sequence, _slope, _tile, _visible  # noqa: E402
+from .semantics import (LOG2E, _band, _inv, _prescaled, _probs, _query_band, _scores, _sequence, _slope,  # noqa: E402
+                        _tile, _visible)
 from .tiles import _desc_load, _load, _rows, _stepped, _streamed  # noqa: E402
 
 
@@ -46,7 +47,7 @@ def _attn_bwd_preprocess_kernel(
     # p = exp2(s - lse2) = 0 for it everywhere, masked block or not
     lse = tl.load(lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
                   + offs_m.to(tl.int64) * stride_lm, mask=row_in, other=float("-inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # * log2(e)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     row_off = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q + offs_m
     tl.store(delta_ptr + row_off, delta, mask=row_in)
     tl.store(lse2_ptr + row_off, lse2, mask=row_in)
@@ -78,16 +79,16 @@ def _attn_bwd_dkdv_inner(
         rows = start_m + offs_m
         if MASKED:
             row_mask = rows < q_len
-        q_at, do_at = _stepped(q_ptrs, do_ptrs, start_m, step_q, step_do, ROWOFF, ROW32)
+        q_at, do_at = _stepped(q_ptrs, do_ptrs, start_m, step_q, step_do, ROWOFF=ROWOFF, ROW32=ROW32)
         if TMA:
-            q = _desc_load(q_ptrs, start_m, UPCAST)
-            do = _desc_load(do_ptrs, start_m, UPCAST)
+            q = _desc_load(q_ptrs, start_m, UPCAST=UPCAST)
+            do = _desc_load(do_ptrs, start_m, UPCAST=UPCAST)
         elif MASKED:
-            q = _load(q_at, row_mask[:, None] & d_mask[None, :], UPCAST)
-            do = _load(do_at, row_mask[:, None] & dv_mask[None, :], UPCAST)
+            q = _load(q_at, row_mask[:, None] & d_mask[None, :], UPCAST=UPCAST)
+            do = _load(do_at, row_mask[:, None] & dv_mask[None, :], UPCAST=UPCAST)
         else:
-            q = _load(q_at, None if EVEN_D else d_mask[None, :], UPCAST)
-            do = _load(do_at, None if EVEN_DV else dv_mask[None, :], UPCAST)
+            q = _load(q_at, None if EVEN_D else d_mask[None, :], UPCAST=UPCAST)
+            do = _load(do_at, None if EVEN_DV else dv_mask[None, :], UPCAST=UPCAST)
         if MASKED:
             lse2 = tl.load(lse2_ptrs, mask=row_mask, other=float("inf"))
             if DO_DK:
@@ -97,12 +98,16 @@ def _attn_bwd_dkdv_inner(
             if DO_DK:
                 delta = tl.load(delta_ptrs)
         # -- p^T (keys x queries) from the saved statistics --
-        s_t, t_t = _scores(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION), rows[None, :], offs_n[:, None],
-                           causal_offset, qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
+        s_t, t_t = _scores(
+            tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION), rows[None, :], offs_n[:, None], causal_offset,
+            qk_scale, cap2, inv_cap2, slope2, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+        )
         p_t = _probs(s_t, lse2[None, :])
         if MASKED:
-            visible = _visible(rows[None, :], offs_n[:, None], kv_len, causal_offset, win_left, win_right,
-                               True, CAUSAL, WINDOW) & row_mask[None, :]
+            visible = _visible(
+                rows[None, :], offs_n[:, None], kv_len, causal_offset, win_left, win_right, KEY_MASK=True,
+                CAUSAL=CAUSAL, WINDOW=WINDOW,
+            ) & row_mask[None, :]
             p_t = tl.where(visible, p_t, 0.0)
         if DO_DV:
             dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
@@ -144,9 +149,14 @@ def _attn_bwd_dkdv_head(
     if VARLEN:
         q_base += q_start.to(tl.int64) * stride_qm
         do_base += q_start.to(tl.int64) * stride_gm
-    q_ptrs = _streamed(q_base, q_len, stride_qm, stride_qd, offs_m, offs_d, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD, False, TMA)
-    do_ptrs = _streamed(do_base, q_len, stride_gm, stride_gd, offs_m, offs_dv, HEAD_DIM_V, BLOCK_M, HEAD_DIM_V_PAD,
-                        False, TMA)
+    q_ptrs = _streamed(
+        q_base, q_len, stride_qm, stride_qd, offs_m, offs_d, HEAD_DIM=HEAD_DIM, BLOCK=BLOCK_M,
+        HEAD_DIM_PAD=HEAD_DIM_PAD, TRANSPOSED=False, TMA=TMA,
+    )
+    do_ptrs = _streamed(
+        do_base, q_len, stride_gm, stride_gd, offs_m, offs_dv, HEAD_DIM=HEAD_DIM_V, BLOCK=BLOCK_M,
+        HEAD_DIM_PAD=HEAD_DIM_V_PAD, TRANSPOSED=False, TMA=TMA,
+    )
     if VARLEN:
         row_base = off_h.to(tl.int64) * seq_len_q + q_start
     else:
@@ -154,30 +164,32 @@ def _attn_bwd_dkdv_head(
     lse2_ptrs = lse2_ptr + row_base + offs_m
     delta_ptrs = delta_ptr + row_base + offs_m
 
-    lo, mid, full_end, hi = _query_band(start_n, q_len, kv_len, causal_offset, win_left, win_right,
-                                        BLOCK_M, BLOCK_N, CAUSAL, WINDOW)
+    lo, mid, full_end, hi = _query_band(
+        start_n, q_len, kv_len, causal_offset, win_left, win_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
+        WINDOW=WINDOW,
+    )
     if CAUSAL or WINDOW or not EVEN_N:  # else lo = mid = 0: nothing to mask before the unmasked loop
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
-            offs_m, offs_n, d_mask, dv_mask, lo, tl.minimum(mid, hi), q_len, kv_len, causal_offset, qk_scale,
-            win_left, win_right, cap2, inv_cap2, slope2,
-            BLOCK_M, True, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
-            WINDOW, SOFTCAP, ALIBI,
+            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
+            dv_mask, lo, tl.minimum(mid, hi), q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
+            inv_cap2, slope2, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
+            DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, TMA=TMA, WS=False, ROWOFF=ROWOFF,
+            ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
-        offs_m, offs_n, d_mask, dv_mask, mid, full_end, q_len, kv_len, causal_offset, qk_scale,
-        win_left, win_right, cap2, inv_cap2, slope2,
-        BLOCK_M, False, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
-        WINDOW, SOFTCAP, ALIBI,
+        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask, dv_mask,
+        mid, full_end, q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
+        BLOCK_M=BLOCK_M, MASKED=False, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION,
+        UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW,
+        SOFTCAP=SOFTCAP, ALIBI=ALIBI,
     )
     if WINDOW or not EVEN_M:  # else full_end = hi = q_len: no tail
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm,
-            offs_m, offs_n, d_mask, dv_mask, tl.maximum(mid, full_end), hi, q_len, kv_len, causal_offset, qk_scale,
-            win_left, win_right, cap2, inv_cap2, slope2,
-            BLOCK_M, True, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, False, ROWOFF, ROW32,
-            WINDOW, SOFTCAP, ALIBI,
+            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
+            dv_mask, tl.maximum(mid, full_end), hi, q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
+            inv_cap2, slope2, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
+            DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, TMA=TMA, WS=False, ROWOFF=ROWOFF,
+            ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
     return dk, dv
 
@@ -195,13 +207,15 @@ def _attn_bwd_dkdv_kernel(
     num_heads, seq_len_q, seq_len_k,
     qk_scale, scale, head_group, kv_group, head_split,
     win_left, win_right, cap2,
+    # semantics: what is computed
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-    ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    GQA: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, GQA: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, VARLEN: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
+    # numerics of the dtype
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    # tiles: how (the tuned config and layout facts of the call)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """dk and dv of one key block of one kv head (DO_DK and DO_DV), or one of them: a split backward
     launches this kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
@@ -216,15 +230,16 @@ def _attn_bwd_dkdv_kernel(
     VARLEN: packed sequences as in the forward; a program writes only its own sequence's keys."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
-    pid_n, off_hs, off_z = _tile(head_group, CAUSAL, False)  # causal: the first key blocks see the most queries
+    pid_n, off_hs, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)  # causal: the first key blocks see the most queries
     if GQA:
         off_hk = off_hs // head_split
         per_part = kv_group // head_split
         g_lo = (off_hs % head_split) * per_part
     else:
         off_hk = off_hs
-    q_start, k_start, q_len, kv_len, causal_offset = _sequence(seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k,
-                                                              HAS_SEQ_LENS, VARLEN)
+    q_start, k_start, q_len, kv_len, causal_offset = _sequence(
+        seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
+    )
     start_n = pid_n * BLOCK_N
     if VARLEN:
         if start_n >= kv_len:  # the grid covers the longest sequence
@@ -247,13 +262,17 @@ def _attn_bwd_dkdv_kernel(
     if VARLEN:
         k_base += k_start.to(tl.int64) * stride_kn
         v_base += k_start.to(tl.int64) * stride_vn
-    k = _load(k_base + _rows(offs_n, ROW32)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kd_mask, UPCAST)
+    k = _load(
+        k_base + _rows(offs_n, ROW32=ROW32)[:, None] * stride_kn + offs_d[None, :] * stride_kd, kd_mask, UPCAST=UPCAST,
+    )
     if DO_DK:  # dv alone never reads v
-        v = _load(v_base + _rows(offs_n, ROW32)[:, None] * stride_vn + offs_dv[None, :] * stride_vd, vd_mask, UPCAST)
+        v = _load(
+            v_base + _rows(offs_n, ROW32=ROW32)[:, None] * stride_vn + offs_dv[None, :] * stride_vd, vd_mask, UPCAST=UPCAST,
+        )
     else:
         v = k
     k, qk_scale = _prescaled(k, qk_scale)  # k enters only the score dots here (dk reads q and ds)
-    inv_cap2 = _inv(cap2, SOFTCAP)
+    inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_V_PAD], dtype=tl.float32)
@@ -262,26 +281,28 @@ def _attn_bwd_dkdv_kernel(
     if GQA:
         for g in range(g_lo, g_lo + per_part):
             off_h = off_hk * kv_group + g
-            slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI)
+            slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI=ALIBI)
             dk, dv = _attn_bwd_dkdv_head(
-                dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
-                stride_qz, stride_qh, stride_qm, stride_qd, stride_gz, stride_gh, stride_gm, stride_gd,
-                off_z, off_h, num_heads, seq_len_q, q_start, q_len, kv_len, causal_offset, start_n,
-                offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
-                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, CAUSAL,
-                EVEN_D, EVEN_DV, EVEN_M, EVEN_N, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
-                WINDOW, SOFTCAP, ALIBI, VARLEN,
+                dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr, stride_qz, stride_qh, stride_qm, stride_qd,
+                stride_gz, stride_gh, stride_gm, stride_gd, off_z, off_h, num_heads, seq_len_q, q_start, q_len,
+                kv_len, causal_offset, start_n, offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left,
+                win_right, cap2, inv_cap2, slope2, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                HEAD_DIM_V=HEAD_DIM_V, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
+                EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, EVEN_M=EVEN_M, EVEN_N=EVEN_N, DOT_PRECISION=DOT_PRECISION,
+                UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW,
+                SOFTCAP=SOFTCAP, ALIBI=ALIBI, VARLEN=VARLEN,
             )
     else:
-        slope2 = _slope(alibi_ptr, off_z, stride_az, off_hk, ALIBI)
+        slope2 = _slope(alibi_ptr, off_z, stride_az, off_hk, ALIBI=ALIBI)
         dk, dv = _attn_bwd_dkdv_head(
-            dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
-            stride_qz, stride_qh, stride_qm, stride_qd, stride_gz, stride_gh, stride_gm, stride_gd,
-            off_z, off_hk, num_heads, seq_len_q, q_start, q_len, kv_len, causal_offset, start_n,
-            offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
-            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_M, BLOCK_N, CAUSAL,
-            EVEN_D, EVEN_DV, EVEN_M, EVEN_N, DOT_PRECISION, UPCAST, DO_DK, DO_DV, TMA, WS, ROWOFF, ROW32,
-            WINDOW, SOFTCAP, ALIBI, VARLEN,
+            dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr, stride_qz, stride_qh, stride_qm, stride_qd, stride_gz,
+            stride_gh, stride_gm, stride_gd, off_z, off_hk, num_heads, seq_len_q, q_start, q_len, kv_len,
+            causal_offset, start_n, offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left, win_right,
+            cap2, inv_cap2, slope2, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V=HEAD_DIM_V,
+            HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, EVEN_D=EVEN_D,
+            EVEN_DV=EVEN_DV, EVEN_M=EVEN_M, EVEN_N=EVEN_N, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK,
+            DO_DV=DO_DV, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+            VARLEN=VARLEN,
         )
 
     if VARLEN:  # only this sequence's keys: the next ones belong to the next sequence
@@ -293,14 +314,14 @@ def _attn_bwd_dkdv_kernel(
     if DO_DK:
         dk *= scale  # s = scale * q.k, so ds/dk carries the natural scale
         dk_ptrs = (dk_ptr + off_z.to(tl.int64) * stride_dkz + off_hs.to(tl.int64) * stride_dkh
-                   + _rows(offs_n, ROW32)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
+                   + _rows(offs_n, ROW32=ROW32)[:, None] * stride_dkn + offs_d[None, :] * stride_dkd)
         if EVEN_N:
             tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=kd_mask)
         else:
             tl.store(dk_ptrs, dk.to(dk_ptr.dtype.element_ty), mask=key_in & d_mask[None, :])
     if DO_DV:
         dv_ptrs = (dv_ptr + off_z.to(tl.int64) * stride_dvz + off_hs.to(tl.int64) * stride_dvh
-                   + _rows(offs_n, ROW32)[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd)
+                   + _rows(offs_n, ROW32=ROW32)[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd)
         if EVEN_N:
             tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=vd_mask)
         else:
@@ -364,22 +385,26 @@ def _attn_bwd_dq_inner(
         cols = start_n + offs_n
         if MASKED:
             kv_mask = cols < kv_len
-        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, ROWOFF, ROW32)
+        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, ROWOFF=ROWOFF, ROW32=ROW32)
         if TMA:
-            k_t = _desc_load(k_ptrs, start_n, UPCAST).T  # (D, BLOCK_N)
-            v_t = _desc_load(v_ptrs, start_n, UPCAST).T
+            k_t = _desc_load(k_ptrs, start_n, UPCAST=UPCAST).T  # (D, BLOCK_N)
+            v_t = _desc_load(v_ptrs, start_n, UPCAST=UPCAST).T
         elif MASKED:
-            k_t = _load(k_at, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
-            v_t = _load(v_at, kv_mask[None, :] & dv_mask[:, None], UPCAST)
+            k_t = _load(k_at, kv_mask[None, :] & d_mask[:, None], UPCAST=UPCAST)  # (D, BLOCK_N)
+            v_t = _load(v_at, kv_mask[None, :] & dv_mask[:, None], UPCAST=UPCAST)
         else:
-            k_t = _load(k_at, None if EVEN_D else d_mask[:, None], UPCAST)
-            v_t = _load(v_at, None if EVEN_DV else dv_mask[:, None], UPCAST)
-        s, t = _scores(tl.dot(q, k_t, input_precision=DOT_PRECISION), offs_m[:, None], cols[None, :], causal_offset,
-                       qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
+            k_t = _load(k_at, None if EVEN_D else d_mask[:, None], UPCAST=UPCAST)
+            v_t = _load(v_at, None if EVEN_DV else dv_mask[:, None], UPCAST=UPCAST)
+        s, t = _scores(
+            tl.dot(q, k_t, input_precision=DOT_PRECISION), offs_m[:, None], cols[None, :], causal_offset, qk_scale,
+            cap2, inv_cap2, slope2, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+        )
         p = _probs(s, lse2[:, None])
         if MASKED:
-            visible = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
-                               True, CAUSAL, WINDOW)
+            visible = _visible(
+                offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right, KEY_MASK=True,
+                CAUSAL=CAUSAL, WINDOW=WINDOW,
+            )
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, v_t, input_precision=DOT_PRECISION)
         ds = p * (dp - delta[:, None])
@@ -404,22 +429,26 @@ def _attn_bwd_dq_kernel(
     num_heads, seq_len_q, seq_len_k,
     qk_scale, scale, head_group, kv_group,
     win_left, win_right, cap2,
+    # semantics: what is computed
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, VARLEN: tl.constexpr,
+    # numerics of the dtype
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    # tiles: how (the tuned config and layout facts of the call)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
 ):
     """dq of one query block. TMA: the streamed k and v tiles come through tensor descriptors.
     WS: the unmasked key loop is warp-specialized. EVEN_M / EVEN_N: as in the forward. The variants as
     in the forward: kv head h // kv_group, HEAD_DIM_V, WINDOW, SOFTCAP, ALIBI, VARLEN (semantics.py)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
-    pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
+    pid_m, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
     off_hk = off_h // kv_group
-    q_start, k_start, q_len, kv_len, causal_offset = _sequence(seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k,
-                                                              HAS_SEQ_LENS, VARLEN)
+    q_start, k_start, q_len, kv_len, causal_offset = _sequence(
+        seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
+    )
     start_m = pid_m * BLOCK_M
     if VARLEN:
         if start_m >= q_len:  # the grid covers the longest sequence
@@ -444,10 +473,16 @@ def _attn_bwd_dq_kernel(
         qd_mask = row_mask[:, None] & d_mask[None, :]
         gd_mask = row_mask[:, None] & dv_mask[None, :]
 
-    q = _load(q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-              + _rows(offs_m, ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd, qd_mask, UPCAST)
-    do = _load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
-               + _rows(offs_m, ROW32)[:, None] * stride_gm + offs_dv[None, :] * stride_gd, gd_mask, UPCAST)
+    q = _load(
+        q_ptr + off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+              + _rows(offs_m, ROW32=ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+        qd_mask, UPCAST=UPCAST,
+    )
+    do = _load(
+        dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
+               + _rows(offs_m, ROW32=ROW32)[:, None] * stride_gm + offs_dv[None, :] * stride_gd,
+        gd_mask, UPCAST=UPCAST,
+    )
     if VARLEN:
         row_base = off_h.to(tl.int64) * seq_len_q + q_start
     else:
@@ -461,43 +496,47 @@ def _attn_bwd_dq_kernel(
 
     k_base = k_ptr + off_z.to(tl.int64) * stride_kz + off_hk.to(tl.int64) * stride_kh
     v_base = v_ptr + off_z.to(tl.int64) * stride_vz + off_hk.to(tl.int64) * stride_vh
-    k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
-    v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM_V, BLOCK_N, HEAD_DIM_V_PAD,
-                       True, TMA)
+    k_ptrs = _streamed(
+        k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM=HEAD_DIM, BLOCK=BLOCK_N,
+        HEAD_DIM_PAD=HEAD_DIM_PAD, TRANSPOSED=True, TMA=TMA,
+    )
+    v_ptrs = _streamed(
+        v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM=HEAD_DIM_V, BLOCK=BLOCK_N,
+        HEAD_DIM_PAD=HEAD_DIM_V_PAD, TRANSPOSED=True, TMA=TMA,
+    )
     q, qk_scale = _prescaled(q, qk_scale)  # q enters only the score dots here (dq reads ds and k)
-    slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI)
-    inv_cap2 = _inv(cap2, SOFTCAP)
+    slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI=ALIBI)
+    inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 
-    lo, full_lo, full_hi, hi = _band(start_m, q_len, kv_len, causal_offset, win_left, win_right,
-                                     BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N, WINDOW)
+    lo, full_lo, full_hi, hi = _band(
+        start_m, q_len, kv_len, causal_offset, win_left, win_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
+        HAS_SEQ_LENS=HAS_SEQ_LENS, EVEN_N=EVEN_N, WINDOW=WINDOW,
+    )
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
     if WINDOW:  # the window's left edge
         dq = _attn_bwd_dq_inner(
-            dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-            offs_m, offs_n, d_mask, dv_mask, lo, full_lo, kv_len, causal_offset, qk_scale,
-            win_left, win_right, cap2, inv_cap2, slope2,
-            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
-            WINDOW, SOFTCAP, ALIBI,
+            dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, d_mask, dv_mask, lo,
+            full_lo, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, slope2, BLOCK_N=BLOCK_N,
+            MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST,
+            TMA=TMA, WS=False, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
     dq = _attn_bwd_dq_inner(
-        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-        offs_m, offs_n, d_mask, dv_mask, full_lo, full_hi, kv_len, causal_offset, qk_scale,
-        win_left, win_right, cap2, inv_cap2, slope2,
-        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
-        WINDOW, SOFTCAP, ALIBI,
+        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, d_mask, dv_mask, full_lo,
+        full_hi, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, slope2, BLOCK_N=BLOCK_N,
+        MASKED=False, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST,
+        TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
     )
     if CAUSAL or WINDOW or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         dq = _attn_bwd_dq_inner(
-            dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-            offs_m, offs_n, d_mask, dv_mask, full_hi, hi, kv_len, causal_offset, qk_scale,
-            win_left, win_right, cap2, inv_cap2, slope2,
-            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, DOT_PRECISION, UPCAST, TMA, False, ROWOFF, ROW32,
-            WINDOW, SOFTCAP, ALIBI,
+            dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, d_mask, dv_mask, full_hi,
+            hi, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, slope2, BLOCK_N=BLOCK_N,
+            MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST,
+            TMA=TMA, WS=False, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
     dq *= scale
 
     dq_ptrs = (dq_ptr + off_z.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh
-               + _rows(offs_m, ROW32)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
+               + _rows(offs_m, ROW32=ROW32)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd)
     if EVEN_M:
         tl.store(dq_ptrs, dq.to(dq_ptr.dtype.element_ty), mask=qd_mask)
     else:

@@ -17,8 +17,8 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import (_from_start, _inv, _prescaled, _scores, _sink_lse, _sink_start, SINK_CAP2,  # noqa: E402
-                        _visible)
+from .semantics import (LN2, LOG2E, SINK_CAP2, _decode_keys, _from_start, _inv, _normalize, _online_softmax,  # noqa: E402
+                        _prescaled, _scores, _sink_lse, _sink_start, _visible)
 from .tiles import _load  # noqa: E402
 
 
@@ -63,7 +63,9 @@ def _cache_append_kernel(
     j = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
     pos = tl.load(cache_seqlens_ptr + b) + j
     ok = (j < n_new) & (pos >= 0) & (pos < capacity)
-    slot, row, page_ok = _cache_slots(b, pos, ok, block_table_ptr, stride_btb, num_pages, PAGED, PAGE_SIZE, False, 0)
+    slot, row, page_ok = _cache_slots(
+        b, pos, ok, block_table_ptr, stride_btb, num_pages, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE, ONE_PAGE=False, first=0,
+    )
     rows = slot * stride_kcz + row * stride_kcn
     vrows = slot * stride_vcz + row * stride_vcn
     ok = ok & page_ok
@@ -93,10 +95,14 @@ def _attn_decode_kernel(
     stride_btb, stride_az,
     num_kv_heads, n_q, n_new, capacity, num_pages, num_splits,
     qk_scale, kv_group, win_left, win_right, cap2,
+    # semantics: what is computed
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, ONE_PAGE: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, LENGTHS: tl.constexpr, LEFTPAD: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, LENGTHS: tl.constexpr, LEFTPAD: tl.constexpr,
+    # numerics of the dtype
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    # tiles: how (the tuned config and layout facts of the call)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PAGE: tl.constexpr,
 ):
     """One (batch, kv head, row tile, split): rows r = i * kv_group + g of the tile are query i of head
     h_kv * kv_group + g. Batch b attends to its first kv_len = min(cache_seqlens[b] + n_new, capacity) keys
@@ -128,38 +134,28 @@ def _attn_decode_kernel(
     dv_mask = offs_dv < HEAD_DIM_V
     q_ptrs = (q_ptr + b.to(tl.int64) * stride_qz + off_h.to(tl.int64)[:, None] * stride_qh
               + qi.to(tl.int64)[:, None] * stride_qm + offs_d[None, :] * stride_qd)
-    q = _load(q_ptrs, row_ok[:, None] & d_mask[None, :], UPCAST)
+    q = _load(q_ptrs, row_ok[:, None] & d_mask[None, :], UPCAST=UPCAST)
 
     # -- the keys any row of this tile sees, cut into num_splits block-aligned ranges --
-    i_lo = start_r // kv_group
-    i_hi = tl.minimum((start_r + BLOCK_M - 1) // kv_group, n_q - 1)
-    hi = kv_len
-    lo = 0
-    if CAUSAL:
-        hi = tl.minimum(hi, i_hi + causal_offset + 1)
-    if WINDOW:
-        hi = tl.minimum(hi, i_hi + causal_offset + win_right + 1)
-        lo = tl.maximum(i_lo + causal_offset - win_left, 0) // BLOCK_N * BLOCK_N
-    if LEFTPAD:  # a left-padded cache: no program reads the steps before its first key
+    if LEFTPAD:
         kv_start = tl.load(leftpad_ptr + b)
-        lo = tl.maximum(lo, kv_start // BLOCK_N * BLOCK_N)
     else:
         kv_start = 0
-    hi = tl.maximum(hi, lo)
-    chunk = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
-    my_lo = lo + split * chunk
-    my_hi = tl.minimum(my_lo + chunk, hi)
+    my_lo, my_hi = _decode_keys(
+        start_r // kv_group, tl.minimum((start_r + BLOCK_M - 1) // kv_group, n_q - 1), kv_len, kv_start, causal_offset,
+        win_left, win_right, split, num_splits, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, WINDOW=WINDOW, LEFTPAD=LEFTPAD,
+    )
 
     if ALIBI:
         slope2 = (tl.load(alibi_ptr + b.to(tl.int64) * stride_az + off_h, mask=row_ok, other=0.0).to(tl.float32)
-                  * 1.4426950408889634)[:, None]
+                  * LOG2E)[:, None]
     else:
         slope2 = 0.0
     q, qk_scale = _prescaled(q, qk_scale)  # the raw dot overflows only where the scaled score does
-    inv_cap2 = _inv(cap2, SOFTCAP)
+    inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
     if SINKS:
         sink = tl.load(sinks_ptr + off_h, mask=row_ok, other=0.0).to(tl.float32)
-        m_i, l_i = _sink_start(sink, BLOCK_M)
+        m_i, l_i = _sink_start(sink, BLOCK_M=BLOCK_M)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -169,29 +165,34 @@ def _attn_decode_kernel(
     for start_n in range(my_lo, my_hi, BLOCK_N):
         cols = start_n + offs_n
         key_ok = cols < my_hi
-        slot, row, _ = _cache_slots(b, cols, key_ok, block_table_ptr, stride_btb, num_pages, PAGED, PAGE_SIZE,
-                                    ONE_PAGE, start_n)
+        slot, row, _ = _cache_slots(
+            b, cols, key_ok, block_table_ptr, stride_btb, num_pages, PAGED=PAGED, PAGE_SIZE=PAGE_SIZE,
+            ONE_PAGE=ONE_PAGE, first=start_n,
+        )
         k_rows = slot * stride_kz + row * stride_kn
         v_rows = slot * stride_vz + row * stride_vn
-        k = _load(k_head + k_rows[None, :] + offs_d[:, None] * stride_kd, key_ok[None, :] & d_mask[:, None], UPCAST)
-        s, _ = _scores(tl.dot(q, k, input_precision=DOT_PRECISION), qi[:, None], cols[None, :], causal_offset,
-                       qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
-        visible = _visible(qi[:, None], cols[None, :], my_hi, causal_offset, win_left, win_right, True, CAUSAL, WINDOW)
-        visible = _from_start(visible, cols[None, :], kv_start, LEFTPAD)
+        k = _load(
+            k_head + k_rows[None, :] + offs_d[:, None] * stride_kd, key_ok[None, :] & d_mask[:, None], UPCAST=UPCAST,
+        )
+        s, _ = _scores(
+            tl.dot(q, k, input_precision=DOT_PRECISION), qi[:, None], cols[None, :], causal_offset, qk_scale, cap2,
+            inv_cap2, slope2, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+        )
+        visible = _visible(
+            qi[:, None], cols[None, :], my_hi, causal_offset, win_left, win_right, KEY_MASK=True, CAUSAL=CAUSAL,
+            WINDOW=WINDOW,
+        )
+        visible = _from_start(visible, cols[None, :], kv_start, LEFTPAD=LEFTPAD)
         s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: exp2(-inf - 0) = 0, not NaN
-        p = tl.math.exp2(s - m_sub[:, None])
-        alpha = tl.math.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load(v_head + v_rows[:, None] + offs_dv[None, :] * stride_vd, key_ok[:, None] & dv_mask[None, :], UPCAST)
+        p, alpha, _, m_new, l_i = _online_softmax(s, m_i, l_i, MASKED=True, LAZY=False)
+        v = _load(
+            v_head + v_rows[:, None] + offs_dv[None, :] * stride_vd, key_ok[:, None] & dv_mask[None, :],
+            UPCAST=UPCAST,
+        )
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
 
-    live = l_i > 0
-    l_safe = tl.where(live, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    out, lse = _normalize(acc, m_i, l_i, l_i > 0)
     if SINKS:
         lse = _sink_lse(lse, sink)
     o_ptrs = (out_ptr + b.to(tl.int64) * stride_oz + off_h.to(tl.int64)[:, None] * stride_oh
@@ -225,7 +226,7 @@ def _attn_decode_combine_kernel(
     m = tl.max(lse_s, 0)
     if SINKS:  # natural units here: the sink capped as _sink_start caps it (SINK_CAP2 * ln 2)
         sink = tl.load(sinks_ptr + off_h).to(tl.float32)
-        sink_c = tl.minimum(sink, SINK_CAP2 * 0.6931471805599453)
+        sink_c = tl.minimum(sink, SINK_CAP2 * LN2)
         m = tl.maximum(m, sink_c)
     m_sub = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - m_sub)

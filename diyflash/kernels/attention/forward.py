@@ -7,9 +7,9 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .lazy import LAZY_SLACK, _rescale  # noqa: E402
-from .semantics import (_band, _inv, _prescaled, _scores, _sequence, _sink_lse, _sink_start, _slope, _tile,  # noqa: E402
-                        _visible)
+from .lazy import _rescale  # noqa: E402
+from .semantics import (_band, _inv, _normalize, _online_softmax, _prescaled, _scores, _sequence, _sink_lse,  # noqa: E402
+                        _sink_start, _slope, _tile, _visible)
 from .tiles import _desc_load, _desc_load4, _load, _rows, _rows_desc, _stepped, _streamed  # noqa: E402
 
 
@@ -43,54 +43,41 @@ def _attn_fwd_inner(
         cols = start_n + offs_n
         if KEY_MASK:
             kv_mask = cols < kv_len
-        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, ROWOFF, ROW32)
+        k_at, v_at = _stepped(k_ptrs, v_ptrs, start_n, step_k, step_v, ROWOFF=ROWOFF, ROW32=ROW32)
         if HOST_DESC:
-            k = _desc_load4(k_ptrs, off_z, off_h, start_n, UPCAST).T  # (D, BLOCK_N)
+            k = _desc_load4(k_ptrs, off_z, off_h, start_n, UPCAST=UPCAST).T  # (D, BLOCK_N)
         elif TMA:
-            k = _desc_load(k_ptrs, start_n, UPCAST).T
+            k = _desc_load(k_ptrs, start_n, UPCAST=UPCAST).T
         elif KEY_MASK:
-            k = _load(k_at, kv_mask[None, :] & d_mask[:, None], UPCAST)  # (D, BLOCK_N)
+            k = _load(k_at, kv_mask[None, :] & d_mask[:, None], UPCAST=UPCAST)  # (D, BLOCK_N)
         elif EVEN_D:
-            k = _load(k_at, None, UPCAST)
+            k = _load(k_at, None, UPCAST=UPCAST)
         else:
-            k = _load(k_at, d_mask[:, None], UPCAST)
+            k = _load(k_at, d_mask[:, None], UPCAST=UPCAST)
         # -- scores, base 2, exact (semantics._mul_exact: the top score of a row gets exp2(0) = 1) --
-        s, _ = _scores(tl.dot(q, k, input_precision=DOT_PRECISION), offs_m[:, None], cols[None, :], causal_offset,
-                       qk_scale, cap2, inv_cap2, slope2, SOFTCAP, ALIBI)
+        s, _ = _scores(
+            tl.dot(q, k, input_precision=DOT_PRECISION), offs_m[:, None], cols[None, :], causal_offset, qk_scale,
+            cap2, inv_cap2, slope2, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+        )
         if MASKED:
-            visible = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
-                               KEY_MASK, CAUSAL, WINDOW)
+            visible = _visible(
+                offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right, KEY_MASK=KEY_MASK,
+                CAUSAL=CAUSAL, WINDOW=WINDOW,
+            )
             s = tl.where(visible, s, float("-inf"))
-        # -- online softmax update --
-        m_blk = tl.max(s, 1)
-        if LAZY:
-            grew = m_blk > m_i + LAZY_SLACK
-            m_new = tl.where(grew, m_blk, m_i)
-        else:
-            grew = None  # every row rescales: _rescale multiplies
-            m_new = tl.maximum(m_i, m_blk)
-        if MASKED:
-            # a row with no visible key yet keeps m = -inf; subtract 0 instead so exp2 gives 0, not NaN
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_sub = m_new
-        p = tl.math.exp2(s - m_sub[:, None])
-        alpha = tl.math.exp2(m_i - m_sub)
-        if LAZY:
-            alpha = tl.where(grew, alpha, 1.0)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, grew, m_new, l_i = _online_softmax(s, m_i, l_i, MASKED=MASKED, LAZY=LAZY)
         # -- accumulate p @ v --
         if HOST_DESC:
-            v = _desc_load4(v_ptrs, off_z, off_h, start_n, UPCAST)
+            v = _desc_load4(v_ptrs, off_z, off_h, start_n, UPCAST=UPCAST)
         elif TMA:
-            v = _desc_load(v_ptrs, start_n, UPCAST)
+            v = _desc_load(v_ptrs, start_n, UPCAST=UPCAST)
         elif KEY_MASK:
-            v = _load(v_at, kv_mask[:, None] & dv_mask[None, :], UPCAST)
+            v = _load(v_at, kv_mask[:, None] & dv_mask[None, :], UPCAST=UPCAST)
         elif EVEN_DV:
-            v = _load(v_at, None, UPCAST)
+            v = _load(v_at, None, UPCAST=UPCAST)
         else:
-            v = _load(v_at, dv_mask[None, :], UPCAST)
-        acc = _rescale(acc, alpha, grew, VOTE_ROWS)
+            v = _load(v_at, dv_mask[None, :], UPCAST=UPCAST)
+        acc = _rescale(acc, alpha, grew, VOTE_ROWS=VOTE_ROWS)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
         if not TMA and not ROWOFF:
@@ -110,14 +97,16 @@ def _attn_fwd_kernel(
     num_heads, seq_len_q, seq_len_k,
     qk_scale, head_group, kv_group,
     win_left, win_right, cap2,
+    # semantics: what is computed
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
-    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
-    HOST_DESC: tl.constexpr, LAZY: tl.constexpr, VOTE_ROWS: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr, VARLEN: tl.constexpr,
-    PASS: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, VARLEN: tl.constexpr, PASS: tl.constexpr,
+    # numerics of the dtype
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    # tiles: how (the tuned config and layout facts of the call)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, HOST_DESC: tl.constexpr, LAZY: tl.constexpr,
+    VOTE_ROWS: tl.constexpr,
 ):
     """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
     tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
@@ -139,10 +128,11 @@ def _attn_fwd_kernel(
     the marked blocks, on q times the power of two of the scale (semantics._prescaled)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
-    pid_m, off_h, off_z = _tile(head_group, CAUSAL, CAUSAL)
+    pid_m, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
     off_hk = off_h // kv_group
-    q_start, k_start, q_len, kv_len, causal_offset = _sequence(seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k,
-                                                              HAS_SEQ_LENS, VARLEN)
+    q_start, k_start, q_len, kv_len, causal_offset = _sequence(
+        seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
+    )
     start_m = pid_m * BLOCK_M
     if VARLEN:
         if start_m >= q_len:  # the grid covers the longest sequence
@@ -162,7 +152,7 @@ def _attn_fwd_kernel(
     dv_mask = offs_dv < HEAD_DIM_V
 
     if HOST_DESC:
-        q = _desc_load4(q_ptr, off_z, off_h, start_m, UPCAST)
+        q = _desc_load4(q_ptr, off_z, off_h, start_m, UPCAST=UPCAST)
         k_ptrs = k_ptr
         v_ptrs = v_ptr
     else:
@@ -175,53 +165,62 @@ def _attn_fwd_kernel(
             k_base += k_start.to(tl.int64) * stride_kn
             v_base += k_start.to(tl.int64) * stride_vn
         if TMA:
-            q = _desc_load(_rows_desc(q_base, q_len, stride_qm, HEAD_DIM, BLOCK_M, HEAD_DIM_PAD), start_m, UPCAST)
+            q = _desc_load(
+                _rows_desc(q_base, q_len, stride_qm, HEAD_DIM=HEAD_DIM, BLOCK=BLOCK_M, HEAD_DIM_PAD=HEAD_DIM_PAD), start_m, UPCAST=UPCAST,
+            )
         else:
-            q_ptrs = q_base + _rows(offs_m, ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd
+            q_ptrs = q_base + _rows(offs_m, ROW32=ROW32)[:, None] * stride_qm + offs_d[None, :] * stride_qd
             if EVEN_M:
-                q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST)
+                q = _load(q_ptrs, None if EVEN_D else d_mask[None, :], UPCAST=UPCAST)
             else:
-                q = _load(q_ptrs, (offs_m < q_len)[:, None] & d_mask[None, :], UPCAST)
+                q = _load(q_ptrs, (offs_m < q_len)[:, None] & d_mask[None, :], UPCAST=UPCAST)
         # k is read as k^T tiles (D, BLOCK_N) by pointers; a descriptor's (BLOCK_N, D) tile is transposed in the loop
-        k_ptrs = _streamed(k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM, BLOCK_N, HEAD_DIM_PAD, True, TMA)
-        v_ptrs = _streamed(v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM_V, BLOCK_N, HEAD_DIM_V_PAD,
-                           False, TMA)
+        k_ptrs = _streamed(
+            k_base, kv_len, stride_kn, stride_kd, offs_n, offs_d, HEAD_DIM=HEAD_DIM, BLOCK=BLOCK_N,
+            HEAD_DIM_PAD=HEAD_DIM_PAD, TRANSPOSED=True, TMA=TMA,
+        )
+        v_ptrs = _streamed(
+            v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM=HEAD_DIM_V, BLOCK=BLOCK_N,
+            HEAD_DIM_PAD=HEAD_DIM_V_PAD, TRANSPOSED=False, TMA=TMA,
+        )
     if PASS == 2:  # exact (the same bits where the raw dot is finite), and the dot overflows only where the score does
         q, qk_scale = _prescaled(q, qk_scale)
     if SINKS:  # the sink is a logit of its own: the row starts with max = sink, sum = exp(sink - sink) = 1
         sink = tl.load(sinks_ptr + off_h).to(tl.float32)
-        m_i, l_i = _sink_start(sink, BLOCK_M)
+        m_i, l_i = _sink_start(sink, BLOCK_M=BLOCK_M)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
-    slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI)
-    inv_cap2 = _inv(cap2, SOFTCAP)
+    slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI=ALIBI)
+    inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 
-    lo, full_lo, full_hi, hi = _band(start_m, q_len, kv_len, causal_offset, win_left, win_right,
-                                     BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS, EVEN_N, WINDOW)
+    lo, full_lo, full_hi, hi = _band(
+        start_m, q_len, kv_len, causal_offset, win_left, win_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
+        HAS_SEQ_LENS=HAS_SEQ_LENS, EVEN_N=EVEN_N, WINDOW=WINDOW,
+    )
     if WINDOW:  # the window's left edge
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-            offs_m, offs_n, d_mask, dv_mask, lo, full_lo, kv_len, causal_offset, qk_scale, off_z, off_hk,
-            win_left, win_right, cap2, inv_cap2, slope2,
-            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, DOT_PRECISION, UPCAST, TMA, False, ROWOFF,
-            ROW32, HOST_DESC, False, 0, WINDOW, SOFTCAP, ALIBI,
+            acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, d_mask, dv_mask, lo, full_lo,
+            kv_len, causal_offset, qk_scale, off_z, off_hk, win_left, win_right, cap2, inv_cap2, slope2,
+            BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, EVEN_N=EVEN_N,
+            DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, TMA=TMA, WS=False, ROWOFF=ROWOFF, ROW32=ROW32,
+            HOST_DESC=HOST_DESC, LAZY=False, VOTE_ROWS=0, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
     acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-        offs_m, offs_n, d_mask, dv_mask, full_lo, full_hi, kv_len, causal_offset, qk_scale, off_z, off_hk,
-        win_left, win_right, cap2, inv_cap2, slope2,
-        BLOCK_N, False, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, DOT_PRECISION, UPCAST, TMA, WS, ROWOFF, ROW32,
-        HOST_DESC, LAZY, VOTE_ROWS, WINDOW, SOFTCAP, ALIBI,
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, d_mask, dv_mask, full_lo, full_hi,
+        kv_len, causal_offset, qk_scale, off_z, off_hk, win_left, win_right, cap2, inv_cap2, slope2, BLOCK_N=BLOCK_N,
+        MASKED=False, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, EVEN_N=EVEN_N, DOT_PRECISION=DOT_PRECISION,
+        UPCAST=UPCAST, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, HOST_DESC=HOST_DESC, LAZY=LAZY,
+        VOTE_ROWS=VOTE_ROWS, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
     )
     if CAUSAL or WINDOW or not EVEN_N:  # else full_hi = hi = N_k: no masked key block
         acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
-            offs_m, offs_n, d_mask, dv_mask, full_hi, hi, kv_len, causal_offset, qk_scale, off_z, off_hk,
-            win_left, win_right, cap2, inv_cap2, slope2,
-            BLOCK_N, True, CAUSAL, EVEN_D, EVEN_DV, EVEN_N, DOT_PRECISION, UPCAST, TMA, False, ROWOFF,
-            ROW32, HOST_DESC, False, 0, WINDOW, SOFTCAP, ALIBI,
+            acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, d_mask, dv_mask, full_hi, hi,
+            kv_len, causal_offset, qk_scale, off_z, off_hk, win_left, win_right, cap2, inv_cap2, slope2,
+            BLOCK_N=BLOCK_N, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, EVEN_N=EVEN_N,
+            DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, TMA=TMA, WS=False, ROWOFF=ROWOFF, ROW32=ROW32,
+            HOST_DESC=HOST_DESC, LAZY=False, VOTE_ROWS=0, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
 
     # -- epilogue: normalise; rows that saw no key (l == 0) or are padding give 0 and lse = -inf. A row
@@ -232,12 +231,9 @@ def _attn_fwd_kernel(
         row_live = (l_i > 0) & (offs_m < q_len)
     else:
         row_live = l_i > 0
-    l_safe = tl.where(row_live, l_i, 1.0)
+    out, lse = _normalize(acc, m_i, l_i, row_live)
     if HAS_SEQ_LENS:
-        out = tl.where(row_live[:, None], acc / l_safe[:, None], 0.0)
-    else:
-        out = acc / l_safe[:, None]
-    lse = tl.where(row_live, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # * ln(2)
+        out = tl.where(row_live[:, None], out, 0.0)
     if SINKS:
         lse = tl.where(row_live, _sink_lse(lse, sink), lse)
     if PASS == 1:
@@ -248,7 +244,7 @@ def _attn_fwd_kernel(
         lse = tl.where(overflow > 0, float("nan"), lse)
 
     o_ptrs = (out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-              + _rows(offs_m, ROW32)[:, None] * stride_om + offs_dv[None, :] * stride_od)
+              + _rows(offs_m, ROW32=ROW32)[:, None] * stride_om + offs_dv[None, :] * stride_od)
     l_ptrs = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + offs_m
     if VARLEN:  # only this sequence's rows: the next ones belong to the next sequence
         o_ptrs += q_start.to(tl.int64) * stride_om

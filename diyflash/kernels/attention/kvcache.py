@@ -8,13 +8,12 @@ import torch
 
 from .._runtime import PLAIN, device_limits, require_triton
 from ..attention_configs import head_dim_pad
-from ..attention_torch import empty_out
+from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, variant
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from .._launch import DirectLauncher, active_driver, int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
-from .launch_args import (DECODE_MAX_ROWS, INTERPRETED, LOG2E, Variant, alibi_stride, dot_precision,  # noqa: E402
-                          upcast, v_pad, variant)
+from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad  # noqa: E402
 from .plans import (MAX_GRID_Z, MAX_PLANS, aligned, bind_launch, Launch, layout_key, remember, replay_with,  # noqa: E402
                     run_launches)
 
@@ -26,7 +25,7 @@ DECODE_BLOCK_N = 64  # keys per step: a paged cache of 16-row pages reads four p
 DECODE_WARPS = 4
 MAX_SPLITS = 64
 MIN_KEYS_PER_SPLIT = 128  # below this a split's fixed cost (q load, partial store, combine) dominates
-# plans of earlier calls (launch._Plan), keyed (_kv_key) on the layouts, with the caches' strides and lengths
+# plans of earlier calls (plans.Plan), keyed (_kv_key) on the layouts, with the caches' strides and lengths
 # by their classes, the variant as the kernels take it, scale, num_splits and the split count
 _KV_PLANS: dict[tuple, object] = {}
 

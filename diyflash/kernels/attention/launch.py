@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from .._runtime import PLAIN, device_limits, require_triton
-from ..attention_torch import empty_out
+from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, variant
 from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad,
                                  window_fwd_config)
 
@@ -19,8 +19,7 @@ from .backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_gro
                        _attn_bwd_preprocess_kernel)
 from . import kvcache  # noqa: E402  (the decode route; kvcache shares launch_args and plans, not this module)
 from .forward import _attn_fwd_kernel  # noqa: E402
-from .launch_args import (DECODE_MAX_ROWS, INTERPRETED, LOG2E, Variant, alibi_stride, dot_precision,  # noqa: E402
-                          upcast, v_pad, variant_meta, variant)
+from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad, variant_meta  # noqa: E402
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, aligned, launch_chunks, Launch, layout_key, Plan,  # noqa: E402
                     replay, scratch_bytes, host_descriptors_ok)
@@ -143,19 +142,6 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
             return False
     device = tensors[0].device
     return device_limits(device).tma if device.type == "cuda" else INTERPRETED
-
-
-# The narrowest v tile (padded Dv) the kernels read through TMA. Triton 3.6 compiled the causal forward
-# with a 32-wide v tile beside 64..256-wide q/k tiles, TMA on and a one-key sequence, into a kernel that
-# read shared memory out of bounds (compute-sanitizer on the H200: 'Invalid __shared__ read', D 64/96/128/
-# 256 with Dv 16/32; clean at Dv 48/64 and without TMA; bench/results/tma_narrow_v_h200.jsonl) and
-# crashed on some calls. Narrower v tiles take the pointer path, in the backward too.
-TMA_MIN_V_TILE = 64
-
-
-def tma_tiles_ok(dv_pad: int) -> bool:
-    """Whether a kernel with this padded v width may read through TMA (TMA_MIN_V_TILE)."""
-    return dv_pad >= TMA_MIN_V_TILE
 
 
 # Tiles a head group of a causal kernel holds, per SM: two, about one wave of resident programs.
@@ -322,7 +308,7 @@ def attention_fwd(
         cfg = window_fwd_config(max(d_pad, dv_pad), q.dtype, q.device, INTERPRETED, max(n_q, n_k))
     else:
         cfg = fwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
-    tma = cfg.tma and tma_tiles_ok(dv_pad) and tma_ok(q4, k4, v4)
+    tma = cfg.tma and tma_ok(q4, k4, v4)
     # descriptors built on the host where one per tensor serves every program: not with seq_lens, whose
     # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
     host_desc = (tma and seq_lens is None and z * h * n_q * n_k * d_pad >= HOST_DESC_MIN_WORK
@@ -419,9 +405,9 @@ def attention_bwd(
     q_cfg = cfg.dq
     kv_passes = cfg.dkdv_passes()  # one pass for dk and dv, or (split) a dv pass then a dk pass
     # TMA per kernel: dk/dv streams q and dout tiles, dq streams k and v tiles
-    kv_tma_ok = any(kv_cfg.tma for kv_cfg, _, _ in kv_passes) and tma_tiles_ok(dv_pad) and tma_ok(q4, g4)
+    kv_tma_ok = any(kv_cfg.tma for kv_cfg, _, _ in kv_passes) and tma_ok(q4, g4)
     kv_tma = [kv_cfg.tma and kv_tma_ok for kv_cfg, _, _ in kv_passes]
-    q_tma = q_cfg.tma and tma_tiles_ok(dv_pad) and tma_ok(k4, v4)
+    q_tma = q_cfg.tma and tma_ok(k4, v4)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3, "delta": delta3,
            "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes}

@@ -68,7 +68,7 @@ def _rescale(acc, alpha, grew, VOTE_ROWS: tl.constexpr):
     see _warp_any; 0 = a plain multiply): alpha is exactly 1 on every row that did not grow (`grew`), and
     a warp none of whose rows grew skips the multiply by a branch, which gives the same bits."""
     if VOTE_ROWS:
-        warp_grew = _warp_any(grew.to(tl.int32), VOTE_ROWS)
+        warp_grew = _warp_any(grew.to(tl.int32), ROWS=VOTE_ROWS)
         acc = tl.inline_asm_elementwise(_RESCALE, _RESCALE_CONSTRAINTS,
                                         [acc, alpha[:, None], warp_grew[:, None]],
                                         dtype=tl.float32, is_pure=True, pack=RESCALE_PACK)

@@ -1,5 +1,6 @@
-"""Which keys a query sees, and which tiles a program computes: the masks and ranges every kernel
-(forward, backward) applies, as small @triton.jit helpers. attention_torch.py mirrors them in PyTorch."""
+"""Which keys a query sees, which tiles a program computes, and how a row's softmax is kept: the masks,
+ranges, score modifications, online-softmax step and epilogue every kernel (forward, backward, varlen,
+decode) applies, as small @triton.jit helpers. attention_torch.py mirrors them in PyTorch."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 from triton.language.extra import libdevice  # noqa: E402
 
+from .. import contract  # noqa: E402
 from .._launch import compiled  # noqa: E402
+from .lazy import LAZY_SLACK  # noqa: E402
+
+# Base-2 units (kernels/contract.py): scores s2 = log2(e) * s, lse handed back in natural units (* ln 2)
+LOG2E: tl.constexpr = tl.constexpr(contract.LOG2E)
+LN2: tl.constexpr = tl.constexpr(contract.LN2)
 
 
 @triton.jit
@@ -45,7 +52,7 @@ def _sequence(lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS: tl.
     else:
         q_start = 0
         k_start = 0
-        q_len, kv_len = _valid_lengths(lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS)
+        q_len, kv_len = _valid_lengths(lens_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS)
         causal_offset = seq_len_k - seq_len_q
     return q_start, k_start, q_len, kv_len, causal_offset
 
@@ -185,7 +192,7 @@ def _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI: tl.constexpr):
     """Head off_h's ALiBi slope in base 2 (slope * log2(e)); 0.0 without ALIBI. stride_az: 0 for (H,)
     slopes, the batch stride for (B, H)."""
     if ALIBI:
-        slope2 = tl.load(alibi_ptr + off_z.to(tl.int64) * stride_az + off_h).to(tl.float32) * 1.4426950408889634
+        slope2 = tl.load(alibi_ptr + off_z.to(tl.int64) * stride_az + off_h).to(tl.float32) * LOG2E
     else:
         slope2 = 0.0
     return slope2
@@ -195,14 +202,14 @@ def _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI: tl.constexpr):
 # SINK_CAP2 in base 2 (+inf included, ~5.9e37 in natural units) starts at SINK_CAP2 instead, where sink * log2(e)
 # would leave fp32's range (inf - inf = NaN in the first rescale): every key's p is then exp2(s - SINK_CAP2) = 0,
 # the output 0, and _sink_lse gives lse the sink itself: it holds all of its row's mass, as it does on the
-# PyTorch path (attention_torch.SINK_CAP) and in the reference.
-SINK_CAP2: tl.constexpr = tl.constexpr(2.0**126)
+# PyTorch path (contract.SINK_CAP) and in the reference.
+SINK_CAP2: tl.constexpr = tl.constexpr(contract.SINK_CAP2)
 
 
 @triton.jit
 def _sink_start(sink, BLOCK_M: tl.constexpr):
     """(m, l) of rows that start with this sink logit (natural units, fp32; a scalar or one per row)."""
-    m = tl.minimum(sink * 1.4426950408889634, SINK_CAP2) + tl.zeros([BLOCK_M], dtype=tl.float32)
+    m = tl.minimum(sink * LOG2E, SINK_CAP2) + tl.zeros([BLOCK_M], dtype=tl.float32)
     return m, tl.full([BLOCK_M], 1.0, dtype=tl.float32)
 
 
@@ -210,7 +217,7 @@ def _sink_start(sink, BLOCK_M: tl.constexpr):
 def _sink_lse(lse, sink):
     """A row's natural-log lse where it started with `sink`: the sink itself (or a larger lse) where the sink
     was past SINK_CAP2, whose mass is then all of the row's; lse elsewhere."""
-    return tl.where(sink * 1.4426950408889634 >= SINK_CAP2, tl.maximum(lse, sink), lse)
+    return tl.where(sink * LOG2E >= SINK_CAP2, tl.maximum(lse, sink), lse)
 
 
 @triton.jit
@@ -292,8 +299,10 @@ def _band(start_m, q_len, kv_len, causal_offset, win_left, win_right,
     else:
         lo = 0
         full_lo = 0
-        full_hi, hi = _key_range(start_m, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL, HAS_SEQ_LENS,
-                                 EVEN_N)
+        full_hi, hi = _key_range(
+            start_m, q_len, kv_len, causal_offset, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
+            HAS_SEQ_LENS=HAS_SEQ_LENS, EVEN_N=EVEN_N,
+        )
     return lo, full_lo, full_hi, hi
 
 
@@ -325,3 +334,62 @@ def _query_band(start_n, q_len, kv_len, causal_offset, win_left, win_right,
     mid = tl.where(start_n + BLOCK_N > kv_len, tl.cdiv(q_len, BLOCK_M) * BLOCK_M, mid)
     lo = tl.where(start_n >= kv_len, mid, lo)
     return lo, mid, full_end, hi
+
+
+# -- A row's softmax, kept online over key blocks (forward and decode), and its epilogue. --
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i, MASKED: tl.constexpr, LAZY: tl.constexpr):
+    """One key block of a row's online softmax, base 2: s the block's scores (-inf where not visible), m_i
+    and l_i the running max and sum. Returns (p, alpha, grew, m_new, l_new): the block's exp2(s - m_new),
+    the factor alpha = exp2(m_i - m_new) that rescales what was accumulated (acc * alpha + p @ v), and the
+    new max and sum. LAZY: the max moves only where the block's passes it by more than LAZY_SLACK (alpha
+    exactly 1 elsewhere; `grew` marks the rows that moved, for lazy._rescale). MASKED: a row with no
+    visible key yet keeps m = -inf; 0 is subtracted instead, so exp2 gives 0, not NaN."""
+    m_blk = tl.max(s, 1)
+    if LAZY:
+        grew = m_blk > m_i + LAZY_SLACK
+        m_new = tl.where(grew, m_blk, m_i)
+    else:
+        m_new = tl.maximum(m_i, m_blk)
+        grew = m_new > m_i  # every row rescales without LAZY: unused, and compiled away
+    if MASKED:
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_sub = m_new
+    p = tl.math.exp2(s - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    if LAZY:
+        alpha = tl.where(grew, alpha, 1.0)
+    return p, alpha, grew, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _normalize(acc, m_i, l_i, live):
+    """A row's (out, lse) from its accumulator and running max and sum: out = acc / l, lse = m + log2(l)
+    in natural units. Rows not `live` (no key seen: l == 0, acc == 0) keep acc (0) and get lse = -inf."""
+    l_safe = tl.where(live, l_i, 1.0)
+    lse = tl.where(live, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
+    return acc / l_safe[:, None], lse
+
+
+@triton.jit
+def _decode_keys(i_lo, i_hi, kv_len, kv_start, causal_offset, win_left, win_right, split, num_splits,
+                 BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, LEFTPAD: tl.constexpr):
+    """The keys [my_lo, my_hi) a decode program reads: those any of its query positions [i_lo, i_hi] can
+    see (causal diagonal and window band as _visible draws them, from kv_start on with LEFTPAD), cut into
+    num_splits BLOCK_N-aligned ranges of which it takes number `split`."""
+    hi = kv_len
+    lo = 0
+    if CAUSAL:
+        hi = tl.minimum(hi, i_hi + causal_offset + 1)
+    if WINDOW:
+        hi = tl.minimum(hi, i_hi + causal_offset + win_right + 1)
+        lo = tl.maximum(i_lo + causal_offset - win_left, 0) // BLOCK_N * BLOCK_N
+    if LEFTPAD:  # a left-padded cache: no program reads the steps before its first key
+        lo = tl.maximum(lo, kv_start // BLOCK_N * BLOCK_N)
+    hi = tl.maximum(hi, lo)
+    chunk = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    my_lo = lo + split * chunk
+    return my_lo, tl.minimum(my_lo + chunk, hi)

@@ -39,7 +39,7 @@ def _streamed(base, rows, row_stride, d_stride, offs_r, offs_d,
     """Where a loop's streamed (BLOCK, HEAD_DIM) tiles come from: a TMA descriptor, or the pointer tile
     of the first block ((D, BLOCK) when TRANSPOSED), which the loop advances."""
     if TMA:
-        src = _rows_desc(base, rows, row_stride, HEAD_DIM, BLOCK, HEAD_DIM_PAD)
+        src = _rows_desc(base, rows, row_stride, HEAD_DIM=HEAD_DIM, BLOCK=BLOCK, HEAD_DIM_PAD=HEAD_DIM_PAD)
     elif TRANSPOSED:
         src = base + offs_r[None, :] * row_stride + offs_d[:, None] * d_stride
     else:

@@ -1,0 +1,90 @@
+"""The attention contract, once for every implementation: how a call's variant is normalised (band,
+Variant), how its output is allocated (empty_out), the constants of the kernels' units and of the sink
+cap, and when a call takes the decode kernel (DECODE_MAX_ROWS). torch only (no triton): the PyTorch path
+(attention_torch.py), the Triton launchers (kernels/attention/) and the ops' fakes import it, not one
+another."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+# Base-2 units: the kernels keep scores as s2 = log2(e) * s (exp2 is the hardware's exponential) and hand
+# lse back in natural units (* ln 2). semantics.py takes its tl.constexpr copies from here.
+LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
+LN2 = 0.6931471805599453
+assert LOG2E == 1 / math.log(2) and LN2 == math.log(2)
+
+# A sink past SINK_CAP2 in base 2 (+inf included) starts its rows there: every key's p is then 0, the output
+# 0, and the row's lse the sink itself (semantics._sink_start, _sink_lse). SINK_CAP: the same in natural
+# units (~5.9e37), for the PyTorch path and the reference.
+SINK_CAP2 = 2.0**126
+SINK_CAP = SINK_CAP2 * LN2
+
+DECODE_MAX_ROWS = 64  # the decode kernel's largest row tile (kvcache.decode_rows), also decode_route's bound
+
+
+def band(causal: bool, window: tuple[int, int], n_q: int, n_k: int) -> tuple[bool, bool, int, int]:
+    """(causal, bounded, left, right) as every implementation applies them: a non-causal window whose
+    right side is 0 is causal; causal caps right at 0; an unbounded side (-1) becomes N_q + N_k, which no
+    distance reaches; `bounded` says whether any side still bounds."""
+    left, right = window
+    if right == 0 and not causal:
+        causal = True
+    unbounded = n_q + n_k
+    bounded = left >= 0 or (right >= 0 and not causal)
+    left = unbounded if left < 0 else min(left, unbounded)
+    right = 0 if causal else unbounded if right < 0 else min(right, unbounded)
+    return causal, bounded, left, right
+
+
+class Variant(NamedTuple):
+    """A call's variant arguments as the kernels take them (semantics.py): `causal` after folding a
+    non-causal window with right edge 0 into it; `window` a bounded band (the unbounded side passed as
+    N_q + N_k, right capped at 0 under causal); cap2 = softcap * log2(e); GQA's query heads per kv head."""
+
+    causal: bool
+    window: bool
+    left: int
+    right: int
+    cap2: float
+    kv_group: int
+
+    @property
+    def softcap(self) -> bool:
+        return self.cap2 > 0
+
+
+def variant(causal: bool, window: tuple[int, int], softcap: float, n_q: int, n_k: int, h: int, h_kv: int) -> Variant:
+    causal, bounded, left, right = band(causal, window, n_q, n_k)
+    return Variant(causal, bounded, left, right, softcap * LOG2E, h // h_kv)
+
+
+def empty_out(q: torch.Tensor, dv: int) -> torch.Tensor:
+    """The output (..., N_q, D_v) in q's memory layout: torch.empty_like(q) when D_v = D, else the
+    same dimension order; contiguous where q is not dense (expanded or sliced), as empty_like makes it.
+    Every path and the ops' fakes allocate it here, so their strides agree."""
+    if q.shape[-1] == dv:
+        return torch.empty_like(q)
+    if not _dense(q):
+        # ordering an expanded q's dims by stride put its batch (stride 0) innermost: an output with batch
+        # stride 1 and head_dim stride B, which the H200 forward faulted on (tests/test_differential.py)
+        return torch.empty((*q.shape[:-1], dv), dtype=q.dtype, device=q.device)
+    order = sorted(range(q.dim()), key=lambda i: -q.stride(i))  # q's dims, outermost first
+    shape = (*q.shape[:-1], dv)
+    dense = torch.empty([shape[i] for i in order], dtype=q.dtype, device=q.device)
+    return dense.permute([order.index(i) for i in range(q.dim())])
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill its memory exactly once in some order of its dims (non-overlapping and
+    dense, as PyTorch's empty_like asks before it keeps a layout)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
