@@ -99,3 +99,20 @@ def cancellation_bands(q, k, v, dout, scale: float) -> dict:
     dp = (dout.double() @ v_q.transpose(-1, -2)).abs().max().item()
     eps = 64 * torch.finfo(torch.float32).eps * scale * dp
     return {"dq": eps * k.double().abs().max().item(), "dk": eps * q.double().abs().max().item(), "dv": 0.0}
+
+
+def _attention_op(q, k, v, causal, scale, seq_lens):
+    return torch.ops.diyflash.attention(q, k, v, causal=causal, scale=scale, seq_lens=seq_lens)
+
+
+def check_attention(q, k, v, causal, scale=None, seq_lens=None, grad=True):
+    """Run diyflash's op and both references; assert the error rule on out and (optionally) dq, dk, dv."""
+    from diyflash.utils.validation import attention_error_reports
+
+    out, grads, reports = attention_error_reports(_attention_op, q, k, v, causal, scale, seq_lens, grad=grad)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    for g, t in zip(grads or (), (q, k, v)):
+        assert g.dtype == t.dtype and g.shape == t.shape
+    for report in reports:
+        assert report.ok, str(report)
+    return out
