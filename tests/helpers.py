@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import torch
 
+import diyflash
 from conftest import DEVICE
+from diyflash.reference import attention_ref
+from diyflash.utils.validation import error_report
 
 ON_GPU = DEVICE == "cuda"
 # bf16 runs on CPU too: under the interpreter its tiles are widened to fp32 before tl.dot
@@ -116,3 +119,113 @@ def check_attention(q, k, v, causal, scale=None, seq_lens=None, grad=True):
     for report in reports:
         assert report.ok, str(report)
     return out
+
+
+# -- KV-cache cases (test_attention_kvcache.py, test_kvcache_host.py) --
+
+
+def seeded_randn(shape, dtype, device, seed):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+class KVCase:
+    """A batch of caches with their new keys: contiguous (B, H_kv, N_cache, D) viewed from (B, N_cache,
+    H_kv, D) storage, and the same keys paged into a shuffled pool of pages."""
+
+    def __init__(self, b=3, h=8, h_kv=2, n_q=1, n_new=1, d=16, dv=None, lens=(10, 0, 90), capacity=128,
+                 page_size=16, dtype=torch.float16, device="cpu", seed=0, leftpad=None):
+        dv = d if dv is None else dv
+        self.b, self.h, self.h_kv, self.n_q, self.n_new, self.d, self.dv = b, h, h_kv, n_q, n_new, d, dv
+        self.capacity, self.page_size = capacity, page_size
+        self.q = seeded_randn((b, h, n_q, d), dtype, device, seed)
+        self.k_cache = seeded_randn((b, capacity, h_kv, d), dtype, device, seed + 1).transpose(1, 2)
+        self.v_cache = seeded_randn((b, capacity, h_kv, dv), dtype, device, seed + 2).transpose(1, 2)
+        self.k = seeded_randn((b, h_kv, n_new, d), dtype, device, seed + 3) if n_new else None
+        self.v = seeded_randn((b, h_kv, n_new, dv), dtype, device, seed + 4) if n_new else None
+        self.seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+        self.leftpad = None if leftpad is None else torch.tensor(leftpad, dtype=torch.int32, device=device)
+        pages = capacity // page_size
+        gen = torch.Generator(device="cpu").manual_seed(seed + 5)
+        order = torch.randperm(b * pages + 3, generator=gen)[:b * pages]  # a pool with 3 pages no batch uses
+        self.block_table = order.view(b, pages).to(torch.int32).to(device)
+        pool = b * pages + 3
+        self.k_pages = seeded_randn((pool, h_kv, page_size, d), dtype, device, seed + 6)
+        self.v_pages = seeded_randn((pool, h_kv, page_size, dv), dtype, device, seed + 7)
+        for cache, pages_ in ((self.k_cache, self.k_pages), (self.v_cache, self.v_pages)):
+            for i in range(b):  # the same keys in both layouts
+                blocks = cache[i].unflatten(1, (pages, page_size)).transpose(0, 1)  # (pages, H_kv, page, D)
+                pages_[self.block_table[i].long()] = blocks
+
+    def caches(self, paged):
+        if paged:
+            return self.k_pages.clone(), self.v_pages.clone(), self.block_table
+        return (self.k_cache.clone().transpose(1, 2).contiguous().transpose(1, 2),
+                self.v_cache.clone().transpose(1, 2).contiguous().transpose(1, 2), None)
+
+    def dense_keys(self):
+        """(k, v) of every batch after the append, as (B, H_kv, capacity, D) in float64."""
+        k, v = self.k_cache.double().clone(), self.v_cache.double().clone()
+        for i in range(self.b):
+            s = int(self.seqlens[i])
+            if self.n_new:
+                k[i, :, s:s + self.n_new] = self.k[i].double()
+                v[i, :, s:s + self.n_new] = self.v[i].double()
+        return k, v
+
+    def run(self, paged=False, **kw):
+        k_cache, v_cache, bt = self.caches(paged)
+        if self.q.dtype == torch.float64:  # the op itself: the API takes fp16, bf16 and fp32
+            out, lse = torch.ops.diyflash.attention_with_kvcache(
+                self.q, k_cache, v_cache, self.seqlens, self.k, self.v, bt, kw["causal"], None, *kw["window_size"],
+                kw["softcap"], kw["alibi_slopes"], kw["sinks"], kw["num_splits"], self.leftpad)
+        else:
+            out, lse = diyflash.flash_attention_with_kvcache(self.q, k_cache, v_cache, self.seqlens, self.k, self.v,
+                                                             block_table=bt, cache_leftpad=self.leftpad,
+                                                             return_lse=True, **kw)
+        return out, lse, k_cache, v_cache
+
+
+def kvcache_oracle(case, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=None, sinks=None, upcast=True):
+    k, v = case.dense_keys()
+    outs, lses = [], []
+    for i in range(case.b):
+        n = int(case.seqlens[i]) + case.n_new
+        start = 0 if case.leftpad is None else int(case.leftpad[i])  # a left-padded batch: its keys from there
+        q = case.q[i:i + 1]
+        kk, vv = k[i:i + 1, :, start:n], v[i:i + 1, :, start:n]
+        if not upcast:
+            kk, vv = kk.to(q.dtype), vv.to(q.dtype)
+        al = alibi if alibi is None or alibi.dim() == 1 else alibi[i:i + 1]
+        o, l = attention_ref(q, kk, vv, causal, scale, None, upcast, window_size=window, softcap=softcap,
+                             alibi_slopes=al, sinks=sinks)
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def check_kvcache(case, paged=False, **kw):
+    ref_kw = {name: kw[name] for name in ("causal", "window", "softcap", "alibi", "sinks") if name in kw}
+    api_kw = dict(causal=kw.get("causal", False), window_size=kw.get("window", (-1, -1)),
+                  softcap=kw.get("softcap", 0.0), alibi_slopes=kw.get("alibi"), sinks=kw.get("sinks"),
+                  num_splits=kw.get("num_splits", 0))
+    out, lse, k_cache, v_cache = case.run(paged, **api_kw)
+    want, want_lse = kvcache_oracle(case, **ref_kw)
+    plain, _ = kvcache_oracle(case, upcast=False, **ref_kw)
+    report = error_report("out", out, want, plain)
+    assert report.ok, str(report)
+    assert out.shape == (case.b, case.h, case.n_q, case.dv) and out.dtype == case.q.dtype
+    lse_dtype = torch.float64 if case.q.dtype == torch.float64 else torch.float32
+    assert lse.shape == (case.b, case.h, case.n_q) and lse.dtype == lse_dtype
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+    # the cache after the call: the new keys at cache_seqlens[b] + j, nothing else changed
+    k_want, v_want = case.dense_keys()
+    if paged:
+        pages = case.capacity // case.page_size
+        k_cache = torch.stack([k_cache[case.block_table[i].long()].transpose(0, 1).flatten(1, 2)
+                               for i in range(case.b)])
+        v_cache = torch.stack([v_cache[case.block_table[i].long()].transpose(0, 1).flatten(1, 2)
+                               for i in range(case.b)])
+        assert k_cache.shape[2] == pages * case.page_size
+    assert torch.equal(k_cache.double(), k_want) and torch.equal(v_cache.double(), v_want)
+    return out, lse

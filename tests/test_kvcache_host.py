@@ -1,0 +1,269 @@
+"""The KV-cache call's host-speed machinery on the GPU: kept scratch buffers (per device, stream and thread),
+plans replayed with new pointers and lengths, CUDA-graph capture of a decode loop, reduce-overhead
+compile, and the split rule's waves. Numerics and semantics: test_attention_kvcache.py."""
+
+import threading
+
+import pytest
+import torch
+
+import diyflash
+from diyflash.reference import attention_ref
+from diyflash.utils.validation import error_report
+from helpers import ON_GPU, KVCase, seeded_randn
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("leftpad", [False, True])
+def test_cuda_graph_decode_loop_of_32_steps(device, leftpad):
+    """32 decode steps captured in one CUDA graph (the lengths advance on the device) equal the eager loop;
+    with leftpad, a left-padded batch (cache_leftpad, read on the device at every replay) under a window,
+    as a static cache's compiled decode step of transformers runs it."""
+    case = KVCase(b=2, h=8, h_kv=2, n_q=1, n_new=1, d=64, lens=(100, 3), capacity=256, page_size=16,
+                dtype=torch.bfloat16, device=device, leftpad=(37, 2) if leftpad else None)
+    extra = dict(cache_leftpad=case.leftpad, window_size=(40, -1)) if leftpad else {}
+    steps = 32
+    qs = seeded_randn((steps, *case.q.shape), case.q.dtype, device, 11)
+    ks = seeded_randn((steps, *case.k.shape), case.k.dtype, device, 12)
+    vs = seeded_randn((steps, *case.v.shape), case.v.dtype, device, 13)
+
+    def loop(k_cache, v_cache, bt, seqlens, outs):
+        for i in range(steps):
+            outs[i] = diyflash.flash_attention_with_kvcache(qs[i], k_cache, v_cache, seqlens, ks[i], vs[i],
+                                                            block_table=bt, causal=True, **extra)
+            seqlens += 1
+
+    eager_cache = case.caches(True)
+    eager_outs = torch.empty(steps, *case.q.shape, dtype=case.q.dtype, device=device)
+    loop(*eager_cache, case.seqlens.clone(), eager_outs)
+    eager_first = eager_outs[0].clone()
+
+    graph_cache = case.caches(True)
+    seqlens = case.seqlens.clone()
+    outs = torch.empty_like(eager_outs)
+    loop(*case.caches(True), case.seqlens.clone(), torch.empty_like(eager_outs))  # warm-up: compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loop(*graph_cache, seqlens, outs)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs, eager_outs)
+    assert torch.equal(graph_cache[0], eager_cache[0]) and torch.equal(graph_cache[1], eager_cache[1])
+    if leftpad:  # other pad counts written into the captured tensor: the replay reads them
+        case.leftpad.copy_(torch.tensor([90, 0], dtype=torch.int32))
+        eager_cache = case.caches(True)
+        loop(*eager_cache, case.seqlens.clone(), eager_outs)
+        for dst, src in zip(graph_cache[:2], case.caches(True)[:2]):
+            dst.copy_(src)
+        seqlens.copy_(case.seqlens)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(outs, eager_outs) and not torch.equal(outs[0], eager_first)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the partials are kept for CUDA streams only (the interpreter's are per call)")
+def test_split_partials_are_kept_per_stream(device, monkeypatch):
+    """Split-KV's partials live in buffers kept per (device, stream, thread) between eager calls: calls of
+    other shapes and split counts in a row share them (growing them where needed), each bit-identical to the
+    same call with fresh buffers. A call on another stream gets buffers of its own, so does a call from
+    another thread, and a captured call its graph's own (the kept ones are not touched)."""
+    from diyflash.kernels.attention import kvcache as kv
+
+    monkeypatch.setattr(kv, "_KEPT", {})
+    cases = [(KVCase(device=device, seed=0), 4), (KVCase(b=2, h=8, h_kv=8, lens=(100, 5), device=device, seed=1), 7),
+             (KVCase(n_q=3, n_new=3, device=device, seed=2), 2), (KVCase(d=64, dv=32, device=device, seed=3), 33),
+             (KVCase(device=device, seed=0), 4)]
+
+    def call(case, splits):
+        k_cache, v_cache, _ = case.caches(False)
+        return diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, case.k, case.v,
+                                                     causal=True, num_splits=splits,
+                                                     sinks=torch.zeros(case.h, device=device), return_lse=True)
+
+    kept = [call(case, splits) for case, splits in cases]
+    key = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream, threading.get_ident())
+    assert sorted(kv._KEPT) == [(*key, "lse partials"), (*key, "out")]
+    buffers = dict(kv._KEPT)
+    assert buffers[(*key, "out")].numel() == max(c.b * c.h * c.n_q * s * c.dv for c, s in cases)  # the largest
+    for (case, splits), (out, lse) in zip(cases, kept):
+        monkeypatch.setattr(kv, "_KEPT", {})
+        fresh_out, fresh_lse = call(case, splits)
+        assert torch.equal(out, fresh_out) and torch.equal(lse, fresh_lse)
+    monkeypatch.setattr(kv, "_KEPT", dict(buffers))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out, lse = call(*cases[0])
+    torch.cuda.current_stream().wait_stream(side)
+    assert {k[:3] for k in kv._KEPT} == {key, (key[0], side.cuda_stream, key[2])}
+    assert all(kv._KEPT[k] is buf for k, buf in buffers.items())
+    assert torch.equal(out, kept[0][0]) and torch.equal(lse, kept[0][1])
+    results = []
+    worker = threading.Thread(target=lambda: results.append(call(*cases[0])))
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize()
+    assert len({k[:3] for k in kv._KEPT}) == 3 and all(kv._KEPT[k] is buf for k, buf in buffers.items())
+    assert torch.equal(results[0][0], kept[0][0]) and torch.equal(results[0][1], kept[0][1])
+    before = {k: id(buf) for k, buf in kv._KEPT.items()}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call(*cases[0])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert {k: id(buf) for k, buf in kv._KEPT.items()} == before
+    assert torch.equal(out, kept[0][0]) and torch.equal(lse, kept[0][1])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA-graph trees need a GPU")
+def test_reduce_overhead_compile_of_a_split_decode_step(device, monkeypatch):
+    """torch.compile(mode="reduce-overhead") (CUDA-graph trees, as transformers' static cache generates)
+    of a split-KV decode step writing into static caches: the warmup runs the op eagerly with allocations
+    routed to the graphs' pool, which must hold no buffer beyond the call, so calls through the op keep
+    none (a kept partials buffer made the tree refuse: "tensor(s) in the cudagraph pool not tracked as
+    outputs"). Warmup, recording and replays on new values equal the eager steps, outputs and caches, and
+    the step is not kept out of CUDA graphs."""
+    from torch._dynamo.utils import counters
+
+    from diyflash.kernels.attention import kvcache as kv
+
+    monkeypatch.setattr(kv, "_KEPT", {})  # a kept buffer already big enough would hide an allocation
+    torch._dynamo.reset()
+    counters.clear()
+    case = KVCase(b=2, h=8, h_kv=2, lens=(100, 37), capacity=256, d=64, dtype=torch.bfloat16, device=device)
+    graph_cache, eager_cache = case.caches(False)[:2], case.caches(False)[:2]
+    for t in graph_cache:
+        torch._dynamo.mark_static_address(t)
+
+    def step(q, k, v, k_cache, v_cache, seqlens):
+        return diyflash.flash_attention_with_kvcache(q, k_cache, v_cache, seqlens, k, v, causal=True, num_splits=4)
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for i in range(4):  # warmup, recording, replays
+        q, k, v = (seeded_randn(t.shape, t.dtype, device, 20 + 3 * i + j) for j, t in enumerate((case.q, case.k, case.v)))
+        seqlens = case.seqlens + i
+        got = compiled(q, k, v, *graph_cache, seqlens).clone()
+        assert kv._KEPT == {}
+        want = step(q, k, v, *eager_cache, seqlens)  # the eager API's shortcut keeps its scratch
+        kv._KEPT.clear()
+        assert torch.equal(got, want)
+    assert torch.equal(graph_cache[0], eager_cache[0]) and torch.equal(graph_cache[1], eager_cache[1])
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the scratch lse is kept for CUDA streams only")
+@pytest.mark.parametrize("splits", [1, 4])
+def test_an_lse_nobody_asked_for_goes_to_a_kept_buffer(device, monkeypatch, splits):
+    """Without return_lse, an eager call's lse is written to a kept scratch buffer instead of a fresh
+    tensor (one allocation less a decode step): the output is bit-identical to the call with return_lse,
+    for flash_attention_with_kvcache and for the dense API's decode route (a q of one row)."""
+    from diyflash.kernels.attention import kvcache as kv
+
+    monkeypatch.setattr(kv, "_KEPT", {})
+    case = KVCase(device=device)
+    k_cache, v_cache, _ = case.caches(False)
+    out, _ = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, causal=True,
+                                                   num_splits=splits, return_lse=True)
+    assert not any(slot == "lse" for *_, slot in kv._KEPT)
+    alone = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, causal=True,
+                                                  num_splits=splits)
+    assert any(slot == "lse" for *_, slot in kv._KEPT)
+    assert torch.equal(alone, out)
+    monkeypatch.setattr(kv, "_KEPT", {})
+    with torch.no_grad():
+        dense, lse = diyflash.flash_attention(case.q, k_cache, v_cache, causal=True, return_lse=True)
+        assert not any(slot == "lse" for *_, slot in kv._KEPT)
+        assert torch.equal(diyflash.flash_attention(case.q, k_cache, v_cache, causal=True), dense)
+        assert any(slot == "lse" for *_, slot in kv._KEPT)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans bind compiled kernels; the interpreter has none")
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
+    """An eager decode loop's host cost (issue 25): a call with the layouts of an earlier one replays
+    that call's bound launches (append, decode, combine) with the new pointers. Bit-identical to the
+    same call planned afresh, for other q, new keys, lengths and caches of the same layouts."""
+    from diyflash.kernels.attention import kvcache as kv
+
+    replays = []
+    real = kv.replay_with
+    monkeypatch.setattr(kv, "replay_with", lambda plan, env, args: replays.append(1) or real(plan, env, args))
+    monkeypatch.setattr(kv, "_KV_PLANS", {})
+    first, second = KVCase(n_new=2, device=device, seed=0), KVCase(n_new=2, lens=(3, 50, 7), device=device, seed=10)
+
+    def call(case):
+        k_cache, v_cache, table = case.caches(paged)
+        out, lse = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, case.k, case.v,
+                                                         block_table=table, causal=True, num_splits=splits,
+                                                         return_lse=True)
+        return out, lse, k_cache, v_cache
+
+    call(first)
+    assert len(kv._KV_PLANS) == 1 and not replays
+    replayed = call(second)
+    assert replays == [1]
+    monkeypatch.setattr(kv, "_KV_PLANS", {})
+    fresh = call(second)
+    assert replays == [1] and len(kv._KV_PLANS) == 1  # planned afresh, not replayed
+    for a, b in zip(replayed, fresh):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans bind compiled kernels; the interpreter has none")
+@pytest.mark.parametrize("window", [(-1, -1), (40, 0)])
+def test_a_growing_cache_replays_the_plan_of_its_length_class(device, monkeypatch, window):
+    """transformers' DynamicCache hands each decode step a contiguous cache one token longer (new length,
+    new strides): the dense route's call then replays an earlier call's kernels with its own arguments
+    where the lengths and strides have the classes Triton compiled for (not across a multiple of 16) and
+    the split count is the same. Bit-identical to the same call planned afresh, and right by the oracle."""
+    from diyflash.kernels.attention import kvcache as kv
+
+    replays = []
+    real = kv.replay_with
+    monkeypatch.setattr(kv, "replay_with", lambda plan, env, args: replays.append(1) or real(plan, env, args))
+    q = seeded_randn((2, 8, 1, 64), torch.bfloat16, device, 0)
+    keys = seeded_randn((2, 2, 560, 64), torch.bfloat16, device, 1)
+    values = seeded_randn((2, 2, 560, 64), torch.bfloat16, device, 2)
+    lengths = (520, 521, 530, 528, 529, 540)  # 528 = 33 * 16: another class; 4 splits throughout
+
+    def step(n):
+        return diyflash.flash_attention(q, keys[:, :, :n].contiguous(), values[:, :, :n].contiguous(), causal=True,
+                                        window_size=window)
+
+    monkeypatch.setattr(kv, "_KV_PLANS", {})
+    grown = [step(n) for n in lengths]
+    assert len(replays) == 4 and len(kv._KV_PLANS) == 2  # 520 and 528 plan, the others replay
+    for n, out in zip(lengths, grown):
+        monkeypatch.setattr(kv, "_KV_PLANS", {})
+        assert torch.equal(out, step(n))
+        k, v = keys[:, :, :n], values[:, :, :n]
+        ref, _ = attention_ref(q, k, v, True, window_size=window)
+        plain, _ = attention_ref(q, k, v, True, upcast=False, window_size=window)
+        report = error_report(f"out at {n} keys", out, ref, plain)
+        assert report.ok, str(report)
+
+
+def test_split_count_and_stages_fill_whole_waves(monkeypatch):
+    """The launch shape rule (kvcache.py, measured in bench/results/decode_probe_h200.txt): a grid smaller
+    than the GPU is split into one whole wave of programs, one an SM (four for a paged cache, whose
+    block-table loads need the company), never below MIN_KEYS_PER_SPLIT keys a split, at most MAX_SPLITS; an
+    unsplit grid of more than two programs an SM pipelines 2 stages deep (three programs an SM), any other 3."""
+    from types import SimpleNamespace
+
+    from diyflash.kernels.attention import kvcache as kv
+
+    monkeypatch.setattr(kv, "device_limits", lambda device: SimpleNamespace(sms=132))
+    monkeypatch.setattr(kv, "INTERPRETED", False)
+    cuda = torch.device("cuda", 0)
+    assert kv.num_splits_for(1, 8, 1, 65536, cuda) == 16  # 128 programs: one wave
+    assert kv.num_splits_for(1, 8, 1, 65536, cuda, paged=True) == 64  # 66 for four an SM, MAX_SPLITS
+    assert kv.num_splits_for(8, 8, 1, 65536, cuda, paged=True) == 8  # 512: four an SM (floor)
+    assert kv.num_splits_for(1, 8, 1, 4096, cuda, paged=True) == 32  # 128 keys a split
+    assert kv.num_splits_for(8, 8, 1, 8192, cuda) == 2  # not 5 (320 programs: a partial second wave)
+    assert kv.num_splits_for(1, 8, 1, 1024, cuda) == 8  # 128 keys a split
+    assert kv.num_splits_for(1, 8, 1, 200, cuda) == 1
+    assert kv.num_splits_for(32, 8, 1, 2048, cuda) == 1  # the grid fills the GPU
+    assert kv.decode_stages(512, 1, cuda) == 2 and kv.decode_stages(264, 1, cuda) == 3
+    assert kv.decode_stages(64, 5, cuda) == 3
