@@ -30,3 +30,22 @@ def test_readme_speed_table_is_rendered_from_its_results_file():
 def test_linked_docs_exist():
     for link in re.findall(r"\]\(((?:docs/)?[\w./-]+\.md)\)", README):
         assert (ROOT / link).exists(), link
+
+
+def test_performance_tables_are_rendered_from_their_results_files():
+    """docs/performance.md's tables are python -m bench.docs's output: each marked table equals its results
+    file's rendering (and there are tables to check)."""
+    from bench.docs import DOC, render
+
+    text = DOC.read_text()
+    assert text.count("<!-- table: ") >= 6
+    assert render(text) == text, "run python -m bench.docs"
+
+
+def test_render_replaces_a_stale_table():
+    from bench.docs import render
+
+    stale = "intro\n<!-- table: coldstart -->\n| old | numbers |\n<!-- end table -->\nafter\n"
+    fresh = render(stale)
+    assert "| old | numbers |" not in fresh and "bench/results/coldstart_h200.jsonl" in fresh
+    assert fresh.startswith("intro\n") and fresh.endswith("after\n") and render(fresh) == fresh

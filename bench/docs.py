@@ -1,0 +1,81 @@
+"""Regenerate the speed tables of docs/performance.md from bench/results/*.jsonl.
+
+    python -m bench.docs            rewrite the tables in place
+    python -m bench.docs --check    exit 1 where a table differs from its results file (tests/test_docs.py)
+
+A table sits between `<!-- table: NAME -->` and `<!-- end table -->`; NAME picks a renderer and a results
+file from TABLES. Above each table, one generated line says where and when its rows were measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "performance.md"
+
+
+def _renderers() -> dict:
+    import bench.attention as attention
+    import bench.attention_variants as variants
+    import bench.coldstart as coldstart
+    import bench.decode as decode
+    import bench.matmul as matmul
+
+    return {
+        "attention": (attention.readme_table, "attention_h200.jsonl"),
+        "attention-d128-recheck": (attention.readme_table, "attention_d128_fwd_recheck_h200.jsonl"),
+        "attention-gqa-bnhd": (attention.readme_table, "attention_gqa_bnhd_h200.jsonl"),
+        "variants": (variants.table, "attention_variants_h100.jsonl"),
+        "decode": (decode.table, "decode_h200.jsonl"),
+        "matmul": (matmul.readme_table, "matmul_h200.jsonl"),
+        "coldstart": (coldstart.readme_table, "coldstart_h200.jsonl"),
+    }
+
+
+def provenance(rows: list[dict], path: str) -> str:
+    """Where and when the rows were measured: devices, versions, dates, from the rows themselves."""
+    def values(key):
+        return ", ".join(sorted({str(r.get(key)) for r in rows if r.get(key) is not None})) or "?"
+
+    dates = sorted({str(r.get("timestamp", ""))[:10] for r in rows if r.get("timestamp")})
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} .. {dates[-1]}" if dates else "?"
+    return (f"*{len(rows)} rows of `bench/results/{path}`: {values('gpu')}, torch {values('torch')}, "
+            f"Triton {values('triton')}, {when}.*")
+
+
+def render(text: str) -> str:
+    """text with every marked table regenerated from its results file."""
+    from bench.plots import read_jsonl
+
+    renderers = _renderers()
+
+    def one(match: re.Match) -> str:
+        name = match.group(1)
+        fn, path = renderers[name]
+        rows = read_jsonl(str(ROOT / "bench" / "results" / path))
+        return f"<!-- table: {name} -->\n{provenance(rows, path)}\n\n{fn(rows)}\n<!-- end table -->"
+
+    return re.sub(r"<!-- table: (\S+) -->\n.*?<!-- end table -->", one, text, flags=re.S)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare, do not write")
+    args = parser.parse_args(argv)
+    text = DOC.read_text()
+    new = render(text)
+    if args.check:
+        if new != text:
+            print(f"{DOC}: tables differ from bench/results; run python -m bench.docs", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
