@@ -62,3 +62,28 @@ torch.save([r.cpu() for r in results], {str(tmp_path / "plain.pt")!r})
     plain = torch.load(tmp_path / "plain.pt")
     for a, b in zip(plain, _calls(device)):
         assert torch.equal(a, b.cpu())
+
+
+def test_one_eviction_rule_and_one_registry():
+    """Every store the launchers keep follows _runtime.remember (a full store starts over, an existing key is
+    replaced without clearing) and is counted and cleared through the registry, also after a test rebinds it."""
+    from diyflash.kernels import _runtime
+
+    store = {}
+    for i in range(3):
+        _runtime.remember(store, i, i, limit=3)
+    _runtime.remember(store, 2, "again", limit=3)  # a known key: no start-over
+    assert store == {0: 0, 1: 1, 2: "again"}
+    _runtime.remember(store, 3, 3, limit=3)  # full: starts over
+    assert store == {3: 3}
+
+    holder = {"s": {"a": 1}}
+    _runtime.keep("test store", lambda: (holder["s"],), ("test measure", lambda stores: 7 * len(list(stores))))
+    try:
+        assert diyflash.cache_info()["test store"] == 1 and diyflash.cache_info()["test measure"] == 7
+        holder["s"] = {"b": 1, "c": 2}  # rebound (as a test's monkeypatch does): the new one is counted
+        assert diyflash.cache_info()["test store"] == 2
+        diyflash.clear_caches()
+        assert holder["s"] == {} and diyflash.cache_info()["test store"] == 0
+    finally:
+        _runtime._KEPT_KINDS.pop("test store")

@@ -40,7 +40,7 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._runtime import PLAIN
+from ._runtime import MAX_ENTRIES, PLAIN, remember
 
 
 def cdiv(a: int, b: int) -> int:
@@ -73,7 +73,7 @@ def ensure_scratch_allocator() -> None:
 # Interpreted launches take this lock, one at a time; compiled launches never do.
 INTERPRETER_LOCK = threading.Lock()
 
-MAX_SIGNATURES = 4096  # per kernel; a workload with ever-new shapes starts over instead of growing
+MAX_SIGNATURES = MAX_ENTRIES  # per kernel (_runtime.remember: a full store starts over)
 
 
 _SCALARS = frozenset({float, bool, str, type(None)})  # their value is their key (ints: int_class)
@@ -182,9 +182,8 @@ class DirectLauncher:
             return  # a defaulted parameter: the JIT fills it in, so keep going through the JIT
         if self._driver is None:
             self._driver = active_driver()
-        if len(self._compiled) >= MAX_SIGNATURES:
-            self._compiled.clear()
-        self._compiled[self._signature(self._driver[0](), args, meta)] = (compiled, tuple(names))
+        signature = self._signature(self._driver[0](), args, meta)
+        remember(self._compiled, signature, (compiled, tuple(names)), MAX_SIGNATURES)
 
 
 class BoundLaunch:

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import importlib
 import os
-from typing import NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 
@@ -27,6 +27,52 @@ _TRUTHY = ("1", "true", "yes", "on", "y")  # Triton's spelling rules, for machin
 # kept between calls; the matmul's tuned choices stay (a choice, not a shortcut). The same kernels, the
 # same results.
 PLAIN = os.environ.get("DIYFLASH_PLAIN", "0").strip().lower() in _TRUTHY
+
+
+# -- What the launchers keep between calls (plans, bound kernels, kept buffers, key classes): one eviction
+# rule (remember) and one registry (keep), behind diyflash.cache_info() and diyflash.clear_caches(). --
+
+MAX_ENTRIES = 4096  # per store: a workload with ever-new shapes starts over instead of growing
+
+
+def remember(store: dict, key, value, limit: int = MAX_ENTRIES):
+    """store[key] = value, where a full store (limit entries) starts over first instead of growing: a
+    workload with ever-new shapes, streams or threads pays a new plan, never unbounded memory. Returns value."""
+    if key not in store and len(store) >= limit:
+        store.clear()
+    store[key] = value
+    return value
+
+
+_KEPT_KINDS: dict[str, tuple[Callable[[], Iterable[dict]], tuple[str, Callable[[Iterable[dict]], int]] | None]] = {}
+
+
+def keep(kind: str, stores: Callable[[], Iterable[dict]], measure: tuple[str, Callable] | None = None) -> None:
+    """Register what a module keeps between calls: `kind` names it in cache_info, stores() returns its dicts
+    (called each time, so a store rebound later is the one counted and cleared), measure = (name, fn) adds
+    a second number (the kept buffers' bytes). A module not imported has nothing kept and is not asked."""
+    _KEPT_KINDS[kind] = (stores, measure)
+
+
+def cache_info() -> dict[str, int]:
+    """What the launchers keep between calls, by kind: entries (and the kept buffers' bytes)."""
+    info: dict[str, int] = {}
+    for kind, (stores, measure) in _KEPT_KINDS.items():
+        found = list(stores())
+        info[kind] = sum(len(s) for s in found)
+        if measure is not None:
+            info[measure[0]] = measure[1](found)
+    return info
+
+
+def clear_caches() -> None:
+    """Forget everything the launchers keep between calls (compiled binaries stay in Triton's caches and tuned
+    choices in the tuner's disk cache). A kept buffer's memory returns to PyTorch's caching allocator once no
+    launch in flight uses it: launches on a stream run in order, and a freed block is reused on its own
+    stream only."""
+    for stores, _ in _KEPT_KINDS.values():
+        for s in stores():
+            s.clear()
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._runtime import PLAIN, device_limits, require_triton
+from ._runtime import MAX_ENTRIES, PLAIN, device_limits, keep, remember, require_triton
 from .matmul_configs import (
     INTERPRETER_CONFIG, MatmulConfig, bucket, candidates, default_config, manual_config, tma_layout,
 )
@@ -291,19 +291,12 @@ def _environment(device: torch.device) -> dict:
 # limits) costs ~7 us of Python per call on an H200 host; a dict lookup on the key costs ~1.
 # ----------------------------------------------------------------------------------------------------
 _PLANS: dict[tuple, Plan] = {}
-MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
+MAX_PLANS = MAX_ENTRIES  # (_runtime.remember)
 
 
-def cache_info() -> dict[str, int]:
-    return {"matmul plans": len(_PLANS), "matmul tuned choices": len(_TUNED), "matmul bound kernels": len(_KERNEL._compiled)}
-
-
-def clear_caches() -> None:
-    """Forget the matmul's plans, bound kernel and this process's tuned choices (the tuner's disk cache
-    stays: a later call reads its choice from there, without timing)."""
-    _PLANS.clear()
-    _TUNED.clear()
-    _KERNEL.clear()
+keep("matmul plans", lambda: (_PLANS,))
+keep("matmul tuned choices", lambda: (_TUNED,))  # this process's; the tuner's disk cache stays
+keep("matmul bound kernels", lambda: (_KERNEL._compiled,))
 
 
 def _plan_key(a: torch.Tensor, b: torch.Tensor, block_sizes, autotune: bool, allow_tf32: bool) -> tuple:
@@ -329,7 +322,5 @@ def matmul_auto(a: torch.Tensor, b: torch.Tensor, block_sizes: tuple[int, int, i
         # not under a capture that could not tune: select_config's stand-in default is not the choice
         if not PLAIN and (block_sizes is not None or not autotune or a.device.type == "cpu"
                           or tuning_key(a, b, allow_tf32) in _TUNED):
-            if len(_PLANS) >= MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = p
+            remember(_PLANS, key, p, MAX_PLANS)
     return run(a, b, p, allow_tf32)

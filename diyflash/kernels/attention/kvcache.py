@@ -6,7 +6,7 @@ from threading import get_ident
 
 import torch
 
-from .._runtime import PLAIN, device_limits, require_triton
+from .._runtime import PLAIN, device_limits, keep, remember, require_triton
 from ..attention_configs import head_dim_pad
 from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, variant
 
@@ -14,7 +14,7 @@ require_triton()  # before anything imports triton: its absence is then the erro
 from .._launch import DirectLauncher, active_driver, int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad  # noqa: E402
-from .plans import (MAX_GRID_Z, MAX_PLANS, aligned, bind_launch, Launch, layout_key, remember, replay_with,  # noqa: E402
+from .plans import (MAX_GRID_Z, MAX_PLANS, aligned, bind_launch, Launch, layout_key, replay_with,  # noqa: E402
                     run_launches)
 
 _APPEND = DirectLauncher(_cache_append_kernel)
@@ -197,9 +197,7 @@ def _classes(ints: tuple[int, ...]) -> tuple:
     shapes as an earlier one, where eleven int_class calls cost ~4 us of the H200 host's time."""
     hit = _CLASSES.get(ints)
     if hit is None:
-        if len(_CLASSES) >= MAX_PLANS:
-            _CLASSES.clear()
-        hit = _CLASSES[ints] = tuple(map(int_class, ints))
+        hit = remember(_CLASSES, ints, tuple(map(int_class, ints)), MAX_PLANS)
     return hit
 
 
@@ -282,31 +280,19 @@ def _kept(q: torch.Tensor, slot: str, numel: int) -> torch.Tensor:
     key = (index, _stream(index), get_ident(), slot)
     buf = _KEPT.get(key)
     if buf is None or buf.numel() < numel:
-        if buf is None and len(_KEPT) >= MAX_KEPT:
-            _KEPT.clear()
-        buf = _KEPT[key] = torch.empty(max(numel, 0 if buf is None else buf.numel()), dtype=torch.float32,
-                                       device=q.device)
+        buf = remember(_KEPT, key, torch.empty(max(numel, 0 if buf is None else buf.numel()), dtype=torch.float32,
+                                               device=q.device), MAX_KEPT)
     return buf
 
 
 _STREAM: list = []
 
 
-def cache_info() -> dict[str, int]:
-    return {"kv-cache plans": len(_KV_PLANS), "kept decode buffers": len(_KEPT),
-            "kept decode bytes": sum(t.numel() * t.element_size() for t in _KEPT.values()),
-            "kv-cache bound kernels": sum(len(lc._compiled) for lc in (_APPEND, _DECODE, _COMBINE))}
-
-
-def clear_caches() -> None:
-    """Forget the KV-cache calls' plans, length classes, bound kernels and kept decode buffers (their memory
-    returns to PyTorch's caching allocator once no launch in flight uses it: launches on a stream run in
-    order, and a freed block is reused on its own stream only)."""
-    _KV_PLANS.clear()
-    _CLASSES.clear()
-    _KEPT.clear()
-    for lc in (_APPEND, _DECODE, _COMBINE):
-        lc.clear()
+keep("kv-cache plans", lambda: (_KV_PLANS,))
+keep("kv-cache length classes", lambda: (_CLASSES,))
+keep("kept decode buffers", lambda: (_KEPT,),
+     ("kept decode bytes", lambda stores: sum(t.numel() * t.element_size() for s in stores for t in s.values())))
+keep("kv-cache bound kernels", lambda: [lc._compiled for lc in (_APPEND, _DECODE, _COMBINE)])
 
 
 def _stream(index: int) -> int:

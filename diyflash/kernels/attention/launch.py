@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._runtime import PLAIN, device_limits, require_triton
+from .._runtime import PLAIN, device_limits, keep, require_triton
 from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, variant
 from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad,
                                  window_fwd_config)
@@ -43,15 +43,8 @@ _LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM)
 _PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by _plan_key
 
 
-def cache_info() -> dict[str, int]:
-    return {"attention plans": len(_PLANS), "attention bound kernels": sum(len(lc._compiled) for lc in _LAUNCHERS)}
-
-
-def clear_caches() -> None:
-    """Forget the attention calls' plans and bound kernels (kernels.clear_caches)."""
-    _PLANS.clear()
-    for lc in _LAUNCHERS:
-        lc.clear()
+keep("attention plans", lambda: (_PLANS,))
+keep("attention bound kernels", lambda: [lc._compiled for lc in _LAUNCHERS])
 
 
 def _plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,

@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .._runtime import require_triton
+from .._runtime import MAX_ENTRIES, remember, require_triton
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
@@ -41,7 +41,7 @@ class Plan(NamedTuple):
 
 
 
-MAX_PLANS = 4096  # a workload with ever-new shapes starts over instead of growing
+MAX_PLANS = MAX_ENTRIES  # per store of plans (_runtime.remember)
 
 
 def layout_key(t: torch.Tensor | None):
@@ -71,7 +71,7 @@ def launch_chunks(chunks, key: tuple | None, tma: bool, descs: tuple = (), scrat
         return
     plan = bind_launch(chunks[0], tma, descs, scratch)
     if plan is not None:
-        remember(plans, key, plan)
+        remember(plans, key, plan, MAX_PLANS)
 
 
 def run_launches(env: dict, launches) -> None:
@@ -104,12 +104,6 @@ def _pointer_getter(names: tuple[str, ...]):
 def scratch_bytes(spec: tuple, device: torch.device) -> dict:
     """A call's scratch buffers by name, from their (name, shape, dtype)."""
     return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape, dtype in spec}
-
-
-def remember(plans: dict, key: tuple, value) -> None:
-    if len(plans) >= MAX_PLANS:  # a workload with ever-new shapes starts over instead of growing
-        plans.clear()
-    plans[key] = value
 
 
 def replay(plan: Plan, env: dict) -> None:
