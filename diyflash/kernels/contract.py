@@ -13,9 +13,8 @@ import torch
 
 # Base-2 units: the kernels keep scores as s2 = log2(e) * s (exp2 is the hardware's exponential) and hand
 # lse back in natural units (* ln 2). semantics.py takes its tl.constexpr copies from here.
-LOG2E = 1.4426950408889634  # 1 / ln(2): exp(x) == exp2(x * LOG2E)
-LN2 = 0.6931471805599453
-assert LOG2E == 1 / math.log(2) and LN2 == math.log(2)
+LOG2E = 1 / math.log(2)  # exp(x) == exp2(x * LOG2E)
+LN2 = math.log(2)
 
 # A sink past SINK_CAP2 in base 2 (+inf included) starts its rows there: every key's p is then 0, the output
 # 0, and the row's lse the sink itself (semantics._sink_start, _sink_lse). SINK_CAP: the same in natural

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._runtime import MAX_ENTRIES, PLAIN, device_limits, keep, remember, require_triton
+from ._runtime import PLAIN, device_limits, keep, remember, require_triton
 from .matmul_configs import (
     INTERPRETER_CONFIG, MatmulConfig, bucket, candidates, default_config, manual_config, tma_layout,
 )
@@ -291,7 +291,6 @@ def _environment(device: torch.device) -> dict:
 # limits) costs ~7 us of Python per call on an H200 host; a dict lookup on the key costs ~1.
 # ----------------------------------------------------------------------------------------------------
 _PLANS: dict[tuple, Plan] = {}
-MAX_PLANS = MAX_ENTRIES  # (_runtime.remember)
 
 
 keep("matmul plans", lambda: (_PLANS,))
@@ -322,5 +321,5 @@ def matmul_auto(a: torch.Tensor, b: torch.Tensor, block_sizes: tuple[int, int, i
         # not under a capture that could not tune: select_config's stand-in default is not the choice
         if not PLAIN and (block_sizes is not None or not autotune or a.device.type == "cpu"
                           or tuning_key(a, b, allow_tf32) in _TUNED):
-            remember(_PLANS, key, p, MAX_PLANS)
+            remember(_PLANS, key, p)
     return run(a, b, p, allow_tf32)

@@ -14,7 +14,7 @@ require_triton()  # before anything imports triton: its absence is then the erro
 from .._launch import DirectLauncher, active_driver, int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad  # noqa: E402
-from .plans import (MAX_GRID_Z, MAX_PLANS, aligned, bind_launch, Launch, layout_key, replay_with,  # noqa: E402
+from .plans import (MAX_GRID_Z, aligned, bind_plan, Launch, layout_key, replay_with,  # noqa: E402
                     run_launches)
 
 _APPEND = DirectLauncher(_cache_append_kernel)
@@ -166,7 +166,7 @@ def attention_kvcache(
     launches = _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits, env)
     run_launches(env, launches)
     if key is not None:
-        plan = bind_launch((env, launches), False)
+        plan = bind_plan((env, launches), False)
         if plan is not None:
             remember(_KV_PLANS, key, plan)
     return out, lse if need_lse else None
@@ -197,7 +197,7 @@ def _classes(ints: tuple[int, ...]) -> tuple:
     shapes as an earlier one, where eleven int_class calls cost ~4 us of the H200 host's time."""
     hit = _CLASSES.get(ints)
     if hit is None:
-        hit = remember(_CLASSES, ints, tuple(map(int_class, ints)), MAX_PLANS)
+        hit = remember(_CLASSES, ints, tuple(map(int_class, ints)))
     return hit
 
 

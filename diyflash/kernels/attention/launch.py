@@ -22,7 +22,7 @@ from .forward import _attn_fwd_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad, variant_meta  # noqa: E402
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, aligned, launch_chunks, Launch, layout_key, Plan,  # noqa: E402
-                    replay, scratch_bytes, host_descriptors_ok)
+                    replay, scratch_buffers, host_descriptors_ok)
 
 
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
@@ -376,7 +376,7 @@ def attention_bwd(
                     (config, group, split, *extra))
     plan = _PLANS.get(key) if key is not None else None
     if plan is not None:
-        env.update(scratch_bytes(plan.scratch, q.device))
+        env.update(scratch_buffers(plan.scratch, q.device))
         if aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in plan.scratch)):
             replay(plan, env)
             return dq, dk, dv
@@ -424,7 +424,7 @@ def attention_bwd(
     if parts > 1:
         scratch = (("dk_part", (z_pre, h_kv * parts, len_k, d), torch.float32),
                    ("dv_part", (z_pre, h_kv * parts, len_k, dv_), torch.float32))
-        env.update(scratch_bytes(scratch, q.device))
+        env.update(scratch_buffers(scratch, q.device))
         kv_out = ("dk_part", "dv_part")
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk_out, dv_out)

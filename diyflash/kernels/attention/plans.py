@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .._runtime import MAX_ENTRIES, remember, require_triton
+from .._runtime import remember, require_triton
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
@@ -39,11 +39,6 @@ class Plan(NamedTuple):
     scratch: tuple = ()  # (name, shape, dtype): buffers the launches use within the call, allocated per call
 
 
-
-
-MAX_PLANS = MAX_ENTRIES  # per store of plans (_runtime.remember)
-
-
 def layout_key(t: torch.Tensor | None):
     # everything a launch specializes on per tensor (Triton: dtype, alignment; ours: shape, strides)
     return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
@@ -60,7 +55,7 @@ def launch_chunks(chunks, key: tuple | None, tma: bool, descs: tuple = (), scrat
     launch has a compiled kernel.
     descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptor),
     which each chunk's tensors become here. scratch: (name, shape, dtype) of the call's buffers (in the
-    chunks' tensors), which the plan allocates again on every replay (scratch_bytes)."""
+    chunks' tensors), which the plan allocates again on every replay (scratch_buffers)."""
     if tma:
         ensure_scratch_allocator()
     if descs:
@@ -69,9 +64,9 @@ def launch_chunks(chunks, key: tuple | None, tma: bool, descs: tuple = (), scrat
         run_launches(env, launches)
     if key is None or len(chunks) != 1:
         return
-    plan = bind_launch(chunks[0], tma, descs, scratch)
+    plan = bind_plan(chunks[0], tma, descs, scratch)
     if plan is not None:
-        remember(plans, key, plan, MAX_PLANS)
+        remember(plans, key, plan)
 
 
 def run_launches(env: dict, launches) -> None:
@@ -80,7 +75,7 @@ def run_launches(env: dict, launches) -> None:
         lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
 
 
-def bind_launch(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> Plan | None:
+def bind_plan(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> Plan | None:
     """The plan of one chunk's launches, just run: each bound to its compiled kernel with its pointers
     left open. None when some launch has no compiled kernel (the interpreter, a defaulted parameter)."""
     env, launches = chunk
@@ -101,7 +96,7 @@ def _pointer_getter(names: tuple[str, ...]):
     return operator.itemgetter(*names)
 
 
-def scratch_bytes(spec: tuple, device: torch.device) -> dict:
+def scratch_buffers(spec: tuple, device: torch.device) -> dict:
     """A call's scratch buffers by name, from their (name, shape, dtype)."""
     return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape, dtype in spec}
 
