@@ -15,7 +15,7 @@ from .ops.matmul import call_matmul
 from .ops import runtime
 from .ops.runtime import interpreter_active
 from .ops.checks import (attention_shape_error, cu_seqlens_error, kvcache_error, kvcache_values_error, one_device,
-                         variant_error, varlen_error)
+                         seq_lens_error, variant_error, varlen_error)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -69,13 +69,10 @@ def _values_checkable(t: torch.Tensor) -> bool:
 
 def _check_seq_lens(seq_lens, batch: int, seq_len_k: int, device: torch.device) -> None:
     if not isinstance(seq_lens, torch.Tensor):
-        raise ValueError(f"seq_lens must be a torch.Tensor of dtype torch.int32, got {type(seq_lens).__name__}")
-    if seq_lens.dtype != torch.int32:
-        raise ValueError(f"seq_lens must have dtype torch.int32, got {seq_lens.dtype}")
-    if tuple(seq_lens.shape) != (batch,):
-        raise ValueError(f"seq_lens must have shape (batch,) = ({batch},), got {tuple(seq_lens.shape)}")
-    if seq_lens.device != device:
-        raise ValueError(f"seq_lens must be on the inputs' device {device}, got {seq_lens.device}")
+        raise TypeError(f"seq_lens must be a torch.Tensor of int32 (or int64), got {type(seq_lens).__name__}")
+    error = seq_lens_error(seq_lens, batch, device)  # the ops' rule
+    if error:
+        raise error[0](error[1])
     if seq_lens.numel() == 0 or not _values_checkable(seq_lens):
         # values are data: checked eagerly only. Compiling or exporting has none, and a CUDA graph being
         # captured must not sync; the kernels clamp them to [0, N], so nothing is read out of bounds
@@ -125,8 +122,9 @@ def flash_attention(
             corner, as flash-attn; the usual j <= i when the lengths are equal). A row that sees no
             key outputs 0.
         sm_scale: score scale, default 1 / sqrt(head_dim).
-        seq_lens: optional (batch,) int32 valid lengths, batch = q.shape[0] (for 3-D inputs every
-            row of the leading dim is its own sample). Keys at positions >= seq_lens[b] are ignored
+        seq_lens: optional (batch,) int32 (or int64) valid lengths, batch = q.shape[0] (for 3-D inputs
+            every row of the leading dim is its own sample), on the inputs' device or on the CPU beside
+            CUDA inputs (the ops' rule). Keys at positions >= seq_lens[b] are ignored
             and query rows >= seq_lens[b] output 0. Requires 0 < seq_lens[b] <= seq_len_k; the values
             are checked eagerly (one device sync), not while compiling, exporting or capturing a CUDA
             graph (then the kernels clamp them to [0, seq_len], so nothing is read out of bounds).

@@ -49,24 +49,38 @@ def test_error_table(device, make, exc, phrases):
 
 
 @pytest.mark.parametrize(
-    "seq_lens, phrases",
+    "seq_lens, error, phrases",
     [
-        (torch.tensor([16, 8], dtype=torch.int64), ["dtype torch.int32", "torch.int64"]),
-        (torch.tensor([16, 8, 4], dtype=torch.int32), ["shape (batch,) = (2,)", "(3,)"]),
-        (torch.tensor([16, 0], dtype=torch.int32), ["0 < seq_lens[i] <= seq_len (16)", "seq_lens[1] = 0"]),
-        (torch.tensor([17, 4], dtype=torch.int32), ["0 < seq_lens[i] <= seq_len (16)", "seq_lens[0] = 17"]),
-        ([16, 8], ["torch.Tensor", "list"]),
+        (torch.tensor([16, 8], dtype=torch.float32), TypeError, ["int32 (or int64)", "torch.float32"]),
+        (torch.tensor([16, 8, 4], dtype=torch.int32), ValueError, ["shape (batch,) = (2,)", "(3,)"]),
+        (torch.tensor([16, 0], dtype=torch.int32), ValueError, ["0 < seq_lens[i] <= seq_len (16)", "seq_lens[1] = 0"]),
+        (torch.tensor([17, 4], dtype=torch.int64), ValueError, ["0 < seq_lens[i] <= seq_len (16)", "seq_lens[0] = 17"]),
+        ([16, 8], TypeError, ["torch.Tensor", "list"]),
     ],
     ids=["dtype", "shape", "zero", "too-long", "not-tensor"],
 )
-def test_bad_seq_lens(device, seq_lens, phrases):
+def test_bad_seq_lens(device, seq_lens, error, phrases):
+    """The API says the ops' seq_lens rule (ops/checks.py seq_lens_error), word for word, and checks the
+    values eagerly besides."""
     q, k, v = qkv(device)
     if isinstance(seq_lens, torch.Tensor):
         seq_lens = seq_lens.to(device)
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(error) as info:
         flash_attention(q, k, v, seq_lens=seq_lens)
     for phrase in phrases:
         assert phrase in str(info.value)
+    if isinstance(seq_lens, torch.Tensor) and "seq_len (16)" not in phrases[0]:  # the op clamps values
+        with pytest.raises(error) as op_info:
+            torch.ops.diyflash.attention(q, k, v, seq_lens=seq_lens)
+        assert str(op_info.value) == f"diyflash::attention_fwd: {info.value}"
+
+
+def test_seq_lens_int64_and_int32_agree(device):
+    """int64 lengths are accepted as the ops accept them, with the int32 call's result."""
+    q, k, v = qkv(device)
+    lens = torch.tensor([16, 5], dtype=torch.int32, device=device)
+    torch.testing.assert_close(flash_attention(q, k, v, seq_lens=lens.long()), flash_attention(q, k, v, seq_lens=lens),
+                               rtol=0, atol=0)
 
 
 def test_bad_sm_scale(device):
@@ -92,8 +106,11 @@ def test_mixed_devices(device):
     q, k, v = qkv(device)
     with pytest.raises(ValueError, match="same device, got q on cuda:0, k on cpu"):
         flash_attention(q, k.cpu(), v)
+    on_cpu = torch.tensor([16, 8], dtype=torch.int32)  # the ops' rule: CPU lengths beside CUDA inputs are moved
+    torch.testing.assert_close(flash_attention(q, k, v, seq_lens=on_cpu), flash_attention(q, k, v, seq_lens=on_cpu.cuda()),
+                               rtol=0, atol=0)
     with pytest.raises(ValueError, match="seq_lens must be on the inputs' device"):
-        flash_attention(q, k, v, seq_lens=torch.tensor([16, 8], dtype=torch.int32))
+        flash_attention(q, k, v, seq_lens=on_cpu.to("meta"))
 
 
 def test_triton_required(tmp_path):

@@ -110,7 +110,7 @@ def test_unused_lse_gradient_is_not_materialized(device):
     ("v length", ValueError, "v must have k's batch, heads and length"),
     ("dtype", TypeError, "dtypes must match, got q torch.float32, k torch.float16"),
     ("rank", ValueError, "Expected 3D or 4D tensors of the same rank"),
-    ("seq_lens", ValueError, "seq_lens must have shape (2,), got (3,)"),
+    ("seq_lens", ValueError, "seq_lens must have shape (batch,) = (2,), got (3,)"),
     ("device", ValueError, "inputs must be on one device, got q on {device}, k on meta, v on {device}"),
     # issue 23: each of these was computed (int, bool, complex truncated), crashed inside a kernel, or
     # read a meta seq_lens' uninitialised memory as lengths

@@ -50,19 +50,26 @@ def check_head_dim(op: str, head_dim: int) -> None:
         raise ValueError(f"diyflash::{op}: {error}")
 
 
-def check_seq_lens(op: str, seq_lens: torch.Tensor | None, batch: int, device: torch.device) -> None:
-    """seq_lens: (batch,) integers on the inputs' device, or on the CPU beside CUDA inputs (the op then
-    moves its few integers). Any other device was read as if it were the inputs' (a meta seq_lens gave
-    uninitialised memory as lengths)."""
-    if seq_lens is None:
-        return
+def seq_lens_error(seq_lens: torch.Tensor, batch: int, device: torch.device) -> tuple[type, str] | None:
+    """The one seq_lens rule (the ops, their fakes and the API say it alike): None when seq_lens is (batch,)
+    int32 or int64 on the inputs' device, or on the CPU beside CUDA inputs (its few integers are then
+    moved), else (exception type, sentence). Any other device was read as if it were the inputs' (a meta
+    seq_lens gave uninitialised memory as lengths). The values are the kernels' to clamp to [0, N_k]; the
+    API checks them eagerly besides."""
     if seq_lens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"diyflash::{op}: seq_lens must be int32 (or int64), got {seq_lens.dtype}")
+        return TypeError, f"seq_lens must be int32 (or int64), got {seq_lens.dtype}"
     if tuple(seq_lens.shape) != (batch,):
-        raise ValueError(f"diyflash::{op}: seq_lens must have shape ({batch},), got {tuple(seq_lens.shape)}")
+        return ValueError, f"seq_lens must have shape (batch,) = ({batch},), got {tuple(seq_lens.shape)}"
     if seq_lens.device != device and not (seq_lens.device.type == "cpu" and device.type == "cuda"):
-        raise ValueError(f"diyflash::{op}: seq_lens must be on the inputs' device {device} (or on the CPU "
-                         f"beside CUDA inputs), got {seq_lens.device}")
+        return ValueError, (f"seq_lens must be on the inputs' device {device} (or on the CPU beside CUDA "
+                            f"inputs), got {seq_lens.device}")
+    return None
+
+
+def check_seq_lens(op: str, seq_lens: torch.Tensor | None, batch: int, device: torch.device) -> None:
+    error = None if seq_lens is None else seq_lens_error(seq_lens, batch, device)
+    if error:
+        raise error[0](f"diyflash::{op}: {error[1]}")
 
 
 def attention_shape_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
