@@ -235,7 +235,7 @@ def _command(args) -> str:
 def _write(table) -> None:
     import importlib
 
-    from diyflash.kernels.attention import launch as ka
+    import diyflash
     from diyflash.kernels import attention_configs, attention_tuned
 
     Path(attention_tuned.__file__).write_text(render_tuned(table))
@@ -243,7 +243,7 @@ def _write(table) -> None:
     attention_configs.TUNED = attention_tuned.TUNED
     attention_configs.fwd_config.cache_clear()
     attention_configs.bwd_config.cache_clear()
-    ka._PLANS.clear()  # plans hold the launches of the old tiles
+    diyflash.clear_caches()  # plans hold the launches of the old tiles
 
 
 if __name__ == "__main__":

@@ -10,8 +10,7 @@ import torch
 
 import diyflash
 from diyflash.ops import rules
-from diyflash.reference import attention_ref, attention_varlen_ref
-from diyflash.utils.validation import error_report
+from diyflash.reference import attention_ref
 from helpers import ON_GPU
 
 

@@ -8,7 +8,7 @@ The same file runs on CPU (Triton interpreter, tiny shapes) and on CUDA (adds la
 import pytest
 import torch
 
-import diyflash  # noqa: F401  (registers the ops)
+import diyflash
 from diyflash.reference import attention_ref
 from diyflash.utils.validation import attention_error_reports
 from helpers import ON_GPU, check_attention, make_qkv, random_like
@@ -137,7 +137,7 @@ def test_int32_row_offsets_give_the_same_bits(device, causal, monkeypatch):
             results = []
             for cfg in cfgs:
                 for fits in (True, False):
-                    monkeypatch.setattr(ka, "_PLANS", {})  # a replayed plan would keep the first call's ROW32
+                    diyflash.clear_caches()  # a replayed plan would keep the first call's ROW32
                     monkeypatch.setattr(ka, "rows_fit_int32", lambda *tensors, fits=fits: fits)
                     out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=cfg)
                     grads = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
@@ -286,7 +286,7 @@ def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeyp
     ka.attention_fwd(q, k, v, causal, scale, None, config=tma_tiles)
     assert built == []  # a short call: per-program descriptors
     monkeypatch.setattr(ka, "HOST_DESC_MIN_WORK", 0)
-    monkeypatch.setattr(ka, "_PLANS", {})
+    diyflash.clear_caches()
     for n_q, n_k in ((113, 70), (70, 113)):
         q, k, v = make_qkv(2, 3, n_q, n_k, 80, torch.float16, device, layout=layout)
         pointer = ka.attention_fwd(q, k, v, causal, scale, None, config=pointer_tiles)
@@ -382,7 +382,7 @@ def test_lazy_rescaling_skips_only_warps_that_kept_every_max(device, causal, til
         q, k, v = _climbing_scores(2, 3, n_q, n_k, head_dim, torch.float16, device)
         results = []
         for branch in (True, False):
-            monkeypatch.setattr(ka, "_PLANS", {})
+            diyflash.clear_caches()
             if not branch:
                 monkeypatch.setattr(ka, "vote_rows", lambda cfg, d_pad: 0)
             results.append(ka.attention_fwd(q, k, v, causal, scale, None, config=cfg))

@@ -61,15 +61,23 @@ def test_cuda_graph_decode_loop_of_32_steps(device, leftpad):
         assert torch.equal(outs, eager_outs) and not torch.equal(outs[0], eager_first)
 
 
+def plans() -> int:
+    return diyflash.cache_info()["kv-cache plans"]
+
+
+def kept() -> tuple[int, int]:
+    """(kept decode buffers, their bytes), as diyflash.cache_info() counts them."""
+    info = diyflash.cache_info()
+    return info["kept decode buffers"], info["kept decode bytes"]
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the partials are kept for CUDA streams only (the interpreter's are per call)")
-def test_split_partials_are_kept_per_stream(device, monkeypatch):
+def test_split_partials_are_kept_per_stream(device):
     """Split-KV's partials live in buffers kept per (device, stream, thread) between eager calls: calls of
     other shapes and split counts in a row share them (growing them where needed), each bit-identical to the
     same call with fresh buffers. A call on another stream gets buffers of its own, so does a call from
     another thread, and a captured call its graph's own (the kept ones are not touched)."""
-    from diyflash.kernels.attention import kvcache as kv
-
-    monkeypatch.setattr(kv, "_KEPT", {})
+    diyflash.clear_caches()
     cases = [(KVCase(device=device, seed=0), 4), (KVCase(b=2, h=8, h_kv=8, lens=(100, 5), device=device, seed=1), 7),
              (KVCase(n_q=3, n_new=3, device=device, seed=2), 2), (KVCase(d=64, dv=32, device=device, seed=3), 33),
              (KVCase(device=device, seed=0), 4)]
@@ -80,43 +88,48 @@ def test_split_partials_are_kept_per_stream(device, monkeypatch):
                                                      causal=True, num_splits=splits,
                                                      sinks=torch.zeros(case.h, device=device), return_lse=True)
 
-    kept = [call(case, splits) for case, splits in cases]
-    key = (torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream, threading.get_ident())
-    assert sorted(kv._KEPT) == [(*key, "lse partials"), (*key, "out")]
-    buffers = dict(kv._KEPT)
-    assert buffers[(*key, "out")].numel() == max(c.b * c.h * c.n_q * s * c.dv for c, s in cases)  # the largest
-    for (case, splits), (out, lse) in zip(cases, kept):
-        monkeypatch.setattr(kv, "_KEPT", {})
+    results = [call(case, splits) for case, splits in cases]
+    count, size = kept()
+    # the out and lse partials, fp32, each as large as the largest call's: (B, H, N_q, splits, D_v), (.., splits)
+    out_numel, lse_numel = (max(c.b * c.h * c.n_q * s * (c.dv if d else 1) for c, s in cases) for d in (True, False))
+    assert count == 2 and size == 4 * (out_numel + lse_numel)
+    for (case, splits), (out, lse) in zip(cases, results):
+        diyflash.clear_caches()
         fresh_out, fresh_lse = call(case, splits)
         assert torch.equal(out, fresh_out) and torch.equal(lse, fresh_lse)
-    monkeypatch.setattr(kv, "_KEPT", dict(buffers))
+    for case, splits in cases:
+        call(case, splits)
+    assert kept() == (count, size)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         out, lse = call(*cases[0])
     torch.cuda.current_stream().wait_stream(side)
-    assert {k[:3] for k in kv._KEPT} == {key, (key[0], side.cuda_stream, key[2])}
-    assert all(kv._KEPT[k] is buf for k, buf in buffers.items())
-    assert torch.equal(out, kept[0][0]) and torch.equal(lse, kept[0][1])
-    results = []
-    worker = threading.Thread(target=lambda: results.append(call(*cases[0])))
+    assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+    count_side, size_side = kept()
+    assert count_side == 4 and size_side > size  # the side stream's own pair
+    outs = []
+    worker = threading.Thread(target=lambda: outs.append(call(*cases[0])))
     worker.start()
     worker.join()
     torch.cuda.synchronize()
-    assert len({k[:3] for k in kv._KEPT}) == 3 and all(kv._KEPT[k] is buf for k, buf in buffers.items())
-    assert torch.equal(results[0][0], kept[0][0]) and torch.equal(results[0][1], kept[0][1])
-    before = {k: id(buf) for k, buf in kv._KEPT.items()}
+    assert torch.equal(outs[0][0], results[0][0]) and torch.equal(outs[0][1], results[0][1])
+    count_thread, size_thread = kept()
+    assert count_thread == 6 and size_thread - size_side == size_side - size  # the thread's own pair
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, lse = call(*cases[0])
     graph.replay()
     torch.cuda.synchronize()
-    assert {k: id(buf) for k, buf in kv._KEPT.items()} == before
-    assert torch.equal(out, kept[0][0]) and torch.equal(lse, kept[0][1])
+    assert kept() == (count_thread, size_thread)
+    assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+    for case, splits in cases:  # the main stream's buffers were left as they were: nothing grows
+        call(case, splits)
+    assert kept() == (count_thread, size_thread)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA-graph trees need a GPU")
-def test_reduce_overhead_compile_of_a_split_decode_step(device, monkeypatch):
+def test_reduce_overhead_compile_of_a_split_decode_step(device):
     """torch.compile(mode="reduce-overhead") (CUDA-graph trees, as transformers' static cache generates)
     of a split-KV decode step writing into static caches: the warmup runs the op eagerly with allocations
     routed to the graphs' pool, which must hold no buffer beyond the call, so calls through the op keep
@@ -125,9 +138,7 @@ def test_reduce_overhead_compile_of_a_split_decode_step(device, monkeypatch):
     the step is not kept out of CUDA graphs."""
     from torch._dynamo.utils import counters
 
-    from diyflash.kernels.attention import kvcache as kv
-
-    monkeypatch.setattr(kv, "_KEPT", {})  # a kept buffer already big enough would hide an allocation
+    diyflash.clear_caches()  # a kept buffer already big enough would hide an allocation
     torch._dynamo.reset()
     counters.clear()
     case = KVCase(b=2, h=8, h_kv=2, lens=(100, 37), capacity=256, d=64, dtype=torch.bfloat16, device=device)
@@ -143,9 +154,10 @@ def test_reduce_overhead_compile_of_a_split_decode_step(device, monkeypatch):
         q, k, v = (seeded_randn(t.shape, t.dtype, device, 20 + 3 * i + j) for j, t in enumerate((case.q, case.k, case.v)))
         seqlens = case.seqlens + i
         got = compiled(q, k, v, *graph_cache, seqlens).clone()
-        assert kv._KEPT == {}
+        assert kept()[0] == 0
         want = step(q, k, v, *eager_cache, seqlens)  # the eager API's shortcut keeps its scratch
-        kv._KEPT.clear()
+        assert kept()[0] > 0
+        diyflash.clear_caches()
         assert torch.equal(got, want)
     assert torch.equal(graph_cache[0], eager_cache[0]) and torch.equal(graph_cache[1], eager_cache[1])
     assert counters["inductor"]["cudagraph_skips"] == 0
@@ -154,28 +166,27 @@ def test_reduce_overhead_compile_of_a_split_decode_step(device, monkeypatch):
 
 @pytest.mark.skipif(not ON_GPU, reason="the scratch lse is kept for CUDA streams only")
 @pytest.mark.parametrize("splits", [1, 4])
-def test_an_lse_nobody_asked_for_goes_to_a_kept_buffer(device, monkeypatch, splits):
+def test_an_lse_nobody_asked_for_goes_to_a_kept_buffer(device, splits):
     """Without return_lse, an eager call's lse is written to a kept scratch buffer instead of a fresh
     tensor (one allocation less a decode step): the output is bit-identical to the call with return_lse,
     for flash_attention_with_kvcache and for the dense API's decode route (a q of one row)."""
-    from diyflash.kernels.attention import kvcache as kv
-
-    monkeypatch.setattr(kv, "_KEPT", {})
+    diyflash.clear_caches()
     case = KVCase(device=device)
     k_cache, v_cache, _ = case.caches(False)
     out, _ = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, causal=True,
                                                    num_splits=splits, return_lse=True)
-    assert not any(slot == "lse" for *_, slot in kv._KEPT)
+    partials = kept()[0]  # 2 with splits, else 0: no lse kept
+    assert partials == (2 if splits > 1 else 0)
     alone = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, causal=True,
                                                   num_splits=splits)
-    assert any(slot == "lse" for *_, slot in kv._KEPT)
+    assert kept()[0] == partials + 1  # the scratch lse
     assert torch.equal(alone, out)
-    monkeypatch.setattr(kv, "_KEPT", {})
+    diyflash.clear_caches()
     with torch.no_grad():
         dense, lse = diyflash.flash_attention(case.q, k_cache, v_cache, causal=True, return_lse=True)
-        assert not any(slot == "lse" for *_, slot in kv._KEPT)
+        partials = kept()[0]
         assert torch.equal(diyflash.flash_attention(case.q, k_cache, v_cache, causal=True), dense)
-        assert any(slot == "lse" for *_, slot in kv._KEPT)
+        assert kept()[0] == partials + 1
 
 
 @pytest.mark.skipif(not ON_GPU, reason="plans bind compiled kernels; the interpreter has none")
@@ -190,7 +201,7 @@ def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
     replays = []
     real = kv.replay_with
     monkeypatch.setattr(kv, "replay_with", lambda plan, env, args: replays.append(1) or real(plan, env, args))
-    monkeypatch.setattr(kv, "_KV_PLANS", {})
+    diyflash.clear_caches()
     first, second = KVCase(n_new=2, device=device, seed=0), KVCase(n_new=2, lens=(3, 50, 7), device=device, seed=10)
 
     def call(case):
@@ -201,12 +212,12 @@ def test_repeated_calls_replay_their_plan(device, monkeypatch, paged, splits):
         return out, lse, k_cache, v_cache
 
     call(first)
-    assert len(kv._KV_PLANS) == 1 and not replays
+    assert plans() == 1 and not replays
     replayed = call(second)
     assert replays == [1]
-    monkeypatch.setattr(kv, "_KV_PLANS", {})
+    diyflash.clear_caches()
     fresh = call(second)
-    assert replays == [1] and len(kv._KV_PLANS) == 1  # planned afresh, not replayed
+    assert replays == [1] and plans() == 1  # planned afresh, not replayed
     for a, b in zip(replayed, fresh):
         assert torch.equal(a, b)
 
@@ -232,11 +243,11 @@ def test_a_growing_cache_replays_the_plan_of_its_length_class(device, monkeypatc
         return diyflash.flash_attention(q, keys[:, :, :n].contiguous(), values[:, :, :n].contiguous(), causal=True,
                                         window_size=window)
 
-    monkeypatch.setattr(kv, "_KV_PLANS", {})
+    diyflash.clear_caches()
     grown = [step(n) for n in lengths]
-    assert len(replays) == 4 and len(kv._KV_PLANS) == 2  # 520 and 528 plan, the others replay
+    assert len(replays) == 4 and plans() == 2  # 520 and 528 plan, the others replay
     for n, out in zip(lengths, grown):
-        monkeypatch.setattr(kv, "_KV_PLANS", {})
+        diyflash.clear_caches()
         assert torch.equal(out, step(n))
         k, v = keys[:, :, :n], values[:, :, :n]
         ref, _ = attention_ref(q, k, v, True, window_size=window)

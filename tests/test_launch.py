@@ -305,12 +305,12 @@ def test_attention_plans_replay_and_match():
     buf = torch.randn(3, 2, 3, 113, 88, device="cuda", dtype=torch.float16, generator=gen)
     q, k, v = (buf[i, ..., :80] for i in range(3))  # 176-byte rows: 16-byte aligned, TMA-readable
     dout = torch.randn(2, 3, 113, 80, device="cuda", dtype=torch.float16, generator=gen)
-    ka._PLANS.clear()
+    diyflash.clear_caches()
     runs = []
     for _ in range(3):
         out, lse = ka.attention_fwd(q, k, v, True, 0.1, None)
         runs.append((out, lse, *ka.attention_bwd(dout, None, q, k, v, out, lse, True, 0.1, None)))
-    assert len(ka._PLANS) == 2
+    assert diyflash.cache_info()["attention plans"] == 2
     for first, later in zip(runs[0], runs[2]):
         assert torch.equal(first, later)
     flat = torch.randn(buf.numel() + 8, device="cuda", dtype=torch.float16, generator=gen)
@@ -334,7 +334,7 @@ def test_attention_plans_replay_and_match():
             torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-3, msg=name)
             for got, w in zip(grads, want):
                 torch.testing.assert_close(got.double(), w, rtol=0, atol=2e-2, msg=name)
-    assert len(ka._PLANS) == 2 + 2 + 2 + 1  # the lse-gradient case shares the first forward's plan
+    assert diyflash.cache_info()["attention plans"] == 2 + 2 + 2 + 1  # the lse-gradient case shares the first forward's plan
 
 
 @gpu
@@ -352,7 +352,7 @@ def test_attention_plans_keep_explicit_tiles_apart():
     bwd = bwd_config(64, q.dtype, q.device, True, False, 256)
     other = replace(fwd, block_m=fwd.block_m // 2)
     other_bwd = BwdConfig(replace(bwd.dkdv, block_n=bwd.dkdv.block_n // 2), bwd.dq)
-    ka._PLANS.clear()
+    diyflash.clear_caches()
     calls = [dict(), dict(config=other), dict(group=2)]
     for _ in range(2):  # plan, then replay
         outs = [ka.attention_fwd(q, k, v, True, 0.125, None, **kw) for kw in calls]
@@ -363,7 +363,7 @@ def test_attention_plans_keep_explicit_tiles_apart():
         for got in grads[1:]:
             for a, b in zip(got, grads[0]):
                 torch.testing.assert_close(a, b, atol=2e-2, rtol=0)
-    assert len(ka._PLANS) == 6
-    tiles = {key[-2:]: plan.launches[0][0].grid[0] for key, plan in ka._PLANS.items() if key[0] == "fwd"}
+    assert diyflash.cache_info()["attention plans"] == 6
+    tiles = {key[-2:]: plan.launches[0][0].grid[0] for key, plan in ka.PLANS.items() if key[0] == "fwd"}
     assert tiles == {(None, None): 256 // fwd.block_m, (other, None): 256 // other.block_m, (None, 2): 256 // fwd.block_m}
 

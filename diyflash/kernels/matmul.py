@@ -290,15 +290,15 @@ def _environment(device: torch.device) -> dict:
 # The per-call path: a plan per exact call key. Choosing a config (tuning key, layout, shared-memory
 # limits) costs ~7 us of Python per call on an H200 host; a dict lookup on the key costs ~1.
 # ----------------------------------------------------------------------------------------------------
-_PLANS: dict[tuple, Plan] = {}
+PLANS: dict[tuple, Plan] = {}
 
 
-keep("matmul plans", lambda: (_PLANS,))
+keep("matmul plans", lambda: (PLANS,))
 keep("matmul tuned choices", lambda: (_TUNED,))  # this process's; the tuner's disk cache stays
 keep("matmul bound kernels", lambda: (_KERNEL._compiled,))
 
 
-def _plan_key(a: torch.Tensor, b: torch.Tensor, block_sizes, autotune: bool, allow_tf32: bool) -> tuple:
+def plan_key(a: torch.Tensor, b: torch.Tensor, block_sizes, autotune: bool, allow_tf32: bool) -> tuple:
     # everything a plan depends on: shapes, strides, dtype, device, 16-byte alignment (TMA), options
     return (a.shape, a.stride(), b.shape, b.stride(), a.dtype, a.device, a.data_ptr() % 16 == 0,
             b.data_ptr() % 16 == 0, block_sizes, autotune, allow_tf32)
@@ -308,8 +308,8 @@ def matmul_auto(a: torch.Tensor, b: torch.Tensor, block_sizes: tuple[int, int, i
                 allow_tf32: bool) -> torch.Tensor:
     """C = A @ B with the user's block sizes (validated: ValueError) or the selected config, planned once
     per call key."""
-    key = _plan_key(a, b, block_sizes, autotune, allow_tf32)
-    p = _PLANS.get(key)
+    key = plan_key(a, b, block_sizes, autotune, allow_tf32)
+    p = PLANS.get(key)
     if p is None:
         m, k = a.shape
         n = b.shape[1]
@@ -321,5 +321,5 @@ def matmul_auto(a: torch.Tensor, b: torch.Tensor, block_sizes: tuple[int, int, i
         # not under a capture that could not tune: select_config's stand-in default is not the choice
         if not PLAIN and (block_sizes is not None or not autotune or a.device.type == "cpu"
                           or tuning_key(a, b, allow_tf32) in _TUNED):
-            remember(_PLANS, key, p)
+            remember(PLANS, key, p)
     return run(a, b, p, allow_tf32)

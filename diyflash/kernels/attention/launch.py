@@ -40,14 +40,14 @@ assert INTERPRETED == _FWD.interpreted  # launch_args decides it as Triton decor
 
 
 _LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM)
-_PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by _plan_key
+PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by plan_key
 
 
-keep("attention plans", lambda: (_PLANS,))
+keep("attention plans", lambda: (PLANS,))
 keep("attention bound kernels", lambda: [lc._compiled for lc in _LAUNCHERS])
 
 
-def _plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
+def plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
               overrides: tuple = (None, None)) -> tuple | None:
     """The key of a call's plan, or None where there is no plan: under the interpreter (no compiled
     kernels) and for batches that need more than one grid (MAX_GRID_Z). `overrides`: the call's
@@ -282,8 +282,8 @@ def attention_fwd(
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes, "sinks": sinks}
-    key = _plan_key("fwd", (q, k, v, seq_lens, cu_k, alibi_slopes, sinks), var, scale, (config, group, *extra))
-    plan = _PLANS.get(key) if key is not None else None
+    key = plan_key("fwd", (q, k, v, seq_lens, cu_k, alibi_slopes, sinks), var, scale, (config, group, *extra))
+    plan = PLANS.get(key) if key is not None else None
     if plan is not None and aligned(out, lse):
         replay(plan, env)
         return out, lse
@@ -326,7 +326,7 @@ def attention_fwd(
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
     # the interpreter emulates descriptors without scratch memory; host descriptors need none
-    launch_chunks(chunks, key if aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs, plans=_PLANS)
+    launch_chunks(chunks, key if aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs, plans=PLANS)
     return out, lse
 
 
@@ -372,9 +372,9 @@ def attention_bwd(
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes}
-    key = _plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
+    key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
                     (config, group, split, *extra))
-    plan = _PLANS.get(key) if key is not None else None
+    plan = PLANS.get(key) if key is not None else None
     if plan is not None:
         env.update(scratch_buffers(plan.scratch, q.device))
         if aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in plan.scratch)):
@@ -465,5 +465,5 @@ def attention_bwd(
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
     launch_chunks(chunks, key if aligned(dq, dk, dv, delta, lse2, dk_out, dv_out) else None,
-            (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch, plans=_PLANS)
+            (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch, plans=PLANS)
     return dq, dk, dv

@@ -1,7 +1,7 @@
 """Host-speed machinery of the attention launchers: a call's launches (Launch), run through their
 DirectLaunchers and remembered as a plan (Plan: each launch bound to its compiled kernel, its pointers
 left open) that a later call of the same key replays with its own tensors; host-built TMA descriptors.
-launch.py keys dense calls' plans (_plan_key), kvcache.py KV-cache calls' (_kv_key)."""
+launch.py keys dense calls' plans (plan_key), kvcache.py KV-cache calls' (_kv_key)."""
 
 from __future__ import annotations
 
