@@ -44,6 +44,17 @@ def torch_path(monkeypatch):
     return torch.device("cpu")
 
 
+@pytest.fixture
+def fresh_caches():
+    """diyflash.clear_caches() before and after the test: plans made while a test patches how they are
+    made (a split, a layout) must not be replayed by the tests after it."""
+    import diyflash
+
+    diyflash.clear_caches()
+    yield
+    diyflash.clear_caches()
+
+
 _SLOW = frozenset(line.strip() for line in open(os.path.join(os.path.dirname(__file__), "slow_tests.txt"))
                   if line.strip() and not line.startswith("#"))
 

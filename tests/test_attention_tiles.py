@@ -117,7 +117,7 @@ def test_rows_fit_int32_bounds():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_int32_row_offsets_give_the_same_bits(device, causal, monkeypatch):
+def test_int32_row_offsets_give_the_same_bits(device, causal, monkeypatch, fresh_caches):
     """ROW32 (row offsets in 32 bits where rows_fit_int32 allows) computes the same addresses as the
     64-bit offsets, in the forward and both backward kernels, for pointer tiles advanced block by block
     and for rowoff tiles: out, lse, dq, dk, dv bitwise equal with the check forced false, and equal to
@@ -262,7 +262,7 @@ def test_tma_path_matches_pointer_path(device, dtype, causal, layout):
 
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd", "sliced", "3d"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeypatch):
+def test_host_descriptors_match_the_pointer_path(device, causal, layout, monkeypatch, fresh_caches):
     """Without seq_lens the forward's TMA tiles read q, k and v through descriptors built on the host
     over the whole tensors (kernels.attention.host_descriptor, one per tensor and launch); out and lse
     equal the pointer path's bit for bit with tail blocks both ways, n_q != n_k, a padded head_dim (80),
@@ -364,7 +364,7 @@ def test_lazy_rescaling_meets_the_error_rule(device, dtype, causal, n_q, n_k):
     ((128, 64, 4, 2, "tma", "lazy"), 128),  # 4 rows a thread
     ((128, 64, 8, 2, "tma", "lazy"), 256),
 ])
-def test_lazy_rescaling_skips_only_warps_that_kept_every_max(device, causal, tiles, head_dim, monkeypatch):
+def test_lazy_rescaling_skips_only_warps_that_kept_every_max(device, causal, tiles, head_dim, monkeypatch, fresh_caches):
     """The compiled lazy forward votes across each warp (vote.sync.any) and branches around the
     accumulator's rescale where no row of the warp moved its max; the rows that did not move have alpha
     exactly 1, so skipping gives the same bits as multiplying. Out and lse equal the same tiles with the

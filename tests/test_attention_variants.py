@@ -271,7 +271,7 @@ def test_gqa_gradients_are_deterministic_and_not_copied(device):
     (2, 8, 2, 113, 47, 80, True, (-1, -1), 0.0, "bnhd"),  # group 4, tails, padded head_dim, N_q != N_k
     (1, 8, 1, 70, 113, 32, False, (20, 5), 5.0, "bhnd"),  # MQA group 8, window and softcap
 ])
-def test_gqa_backward_split_over_programs(device, monkeypatch, parts, case):
+def test_gqa_backward_split_over_programs(device, monkeypatch, parts, case, fresh_caches):
     """The dk/dv kernel with each kv head's query group split over `parts` programs (launch.head_split does
     so for GQA grids too small to fill the GPU; it never splits on CPU, so it is forced here), their fp32
     partial sums added by _attn_bwd_group_sum_kernel: every gradient under the 2x rule, bitwise the same

@@ -147,7 +147,7 @@ def test_varlen_gradients_are_deterministic(device):
 
 
 @pytest.mark.parametrize("parts", [2, 4])
-def test_varlen_gqa_backward_split_over_programs(device, monkeypatch, parts):
+def test_varlen_gqa_backward_split_over_programs(device, monkeypatch, parts, fresh_caches):
     """Packed sequences through the split dk/dv kernel (see test_attention_variants'
     test_gqa_backward_split_over_programs): each sequence's programs write only their keys' partial
     sums, and the sum launch covers every packed key, lengths 0 and 1 included."""

@@ -134,7 +134,7 @@ def test_generation_with_a_static_cache(device, kind, pad_side):
 
 @pytest.mark.skipif(not ON_GPU, reason="generate compiles a static cache's forward with CUDA graphs on a GPU only")
 @pytest.mark.parametrize("pad_side", [None, "left"])
-def test_static_cache_generate_with_split_kv(device, monkeypatch, pad_side):
+def test_static_cache_generate_with_split_kv(device, monkeypatch, pad_side, fresh_caches):
     """The static cache's compiled generate (CUDA-graph trees, mode="reduce-overhead") with every KV-cache
     call split over 4 key ranges, as long prompts are: the tokens equal sdpa's. Split-KV's scratch kept
     between calls made the graphs' warmup refuse ("tensor(s) in the cudagraph pool not tracked as
