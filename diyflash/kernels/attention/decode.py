@@ -17,8 +17,8 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import (LN2, LOG2E, SINK_CAP2, _decode_keys, _from_start, _inv, _normalize, _online_softmax,  # noqa: E402
-                        _prescaled, _scores, _sink_lse, _sink_start, _visible)
+from .semantics import (LN2, SINK_CAP2, _decode_keys, _from_start, _inv, _normalize, _online_softmax,  # noqa: E402
+                        _prescaled, _scores, _sink_lse, _sink_start, _slope, _visible)
 from .tiles import _load  # noqa: E402
 
 
@@ -146,11 +146,9 @@ def _attn_decode_kernel(
         win_left, win_right, split, num_splits, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, WINDOW=WINDOW, LEFTPAD=LEFTPAD,
     )
 
+    slope2 = _slope(alibi_ptr, b, stride_az, off_h, ALIBI=ALIBI)  # off_h < H on every row: no mask needed
     if ALIBI:
-        slope2 = (tl.load(alibi_ptr + b.to(tl.int64) * stride_az + off_h, mask=row_ok, other=0.0).to(tl.float32)
-                  * LOG2E)[:, None]
-    else:
-        slope2 = 0.0
+        slope2 = slope2[:, None]  # a slope per row (the rows are a kv group's query heads)
     q, qk_scale = _prescaled(q, qk_scale)  # the raw dot overflows only where the scaled score does
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
     if SINKS:
