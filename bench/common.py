@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import platform
 import statistics
+import sys
 import time
 import warnings
 
@@ -63,6 +64,7 @@ def provenance() -> dict:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *getattr(sys, "orig_argv", sys.argv)[1:]]),
     }
 
 

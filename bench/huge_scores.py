@@ -1,7 +1,8 @@
-"""Probe (issue 23, item 9): at which score magnitude do the attention kernels stop being finite and
-exact? A few rows of q and keys of k get one entry of size M (so the scores of those rows reach ~M^2/8);
-prints, per M and provider, whether out / grads are finite and the max error against the float64 oracle.
-    python -m bench.huge_scores [--dtype bf16]"""
+"""At which score magnitude do the attention kernels stop being finite and exact? A few rows of q and
+keys of k get one entry of size M (so the scores of those rows reach ~M^2/8); prints, per M and provider,
+whether out / grads are finite and the max error against the float64 oracle (--out: also as JSONL rows
+with provenance).
+    python -m bench.huge_scores [--dtype bf16] [--out F.jsonl]"""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import diyflash
+from bench.common import provenance
+from bench.plots import write_jsonl
 from diyflash.reference import attention_ref
 
 
@@ -44,7 +47,10 @@ def providers():
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--out", default=None, help="write the rows as JSONL")
     args = parser.parse_args()
+    prov = dict(provenance(), dtype=args.dtype, shape="B1 H2 N256 D64 causal")
+    rows = []
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"# {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} | {args.dtype} | B1 H2 N256 D64 causal")
@@ -65,11 +71,16 @@ def main():
                 grads = torch.autograd.grad(out, ins, g.to(dtype))
             except Exception as e:  # noqa: BLE001  (a probe: report and go on)
                 print(f"{m:8.0e} {smax:9.1e} {name:>11} error {type(e).__name__}: {str(e)[:60]}")
+                rows.append(dict(prov, m=m, max_score=smax, provider=name, error=f"{type(e).__name__}: {e}"[:200]))
                 continue
             fin = bool(torch.isfinite(out).all())
             gfin = all(bool(torch.isfinite(t).all()) for t in grads)
             errs = [(a.double() - b).abs().max().item() for a, b in ((out, ref), (grads[0], want[0]), (grads[1], want[1]))]
             print(f"{m:8.0e} {smax:9.1e} {name:>11} {str(fin):>5} {str(gfin):>5} " + " ".join(f"{e:9.2e}" for e in errs))
+            rows.append(dict(prov, m=m, max_score=smax, provider=name, out_finite=fin, grads_finite=gfin,
+                             out_err=errs[0], dq_err=errs[1], dk_err=errs[2]))
+    if args.out:
+        write_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """Where the time of a short attention call goes: eager per-call cost of each layer, and GPU-only
-time (CUDA graph replay) against the eager time.
+time (CUDA graph replay) against the eager time. Prints the tables; --out also writes them as JSONL rows
+with provenance (table "call": host_us and per_call_us per call; "short": ms and TFLOPS per provider;
+"matmul": host_us and per_call_us per call, graph_us per path).
 
-    python -m bench.overhead
+    python -m bench.overhead [--out F.jsonl]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -13,7 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench.common import attention_flops, graph_ms, per_call_us
+from bench.common import attention_flops, graph_ms, per_call_us, provenance
+from bench.plots import write_jsonl
 
 
 def host_us(fn, calls=20, reps=200) -> float:
@@ -43,12 +47,17 @@ def tma_and_pointer_tiles(cfg) -> dict:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="write the rows as JSONL")
+    args = parser.parse_args()
     import triton
 
     import diyflash
     from diyflash.kernels.attention import launch as ka
 
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    prov = provenance()
+    out_rows = []
     q = torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16)
     scale = 64 ** -0.5
     rows = {
@@ -71,7 +80,9 @@ def main() -> int:
     rows["F.scaled_dot_product_attention fwd+bwd"] = lambda: F.scaled_dot_product_attention(qg, qg, qg).sum().backward()
     print("eager per-call cost, (1, 1, 128, 64) fp16: host alone | tight loop")
     for name, fn in rows.items():
-        print(f"  {name:<45} {host_us(fn):7.1f} us | {per_call_us(fn):7.1f} us")
+        host, loop = host_us(fn), per_call_us(fn)
+        out_rows.append(dict(prov, table="call", shape="1x1x128x64 fp16", call=name, host_us=host, per_call_us=loop))
+        print(f"  {name:<45} {host:7.1f} us | {loop:7.1f} us")
 
     print("short sequences: eager (do_bench) vs GPU-only (graph replay), fp16")
     for b, h, n, d in ((4, 32, 1024, 64), (4, 16, 1024, 128), (4, 16, 2048, 128)):
@@ -85,18 +96,23 @@ def main() -> int:
             for name, fn in (("api", api), ("launcher", launcher), ("graph", launcher), ("sdpa", sdpa), ("sdpa-graph", sdpa)):
                 ms = graph_ms(fn, warm_calls=3) if "graph" in name else triton.testing.do_bench(fn, return_mode="median")
                 cells.append(f"{name} {ms * 1e3:6.0f}us {flops / ms / 1e9:4.0f}TF")
+                out_rows.append(dict(prov, table="short", shape=f"B{b} H{h} N{n} D{d} fp16", causal=causal,
+                                     provider=name, ms=ms, tflops=flops / ms / 1e9))
             print(f"  B{b} H{h} N{n} D{d} causal={causal}: " + " | ".join(cells))
-    matmul_rows()
+    out_rows += matmul_rows(prov)
+    if args.out:
+        write_jsonl(args.out, out_rows)
     return 0
 
 
-def matmul_rows() -> None:
+def matmul_rows(prov: dict) -> list[dict]:
     import dataclasses
 
     import diyflash
     from diyflash.kernels import matmul as km
 
     print("matmul, fp16: eager per call, host alone/tight loop, vs GPU-only (graph replay)")
+    out = []
     for s in (1024, 2048):
         a = torch.randn(s, s, device="cuda", dtype=torch.float16)
         b = torch.randn(s, s, device="cuda", dtype=torch.float16)
@@ -110,11 +126,19 @@ def matmul_rows() -> None:
             "kernels.matmul.run (pointers)": lambda: km.run(a, b, ptr),
             "torch.matmul": lambda: torch.matmul(a, b),
         }
-        cells = [f"{name} {host_us(fn):.0f}/{per_call_us(fn, 300):.0f}us" for name, fn in rows.items()]
-        cells += [f"graph(tma) {graph_ms(rows['kernels.matmul.run (tma)'], warm_calls=3) * 1e3:.0f}us",
-                  f"graph(pointers) {graph_ms(rows['kernels.matmul.run (pointers)'], warm_calls=3) * 1e3:.0f}us",
-                  f"graph(cublas) {graph_ms(rows['torch.matmul'], warm_calls=3) * 1e3:.0f}us", f"config {cfg}"]
-        print(f"  {s}^3: " + " | ".join(cells))
+        cells = []
+        for name, fn in rows.items():
+            host, loop = host_us(fn), per_call_us(fn, 300)
+            out.append(dict(prov, table="matmul", shape=f"{s}^3 fp16", call=name, host_us=host, per_call_us=loop))
+            cells.append(f"{name} {host:.0f}/{loop:.0f}us")
+        for name, key in (("tma", "kernels.matmul.run (tma)"), ("pointers", "kernels.matmul.run (pointers)"),
+                          ("cublas", "torch.matmul")):
+            us = graph_ms(rows[key], warm_calls=3) * 1e3
+            out.append(dict(prov, table="matmul", shape=f"{s}^3 fp16", call=f"graph({name})", graph_us=us,
+                            config=str(cfg)))
+            cells.append(f"graph({name}) {us:.0f}us")
+        print(f"  {s}^3: " + " | ".join(cells) + f" | config {cfg}")
+    return out
 
 
 if __name__ == "__main__":
