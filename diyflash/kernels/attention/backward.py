@@ -30,7 +30,7 @@ def _attn_bwd_dkdv_inner(
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    DO_DQ: tl.constexpr,
+    DO_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
@@ -45,7 +45,7 @@ def _attn_bwd_dkdv_inner(
         do_ptrs += tl.cast(lo, tl.int64) * step_do
     lse2_ptrs += lo
     delta_ptrs += lo
-    if DO_DQ:
+    if DO_DQ and not DQ_TMA:
         dq_ptrs += tl.cast(lo, tl.int64) * step_dq
     for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WS):
         rows = start_m + offs_m
@@ -93,13 +93,16 @@ def _attn_bwd_dkdv_inner(
             dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
             if DO_DQ:
                 dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * dq_scale
-                if MASKED:
+                if DQ_TMA:  # one bulk reduce of the tile; rows past the descriptor's end are dropped
+                    dq_ptrs.atomic_add([start_m, 0], dq)
+                elif MASKED:
                     tl.atomic_add(dq_ptrs, dq, mask=row_mask[:, None] & d_mask[None, :], sem="relaxed")
                 elif EVEN_D:
                     tl.atomic_add(dq_ptrs, dq, sem="relaxed")
                 else:
                     tl.atomic_add(dq_ptrs, dq, mask=d_mask[None, :], sem="relaxed")
-                dq_ptrs += BLOCK_M * step_dq
+                if not DQ_TMA:
+                    dq_ptrs += BLOCK_M * step_dq
         if not TMA and not ROWOFF:
             q_ptrs += BLOCK_M * step_q
             do_ptrs += BLOCK_M * step_do
@@ -120,7 +123,7 @@ def _attn_bwd_dkdv_head(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    DO_DQ: tl.constexpr,
+    DO_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
 ):
@@ -147,7 +150,11 @@ def _attn_bwd_dkdv_head(
         row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
     lse2_ptrs = lse2_ptr + row_base + offs_m
     delta_ptrs = delta_ptr + row_base + offs_m
-    dq_ptrs = dq_acc_ptr + (row_base + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
+    if DQ_TMA:  # this head's rows of the accumulator as a (q_len, HEAD_DIM) fp32 tensor descriptor
+        dq_ptrs = tl.make_tensor_descriptor(dq_acc_ptr + row_base * HEAD_DIM, shape=[q_len, HEAD_DIM],
+                                            strides=[HEAD_DIM, 1], block_shape=[BLOCK_M, HEAD_DIM_PAD])
+    else:
+        dq_ptrs = dq_acc_ptr + (row_base + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
 
     lo, mid, full_end, hi = _query_band(
         start_n, q_len, kv_len, causal_offset, win_left, win_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
@@ -158,7 +165,7 @@ def _attn_bwd_dkdv_head(
             dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
             dv_mask, lo, tl.minimum(mid, hi), q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
             inv_cap2, slope2, dq_ptrs, HEAD_DIM, dq_scale, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D,
-            EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, TMA=TMA,
+            EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA,
             WS=False, ROWOFF=ROWOFF,
             ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
@@ -166,7 +173,7 @@ def _attn_bwd_dkdv_head(
         dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask, dv_mask,
         mid, full_end, q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
         dq_ptrs, HEAD_DIM, dq_scale, BLOCK_M=BLOCK_M, MASKED=False, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
-        DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, TMA=TMA, WS=WS,
+        DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA, WS=WS,
         ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
     )
     if WINDOW or not EVEN_M:  # else full_end = hi = q_len: no tail
@@ -174,7 +181,7 @@ def _attn_bwd_dkdv_head(
             dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
             dv_mask, tl.maximum(mid, full_end), hi, q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
             inv_cap2, slope2, dq_ptrs, HEAD_DIM, dq_scale, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D,
-            EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, TMA=TMA,
+            EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA,
             WS=False, ROWOFF=ROWOFF,
             ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
@@ -202,7 +209,7 @@ def _attn_bwd_dkdv_kernel(
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     # tiles: how (the tuned config and layout facts of the call)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr,
-    EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+    EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, DQ_TMA: tl.constexpr,
 ):
     """dk and dv of one key block of one kv head (DO_DK and DO_DV), or one of them: a split backward
     launches this kernel twice so that each pass holds one (BLOCK_N, HEAD_DIM) fp32 accumulator, not two.
@@ -280,7 +287,7 @@ def _attn_bwd_dkdv_kernel(
                 win_right, cap2, inv_cap2, slope2, dq_acc_ptr, dq_scale, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD,
                 HEAD_DIM_V=HEAD_DIM_V, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
                 EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, EVEN_M=EVEN_M, EVEN_N=EVEN_N, DOT_PRECISION=DOT_PRECISION,
-                UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW,
+                UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW,
                 SOFTCAP=SOFTCAP, ALIBI=ALIBI, VARLEN=VARLEN,
             )
     else:
@@ -292,7 +299,7 @@ def _attn_bwd_dkdv_kernel(
             cap2, inv_cap2, slope2, dq_acc_ptr, dq_scale, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD,
             HEAD_DIM_V=HEAD_DIM_V, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
             EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, EVEN_M=EVEN_M, EVEN_N=EVEN_N, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST,
-            DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+            DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
             VARLEN=VARLEN,
         )
 

@@ -41,6 +41,7 @@ _BWD_DQ_CONVERT = DirectLauncher(_attn_bwd_dq_convert_kernel)
 assert INTERPRETED == _FWD.interpreted  # launch_args decides it as Triton decorated these kernels
 
 
+DQ_POINTER_ATOMICS = False  # the probe's switch: pointer atomics instead of TMA reduces
 _LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM, _BWD_DQ_CONVERT)
 PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by plan_key
 
@@ -380,7 +381,7 @@ def attention_bwd(
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes}
     key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
-                    (config, group, split, one_pass, *extra))
+                    (config, group, split, one_pass, DQ_POINTER_ATOMICS, *extra))
     plan = PLANS.get(key) if key is not None else None
     if plan is not None:
         env.update(scratch_buffers(plan.scratch, q.device))
@@ -436,6 +437,7 @@ def attention_bwd(
     # one-pass: dq's fp32 accumulator, (Z, H, N_q, D) as the row statistics with D columns (zeroed by the
     # preprocess); deterministic: no accumulator, the kernels get dq in its place and never touch it
     dq_acc = "dq"
+    dq_tma = one_pass and q.is_cuda and device_limits(q.device).tma and not DQ_POINTER_ATOMICS
     if one_pass:
         scratch = (*scratch, ("dq_acc", (z_pre, h, len_q, d), torch.float32))
         dq_acc = "dq_acc"
@@ -449,8 +451,11 @@ def attention_bwd(
          (*kv_strides, h, len_q, len_k, scale * LOG2E, scale,
           group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h_kv * parts, q.device), var.kv_group, parts,
           *var_args),
-         dict(DO_DK=do_dk, DO_DV=do_dv, DO_DQ=one_pass and do_dk, GQA=var.kv_group > 1,
-              **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32, ws=not (one_pass and do_dk)), **common))
+         {**dict(DO_DK=do_dk, DO_DV=do_dv, DO_DQ=one_pass and do_dk, DQ_TMA=one_pass and do_dk and dq_tma,
+                 GQA=var.kv_group > 1,
+                 **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32, ws=not (one_pass and do_dk)), **common),
+          # the TMA reduce stages its fp32 dq tile in shared memory: D128 at 3 stages needs 242 KiB
+          **({"num_stages": min(kv_cfg.num_stages, 2)} if one_pass and do_dk and dq_tma and d_pad >= 128 else {})})
         for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
     ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
@@ -485,5 +490,5 @@ def attention_bwd(
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
     launch_chunks(chunks, key if aligned(dq, dk, dv, delta, lse2, dk_out, dv_out, env[dq_acc]) else None,
-            (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch, plans=PLANS)
+            (any(kv_tma) or q_tma or dq_tma) and q.is_cuda, scratch=scratch, plans=PLANS)
     return dq, dk, dv
