@@ -21,12 +21,12 @@ from .tiles import _desc_load, _load, _rows, _stepped, _streamed  # noqa: E402
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
-    dk, dv, k, v,
+    dk, dv, k, v, k_t,
     q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, step_q, step_do,
     offs_m, offs_n, d_mask, dv_mask,
     lo, hi, q_len, kv_len, causal_offset, qk_scale,
     win_left, win_right, cap2, inv_cap2, slope2,
-    dq_ptrs, step_dq, dq_scale,
+    dq_ptrs, dq_scale,
     BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
@@ -37,16 +37,17 @@ def _attn_bwd_dkdv_inner(
     """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
     (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
     two this pass accumulates (a split pass skips the other's dots and loads). DO_DQ (with DO_DK): the
-    one-pass backward also adds this key block's share of dq, ds k * dq_scale, into the fp32 rows at
-    dq_ptrs (step_dq apart) by atomic adds: fast, not bitwise reproducible. TMA: q_ptrs and do_ptrs are
-    tensor descriptors. ROWOFF: as in _attn_fwd_inner."""
+    one-pass backward also adds this key block's share of dq^T, k^T ds^T * dq_scale (k_t = k^T), into the
+    transposed fp32 accumulator: a tensor descriptor's bulk reduce (DQ_TMA) or atomic adds at the
+    (D, BLOCK_M) pointer tile dq_ptrs. TMA: q_ptrs and do_ptrs are tensor descriptors. ROWOFF: as in
+    _attn_fwd_inner."""
     if not TMA and not ROWOFF:
         q_ptrs += tl.cast(lo, tl.int64) * step_q
         do_ptrs += tl.cast(lo, tl.int64) * step_do
     lse2_ptrs += lo
     delta_ptrs += lo
     if DO_DQ and not DQ_TMA:
-        dq_ptrs += tl.cast(lo, tl.int64) * step_dq
+        dq_ptrs += lo
     for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WS):
         rows = start_m + offs_m
         if MASKED:
@@ -92,17 +93,17 @@ def _attn_bwd_dkdv_inner(
             ds_t = ds_t.to(q.dtype)
             dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
             if DO_DQ:
-                dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * dq_scale
+                dq_t = tl.dot(k_t, ds_t, input_precision=DOT_PRECISION) * dq_scale  # (D, BLOCK_M)
                 if DQ_TMA:  # one bulk reduce of the tile; rows past the descriptor's end are dropped
-                    dq_ptrs.atomic_add([start_m, 0], dq)
+                    dq_ptrs.atomic_add([0, start_m], dq_t)
                 elif MASKED:
-                    tl.atomic_add(dq_ptrs, dq, mask=row_mask[:, None] & d_mask[None, :], sem="relaxed")
+                    tl.atomic_add(dq_ptrs, dq_t, mask=d_mask[:, None] & row_mask[None, :], sem="relaxed")
                 elif EVEN_D:
-                    tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+                    tl.atomic_add(dq_ptrs, dq_t, sem="relaxed")
                 else:
-                    tl.atomic_add(dq_ptrs, dq, mask=d_mask[None, :], sem="relaxed")
+                    tl.atomic_add(dq_ptrs, dq_t, mask=d_mask[:, None], sem="relaxed")
                 if not DQ_TMA:
-                    dq_ptrs += BLOCK_M * step_dq
+                    dq_ptrs += BLOCK_M
         if not TMA and not ROWOFF:
             q_ptrs += BLOCK_M * step_q
             do_ptrs += BLOCK_M * step_do
@@ -113,12 +114,12 @@ def _attn_bwd_dkdv_inner(
 
 @triton.jit
 def _attn_bwd_dkdv_head(
-    dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
+    dk, dv, k, v, k_t, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_gz, stride_gh, stride_gm, stride_gd,
     off_z, off_h, num_heads, seq_len_q, q_start, q_len, kv_len, causal_offset, start_n,
     offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask,
-    qk_scale, win_left, win_right, cap2, inv_cap2, slope2, dq_acc_ptr, dq_scale,
+    qk_scale, win_left, win_right, cap2, inv_cap2, slope2, dq_acc_ptr, dq_len, dq_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
@@ -150,11 +151,16 @@ def _attn_bwd_dkdv_head(
         row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
     lse2_ptrs = lse2_ptr + row_base + offs_m
     delta_ptrs = delta_ptr + row_base + offs_m
-    if DQ_TMA:  # this head's rows of the accumulator as a (q_len, HEAD_DIM) fp32 tensor descriptor
-        dq_ptrs = tl.make_tensor_descriptor(dq_acc_ptr + row_base * HEAD_DIM, shape=[q_len, HEAD_DIM],
-                                            strides=[HEAD_DIM, 1], block_shape=[BLOCK_M, HEAD_DIM_PAD])
+    # this head's (HEAD_DIM, q_len) block of the transposed accumulator (rows dq_len apart)
+    if VARLEN:
+        acc_base = dq_acc_ptr + off_h.to(tl.int64) * HEAD_DIM * dq_len + q_start
     else:
-        dq_ptrs = dq_acc_ptr + (row_base + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
+        acc_base = dq_acc_ptr + (off_z * num_heads + off_h).to(tl.int64) * HEAD_DIM * dq_len
+    if DQ_TMA:
+        dq_ptrs = tl.make_tensor_descriptor(acc_base, shape=[HEAD_DIM, q_len], strides=[dq_len, 1],
+                                            block_shape=[HEAD_DIM_PAD, BLOCK_M])
+    else:
+        dq_ptrs = acc_base + offs_d[:, None] * dq_len + offs_m[None, :]
 
     lo, mid, full_end, hi = _query_band(
         start_n, q_len, kv_len, causal_offset, win_left, win_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
@@ -162,25 +168,25 @@ def _attn_bwd_dkdv_head(
     )
     if CAUSAL or WINDOW or not EVEN_N:  # else lo = mid = 0: nothing to mask before the unmasked loop
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
+            dk, dv, k, v, k_t, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
             dv_mask, lo, tl.minimum(mid, hi), q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
-            inv_cap2, slope2, dq_ptrs, HEAD_DIM, dq_scale, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D,
+            inv_cap2, slope2, dq_ptrs, dq_scale, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D,
             EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA,
             WS=False, ROWOFF=ROWOFF,
             ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask, dv_mask,
+        dk, dv, k, v, k_t, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask, dv_mask,
         mid, full_end, q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
-        dq_ptrs, HEAD_DIM, dq_scale, BLOCK_M=BLOCK_M, MASKED=False, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
+        dq_ptrs, dq_scale, BLOCK_M=BLOCK_M, MASKED=False, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
         DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA, WS=WS,
         ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
     )
     if WINDOW or not EVEN_M:  # else full_end = hi = q_len: no tail
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
+            dk, dv, k, v, k_t, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
             dv_mask, tl.maximum(mid, full_end), hi, q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
-            inv_cap2, slope2, dq_ptrs, HEAD_DIM, dq_scale, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D,
+            inv_cap2, slope2, dq_ptrs, dq_scale, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D,
             EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA,
             WS=False, ROWOFF=ROWOFF,
             ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
@@ -199,7 +205,7 @@ def _attn_bwd_dkdv_kernel(
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
     stride_az,
     num_heads, seq_len_q, seq_len_k,
-    qk_scale, scale, head_group, kv_group, head_split,
+    qk_scale, scale, head_group, kv_group, head_split, dq_len,
     win_left, win_right, cap2,
     # semantics: what is computed
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
@@ -270,6 +276,10 @@ def _attn_bwd_dkdv_kernel(
     k, rest = _prescaled(k, qk_scale)  # k * p2 (p2 a power of two) for the score dots; dk reads q and ds
     dq_scale = scale * (rest / qk_scale)  # dq = ds (k * p2) * scale / p2: exact powers of two
     qk_scale = rest
+    if DO_DQ:
+        k_t = tl.trans(k)  # dq^T's left operand, laid out once for the whole loop
+    else:
+        k_t = k
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
@@ -281,10 +291,10 @@ def _attn_bwd_dkdv_kernel(
             off_h = off_hk * kv_group + g
             slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI=ALIBI)
             dk, dv = _attn_bwd_dkdv_head(
-                dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr, stride_qz, stride_qh, stride_qm, stride_qd,
+                dk, dv, k, v, k_t, q_ptr, dout_ptr, lse2_ptr, delta_ptr, stride_qz, stride_qh, stride_qm, stride_qd,
                 stride_gz, stride_gh, stride_gm, stride_gd, off_z, off_h, num_heads, seq_len_q, q_start, q_len,
                 kv_len, causal_offset, start_n, offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left,
-                win_right, cap2, inv_cap2, slope2, dq_acc_ptr, dq_scale, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                win_right, cap2, inv_cap2, slope2, dq_acc_ptr, dq_len, dq_scale, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD,
                 HEAD_DIM_V=HEAD_DIM_V, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
                 EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, EVEN_M=EVEN_M, EVEN_N=EVEN_N, DOT_PRECISION=DOT_PRECISION,
                 UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW,
@@ -293,10 +303,10 @@ def _attn_bwd_dkdv_kernel(
     else:
         slope2 = _slope(alibi_ptr, off_z, stride_az, off_hk, ALIBI=ALIBI)
         dk, dv = _attn_bwd_dkdv_head(
-            dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr, stride_qz, stride_qh, stride_qm, stride_qd, stride_gz,
+            dk, dv, k, v, k_t, q_ptr, dout_ptr, lse2_ptr, delta_ptr, stride_qz, stride_qh, stride_qm, stride_qd, stride_gz,
             stride_gh, stride_gm, stride_gd, off_z, off_hk, num_heads, seq_len_q, q_start, q_len, kv_len,
             causal_offset, start_n, offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left, win_right,
-            cap2, inv_cap2, slope2, dq_acc_ptr, dq_scale, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD,
+            cap2, inv_cap2, slope2, dq_acc_ptr, dq_len, dq_scale, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD,
             HEAD_DIM_V=HEAD_DIM_V, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
             EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, EVEN_M=EVEN_M, EVEN_N=EVEN_N, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST,
             DO_DK=DO_DK, DO_DV=DO_DV, DO_DQ=DO_DQ, DQ_TMA=DQ_TMA, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,

@@ -20,12 +20,13 @@ def _attn_bwd_preprocess_kernel(
     stride_gz, stride_gh, stride_gm, stride_gd,
     stride_lz, stride_lh, stride_lm,
     stride_dlz, stride_dlh, stride_dlm,
-    num_heads, seq_len_q,
+    num_heads, seq_len_q, dq_len,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr, DQ_DIM: tl.constexpr, DQ_DIM_PAD: tl.constexpr, ZERO_DQ: tl.constexpr,
 ):
     """delta and lse2 of BLOCK_M rows of one head; ZERO_DQ (the one-pass backward): zeroes the rows' fp32 dq
-    accumulator (the statistics' row layout, DQ_DIM columns) before the dk/dv kernel adds into it."""
+    accumulator before the dk/dv kernel adds into it. The accumulator is transposed: per head a (DQ_DIM,
+    dq_len) block, dq_len = the rows rounded up to 4 (16-byte rows for TMA)."""
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -53,7 +54,8 @@ def _attn_bwd_preprocess_kernel(
     tl.store(lse2_ptr + row_off, lse2, mask=row_in)
     if ZERO_DQ:
         offs_q = tl.arange(0, DQ_DIM_PAD)
-        tl.store(dq_acc_ptr + row_off[:, None] * DQ_DIM + offs_q[None, :],
+        head_off = (off_z * num_heads + off_h).to(tl.int64) * DQ_DIM * dq_len
+        tl.store(dq_acc_ptr + head_off + offs_q[None, :] * dq_len + offs_m[:, None],
                  tl.zeros([BLOCK_M, DQ_DIM_PAD], dtype=tl.float32), mask=row_in[:, None] & (offs_q < DQ_DIM)[None, :])
 
 
@@ -96,18 +98,18 @@ def _attn_bwd_group_sum_kernel(
 def _attn_bwd_dq_convert_kernel(
     dq_acc_ptr, dq_ptr,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
-    num_heads, seq_len_q,
+    num_heads, seq_len_q, dq_len,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """dq of BLOCK_M rows of one head from the one-pass backward's fp32 accumulator (the row statistics'
-    layout, HEAD_DIM columns, already scaled), in dq's dtype and strides. Grid as the preprocess."""
+    """dq of BLOCK_M rows of one head from the one-pass backward's fp32 accumulator (transposed, as the
+    preprocess zeroed it, already scaled), in dq's dtype and strides. Grid as the preprocess."""
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     mask = (offs_m < seq_len_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    row_off = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q + offs_m
-    dq = tl.load(dq_acc_ptr + row_off[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
+    head_off = (off_z * num_heads + off_h).to(tl.int64) * HEAD_DIM * dq_len
+    dq = tl.load(dq_acc_ptr + head_off + offs_d[None, :] * dq_len + offs_m[:, None], mask=mask, other=0.0)
     tl.store(dq_ptr + off_z.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh
              + offs_m.to(tl.int64)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(dq_ptr.dtype.element_ty), mask=mask)

@@ -417,9 +417,10 @@ def attention_bwd(
                   VARLEN=packed is not None, **variant_meta(var, alibi_slopes))
     var_args = (var.left, var.right, var.cap2)
     pre_block = 64
+    dq_len = cdiv(len_q, 4) * 4  # the transposed dq accumulator's rows: 16-byte aligned for TMA
     pre_args = (*_strides(o4), *_strides(g4), *_strides(lse3),
                 *(_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
-                h, len_q)
+                h, len_q, dq_len)
     pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None, DQ_DIM=d,
                     DQ_DIM_PAD=d_pad, ZERO_DQ=one_pass)
     # GQA on a small grid: the dk/dv programs write fp32 partial sums over parts of the query-head group
@@ -434,12 +435,13 @@ def attention_bwd(
         scratch = (("dk_part", (z_pre, h_kv * parts, len_k, d), torch.float32),
                    ("dv_part", (z_pre, h_kv * parts, len_k, dv_), torch.float32))
         kv_out = ("dk_part", "dv_part")
-    # one-pass: dq's fp32 accumulator, (Z, H, N_q, D) as the row statistics with D columns (zeroed by the
+    # one-pass: dq's fp32 accumulator, transposed (Z, H, D, N_q rounded up to 4; zeroed by the
     # preprocess); deterministic: no accumulator, the kernels get dq in its place and never touch it
     dq_acc = "dq"
-    dq_tma = one_pass and q.is_cuda and device_limits(q.device).tma and not DQ_POINTER_ATOMICS
+    # (a sequence's block of a packed accumulator starts at any row: not 16-byte aligned, no TMA)
+    dq_tma = one_pass and q.is_cuda and device_limits(q.device).tma and packed is None and not DQ_POINTER_ATOMICS
     if one_pass:
-        scratch = (*scratch, ("dq_acc", (z_pre, h, len_q, d), torch.float32))
+        scratch = (*scratch, ("dq_acc", (z_pre, h, d, dq_len), torch.float32))
         dq_acc = "dq_acc"
     env.update(scratch_buffers(scratch, q.device))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
@@ -450,7 +452,7 @@ def attention_bwd(
         (kv_cfg,
          (*kv_strides, h, len_q, len_k, scale * LOG2E, scale,
           group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h_kv * parts, q.device), var.kv_group, parts,
-          *var_args),
+          dq_len, *var_args),
          {**dict(DO_DK=do_dk, DO_DV=do_dv, DO_DQ=one_pass and do_dk, DQ_TMA=one_pass and do_dk and dq_tma,
                  GQA=var.kv_group > 1,
                  **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32, ws=not (one_pass and do_dk)), **common),
@@ -467,7 +469,7 @@ def attention_bwd(
     sum_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, BLOCK_N=sum_block,
                     num_warps=4)
 
-    convert_args = (*_strides(dq4), h, len_q)
+    convert_args = (*_strides(dq4), h, len_q, dq_len)
     convert_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block)
 
     def launches(zc: int) -> list[Launch]:
