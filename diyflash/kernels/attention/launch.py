@@ -15,9 +15,8 @@ from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_conf
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 
 from .._launch import DirectLauncher, cdiv, runtime_key  # noqa: E402
-from .backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel  # noqa: E402
-from .backward_rows import (_attn_bwd_dq_convert_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
-                            _attn_bwd_preprocess_kernel)
+from .backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
+                       _attn_bwd_preprocess_kernel)
 from . import kvcache  # noqa: E402  (the decode route; kvcache shares launch_args and plans, not this module)
 from .forward import _attn_fwd_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad, variant_meta  # noqa: E402
@@ -37,12 +36,10 @@ _BWD_PRE = DirectLauncher(_attn_bwd_preprocess_kernel)
 _BWD_DKDV = DirectLauncher(_attn_bwd_dkdv_kernel)
 _BWD_DQ = DirectLauncher(_attn_bwd_dq_kernel)
 _BWD_SUM = DirectLauncher(_attn_bwd_group_sum_kernel)
-_BWD_DQ_CONVERT = DirectLauncher(_attn_bwd_dq_convert_kernel)
 assert INTERPRETED == _FWD.interpreted  # launch_args decides it as Triton decorated these kernels
 
 
-DQ_POINTER_ATOMICS = False  # the probe's switch: pointer atomics instead of TMA reduces
-_LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM, _BWD_DQ_CONVERT)
+_LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM)
 PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by plan_key
 
 
@@ -190,16 +187,14 @@ def head_split(kv_group: int, num_programs: int, work: int, device: torch.device
     return kv_group
 
 
-def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int, row32: bool,
-               ws: bool = True) -> dict:
+def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int, row32: bool) -> dict:
     """A kernel's launch options from its tiles: blocks, warps, stages, TMA (where the inputs allow it,
     `tma`), warp specialization (with TMA only) and EVEN_M / EVEN_N: every query / key block of these
     tiles is full, so rows and keys need no masks (never with seq_lens, whose valid lengths are only
     known on the device); ROWOFF (the tiles' rowoff) and ROW32 (`row32`: rows_fit_int32 of the launch's
-    tensors, so row offsets are computed in 32 bits, unless the tiles ask for 64: row64); ws=False keeps
-    the kernel off warp specialization (the one-pass dk/dv pass: its atomic adds stay in one partition)."""
+    tensors, so row offsets are computed in 32 bits, unless the tiles ask for 64: row64)."""
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                TMA=tma, WS=tma and cfg.ws and ws, ROWOFF=cfg.rowoff, ROW32=row32 and not cfg.row64,
+                TMA=tma, WS=tma and cfg.ws, ROWOFF=cfg.rowoff, ROW32=row32 and not cfg.row64,
                 EVEN_M=seq_lens is None and n_q % cfg.block_m == 0,
                 EVEN_N=seq_lens is None and n_k % cfg.block_n == 0)
 
@@ -354,7 +349,6 @@ def attention_bwd(
     alibi_slopes: torch.Tensor | None = None,
     packed: Packed | None = None,
     split: int | None = None,
-    deterministic: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
     Returns (dq, dk, dv) allocated with empty_like(q/k/v). The variants as in attention_fwd (sinks need
@@ -362,10 +356,8 @@ def attention_bwd(
     and group (the head group of both kernels, see head_group) override the tuned choices, for benchmarks.
     packed: packed sequences as in attention_fwd (lse and dlse (H, T_q)). split: over how many programs
     the dk/dv kernel splits a kv head's query-head group (a divisor of it; see head_split), for tests
-    and benchmarks. deterministic=False: the one-pass backward for fp16 and bf16 (dq accumulated in fp32
-    by atomic adds in the dk/dv kernel; backward.py); fp32 and deterministic=True run the dq kernel."""
+    and benchmarks."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    one_pass = not deterministic and q.dtype in (torch.float16, torch.bfloat16)
     if packed is None:
         n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], _heads(q), _heads(k), None, ()
     else:
@@ -381,7 +373,7 @@ def attention_bwd(
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes}
     key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
-                    (config, group, split, one_pass, DQ_POINTER_ATOMICS, *extra))
+                    (config, group, split, *extra))
     plan = PLANS.get(key) if key is not None else None
     if plan is not None:
         env.update(scratch_buffers(plan.scratch, q.device))
@@ -417,12 +409,10 @@ def attention_bwd(
                   VARLEN=packed is not None, **variant_meta(var, alibi_slopes))
     var_args = (var.left, var.right, var.cap2)
     pre_block = 64
-    dq_len = cdiv(len_q, 4) * 4  # the transposed dq accumulator's rows: 16-byte aligned for TMA
     pre_args = (*_strides(o4), *_strides(g4), *_strides(lse3),
                 *(_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
-                h, len_q, dq_len)
-    pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None, DQ_DIM=d,
-                    DQ_DIM_PAD=d_pad, ZERO_DQ=one_pass)
+                h, len_q)
+    pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
     # GQA on a small grid: the dk/dv programs write fp32 partial sums over parts of the query-head group
     # (heads h_kv * parts of scratch laid out as dk4, dv4), and a last launch adds them (head_split)
     parts = split or head_split(var.kv_group, cdiv(n_k, cfg.dkdv.block_n) * h_kv * z, z * h * n_q * n_k * d,
@@ -434,16 +424,8 @@ def attention_bwd(
     if parts > 1:
         scratch = (("dk_part", (z_pre, h_kv * parts, len_k, d), torch.float32),
                    ("dv_part", (z_pre, h_kv * parts, len_k, dv_), torch.float32))
+        env.update(scratch_buffers(scratch, q.device))
         kv_out = ("dk_part", "dv_part")
-    # one-pass: dq's fp32 accumulator, transposed (Z, H, D, N_q rounded up to 4; zeroed by the
-    # preprocess); deterministic: no accumulator, the kernels get dq in its place and never touch it
-    dq_acc = "dq"
-    # (a sequence's block of a packed accumulator starts at any row: not 16-byte aligned, no TMA)
-    dq_tma = one_pass and q.is_cuda and device_limits(q.device).tma and packed is None and not DQ_POINTER_ATOMICS
-    if one_pass:
-        scratch = (*scratch, ("dq_acc", (z_pre, h, d, dq_len), torch.float32))
-        dq_acc = "dq_acc"
-    env.update(scratch_buffers(scratch, q.device))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk_out, dv_out)
     kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk_out), *_strides(dv_out),
@@ -452,12 +434,9 @@ def attention_bwd(
         (kv_cfg,
          (*kv_strides, h, len_q, len_k, scale * LOG2E, scale,
           group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h_kv * parts, q.device), var.kv_group, parts,
-          dq_len, *var_args),
-         {**dict(DO_DK=do_dk, DO_DV=do_dv, DO_DQ=one_pass and do_dk, DQ_TMA=one_pass and do_dk and dq_tma,
-                 GQA=var.kv_group > 1,
-                 **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32, ws=not (one_pass and do_dk)), **common),
-          # the TMA reduce stages its fp32 dq tile in shared memory: D128 at 3 stages needs 242 KiB
-          **({"num_stages": min(kv_cfg.num_stages, 2)} if one_pass and do_dk and dq_tma and d_pad >= 128 else {})})
+          *var_args),
+         dict(DO_DK=do_dk, DO_DV=do_dv, GQA=var.kv_group > 1, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32),
+              **common))
         for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
     ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
@@ -469,28 +448,22 @@ def attention_bwd(
     sum_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, BLOCK_N=sum_block,
                     num_warps=4)
 
-    convert_args = (*_strides(dq4), h, len_q, dq_len)
-    convert_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block)
-
     def launches(zc: int) -> list[Launch]:
-        z_rows = z_pre if packed is not None else zc  # the row-wise passes run over (1, H, T_q) when packed
         return [
-            Launch(_BWD_PRE, (cdiv(len_q, pre_block), h, z_rows),
-                    ("out", "dout", "lse", "dlse", "delta", "lse2", dq_acc),
+            Launch(_BWD_PRE, (cdiv(len_q, pre_block), h, z_pre if packed is not None else zc),
+                    ("out", "dout", "lse", "dlse", "delta", "lse2"),
                     pre_args, pre_meta),
             *(Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv * parts, zc),
-                      ("q", "k", "v", "dout", "lse2", "delta", *kv_out, dq_acc, "seq_lens", "cu_k", "alibi"), kv_args,
+                      ("q", "k", "v", "dout", "lse2", "delta", *kv_out, "seq_lens", "cu_k", "alibi"), kv_args,
                       kv_meta)
               for kv_cfg, kv_args, kv_meta in kv_launches),
-            *([Launch(_BWD_SUM, (cdiv(len_k, sum_block), h_kv, z_rows),
+            *([Launch(_BWD_SUM, (cdiv(len_k, sum_block), h_kv, z_pre if packed is not None else zc),
                        ("dk_part", "dv_part", "dk", "dv"), sum_args, sum_meta)] if parts > 1 else []),
-            (Launch(_BWD_DQ_CONVERT, (cdiv(len_q, pre_block), h, z_rows), ("dq_acc", "dq"), convert_args,
-                    convert_meta) if one_pass else
-             Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
-                    ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "cu_k", "alibi"), q_args, q_meta)),
+            Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
+                    ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "cu_k", "alibi"), q_args, q_meta),
         ]
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
-    launch_chunks(chunks, key if aligned(dq, dk, dv, delta, lse2, dk_out, dv_out, env[dq_acc]) else None,
-            (any(kv_tma) or q_tma or dq_tma) and q.is_cuda, scratch=scratch, plans=PLANS)
+    launch_chunks(chunks, key if aligned(dq, dk, dv, delta, lse2, dk_out, dv_out) else None,
+            (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch, plans=PLANS)
     return dq, dk, dv
