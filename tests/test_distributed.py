@@ -4,6 +4,7 @@ rule, on the interpreter (CI); on two GPUs with NCCL in fp16 and bf16 (test_two_
 Each world size is one spawn: the workers run every case and raise on the first failure."""
 
 import os
+import re
 import socket
 import sys
 
@@ -123,6 +124,20 @@ def _cases_2(world):
         got, want = compiled(*a), f(*a)
         assert torch.equal(got, want)
         assert all(torch.equal(x, y) for x, y in zip(torch.autograd.grad(got.sum(), a), torch.autograd.grad(want.sum(), a)))
+    # a 1-D DeviceMesh wherever a group is taken: the same shards and results as its process group
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    on_mesh = [dd.shard_sequence(t, group=mesh, layout="zigzag") for t in (q, k, v)]
+    assert all(torch.equal(m, s) for m, s in zip(on_mesh, a))
+    for fn in (dd.ring_attention, dd.ulysses_attention):
+        out = fn(*on_mesh, True, group=mesh)
+        assert torch.equal(out, fn(*a, True))
+        assert torch.equal(dd.gather_sequence(out, group=mesh, layout="zigzag"), dd.gather_sequence(out, layout="zigzag"))
+    grid = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "cp"))
+    with pytest.raises(ValueError, match=re.escape(f"a 2-D DeviceMesh of shape (1, {world}) (dims ('dp', 'cp'))")):
+        dd.ring_attention(*on_mesh, True, group=grid)
+    assert torch.equal(dd.ring_attention(*on_mesh, True, group=grid["cp"]), dd.ring_attention(*a, True))
     # shard and gather are inverse, along any dim
     x = torch.randn(3, 8, 5, generator=torch.Generator().manual_seed(4))
     for layout in dd.LAYOUTS:

@@ -16,6 +16,23 @@ import torch.distributed as dist
 LAYOUTS = ("zigzag", "contiguous")
 
 
+def process_group(group):
+    """`group` as torch.distributed's calls take it: None (the default group) and process groups pass
+    through; a 1-D DeviceMesh gives its group. A mesh of more dims is refused: it does not say which of its
+    dims shards the sequence."""
+    if group is None or not dist.is_available():
+        return group
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if isinstance(group, DeviceMesh):
+        if group.ndim != 1:
+            names = f" (dims {group.mesh_dim_names})" if group.mesh_dim_names else ""
+            raise ValueError(f"group: a {group.ndim}-D DeviceMesh of shape {tuple(group.shape)}{names} does not say "
+                             "which of its dims shards the sequence; pass a 1-D mesh (mesh[\"name\"]) or a process group")
+        return group.get_group()
+    return group
+
+
 def world(group) -> tuple[int, int]:
     """(rank in group, group size); a single process without torch.distributed is (0, 1)."""
     if group is None and not (dist.is_available() and dist.is_initialized()):
@@ -49,7 +66,7 @@ def shard_sequence(x: torch.Tensor, group=None, dim: int = -2, layout: str = "zi
     """This rank's shard of the full sequence x along dim: a view for `contiguous`, a copy (two chunks
     concatenated) for `zigzag`. The length must divide into the layout's chunks."""
     check_layout(layout)
-    return shard_of(x, *world(group), dim, layout)
+    return shard_of(x, *world(process_group(group)), dim, layout)
 
 
 def shard_of(x: torch.Tensor, rank: int, size: int, dim: int, layout: str) -> torch.Tensor:
@@ -91,6 +108,7 @@ def gather_sequence(shard: torch.Tensor, group=None, dim: int = -2, layout: str 
     """The full sequence on every rank from each rank's shard (all_gather). Differentiable: the
     shard's gradient is the sum over ranks of their gradients of its part (an all_reduce)."""
     check_layout(layout)
+    group = process_group(group)
     _, size = world(group)
     if size == 1:
         return shard

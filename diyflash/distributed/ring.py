@@ -17,7 +17,7 @@ import math
 import torch
 
 from ..api import attention_arguments
-from .layout import check_layout, chunks_of, ring_shift, same_on_every_rank, wait, world
+from .layout import check_layout, chunks_of, process_group, ring_shift, same_on_every_rank, wait, world
 
 
 def _pair(i: int, j: int, causal: bool) -> str | None:
@@ -134,9 +134,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                    sm_scale: float | None = None, *, group=None, layout: str = "zigzag",
                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0, sinks: torch.Tensor | None = None,
                    return_lse: bool = False, validate: bool = True):
-    """Context-parallel attention over the ranks of `group` (torch.distributed; any backend: NCCL on
-    GPUs, gloo on CPU). q (B, H, N/W, D), k and v (B, H_kv, N/W, D[_v]) are this rank's shards of the
-    sequence in `layout` (shard_sequence); the result is this rank's shard of the output (and with
+    """Context-parallel attention over the ranks of `group` (torch.distributed, a process group or a 1-D
+    DeviceMesh; any backend: NCCL on GPUs, gloo on CPU). q (B, H, N/W, D), k and v (B, H_kv, N/W, D[_v])
+    are this rank's shards of the sequence in `layout` (shard_sequence); the result is this rank's shard of the output (and with
     return_lse its lse (B, H, N/W) fp32), differentiable in q, k, v and sinks. GQA sends the H_kv heads
     only. causal, sm_scale, softcap and sinks ((H,) logits) as diyflash.flash_attention. Windows are
     not supported here (a window moves by a different offset for each pair of chunks, which the
@@ -159,6 +159,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                                   "them")
     causal, sm_scale, _, _, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap, None, sinks,
                                                           any_device=True)
+    group = process_group(group)
     per = len(chunks_of(0, world(group)[1], layout))
     if q.shape[-2] % per:
         raise ValueError(f"a zigzag shard holds two equal chunks: its length ({q.shape[-2]}) must be even")

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..api import attention_arguments
-from .layout import check_layout, same_on_every_rank, shard_of, unshard, world
+from .layout import check_layout, process_group, same_on_every_rank, shard_of, unshard, world
 from .ring import bool_flag
 
 
@@ -58,6 +58,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     on the whole sequence: causal, windows, softcap, sinks ((H,): each rank takes its heads' sinks).
     Arguments and validate as ring_attention's."""
     check_layout(layout)
+    group = process_group(group)
     rank, size = world(group)
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         raise TypeError("q, k and v must be tensors")
