@@ -64,7 +64,7 @@ def provenance() -> dict:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *getattr(sys, "orig_argv", sys.argv)[1:]]),
+        "command": " ".join(["python", *sys.orig_argv[1:]]),
     }
 
 

@@ -49,11 +49,11 @@ def main():
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--out", default=None, help="write the rows as JSONL")
     args = parser.parse_args()
-    prov = dict(provenance(), dtype=args.dtype, shape="B1 H2 N256 D64 causal")
+    prov = dict(provenance(), dtype=args.dtype, shape="B1 H2 N256 D64 causal")  # inputs()' shape
     rows = []
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"# {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} | {args.dtype} | B1 H2 N256 D64 causal")
+    print(f"# {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} | {args.dtype} | {prov['shape']}")
     print(f"{'M':>8} {'max|s|':>9} {'provider':>11} {'out':>5} {'grads':>5} {'out err':>9} {'dq err':>9} {'dk err':>9}")
     for m in (1e2, 1e3, 1e4, 3e4, 1e5, 1e6, 1e9, 3e19):
         if dtype == torch.float16 and m > 6e4:

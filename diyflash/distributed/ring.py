@@ -136,8 +136,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
                    return_lse: bool = False, validate: bool = True):
     """Context-parallel attention over the ranks of `group` (torch.distributed, a process group or a 1-D
     DeviceMesh; any backend: NCCL on GPUs, gloo on CPU). q (B, H, N/W, D), k and v (B, H_kv, N/W, D[_v])
-    are this rank's shards of the sequence in `layout` (shard_sequence); the result is this rank's shard of the output (and with
-    return_lse its lse (B, H, N/W) fp32), differentiable in q, k, v and sinks. GQA sends the H_kv heads
+    are this rank's shards of the sequence in `layout` (shard_sequence); the result is this rank's shard
+    of the output (and with return_lse its lse (B, H, N/W) fp32), differentiable in q, k, v and sinks. GQA sends the H_kv heads
     only. causal, sm_scale, softcap and sinks ((H,) logits) as diyflash.flash_attention. Windows are
     not supported here (a window moves by a different offset for each pair of chunks, which the
     kernels' bottom-right windows do not express): use ulysses_attention, which runs windows.
