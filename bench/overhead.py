@@ -83,6 +83,7 @@ def main() -> int:
         host, loop = host_us(fn), per_call_us(fn)
         out_rows.append(dict(prov, table="call", shape="1x1x128x64 fp16", call=name, host_us=host, per_call_us=loop))
         print(f"  {name:<45} {host:7.1f} us | {loop:7.1f} us")
+    out_rows += target_rows(prov)
 
     print("short sequences: eager (do_bench) vs GPU-only (graph replay), fp16")
     for b, h, n, d in ((4, 32, 1024, 64), (4, 16, 1024, 128), (4, 16, 2048, 128)):
@@ -103,6 +104,43 @@ def main() -> int:
     if args.out:
         write_jsonl(args.out, out_rows)
     return 0
+
+
+def target_rows(prov: dict) -> list[dict]:
+    """The host-cost cells of issue 47, each beside SDPA's default backend: a decode step (B1, 8k keys, GQA
+    32/8 D128 bf16) with the default arguments (values checked on the device) and with validate=False, and
+    flash_attention's forward and forward + backward at B1 H32 N128 D128 bf16."""
+    import diyflash
+
+    qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(1, 8, 8192, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((1,), 8192, dtype=torch.int32, device="cuda")
+    q = torch.randn(1, 32, 128, 128, device="cuda", dtype=torch.bfloat16)
+    qg = q.detach().requires_grad_()
+    g = torch.randn_like(q)
+    cells = {
+        "decode B1 8k GQA 32/8 D128 bf16": {
+            "flash_attention_with_kvcache": lambda: diyflash.flash_attention_with_kvcache(qd, kc, vc, lens),
+            "flash_attention_with_kvcache validate=False":
+                lambda: diyflash.flash_attention_with_kvcache(qd, kc, vc, lens, validate=False),
+            "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(qd, kc, vc, enable_gqa=True)},
+        "B1 H32 N128 D128 bf16 fwd": {
+            "diyflash.flash_attention": lambda: diyflash.flash_attention(q, q, q),
+            "F.scaled_dot_product_attention": lambda: F.scaled_dot_product_attention(q, q, q)},
+        "B1 H32 N128 D128 bf16 fwd+bwd (autograd.grad)": {
+            "diyflash.flash_attention": lambda: torch.autograd.grad(diyflash.flash_attention(qg, qg, qg), qg, g),
+            "F.scaled_dot_product_attention":
+                lambda: torch.autograd.grad(F.scaled_dot_product_attention(qg, qg, qg), qg, g)},
+    }
+    out = []
+    print("issue 47's cells: host per call, and the ratio to SDPA's in the same run")
+    for shape, calls in cells.items():
+        hosts = {name: host_us(fn) for name, fn in calls.items()}
+        sdpa = hosts["F.scaled_dot_product_attention"]
+        for name, host in hosts.items():
+            out.append(dict(prov, table="target", shape=shape, call=name, host_us=host, vs_sdpa=host / sdpa))
+            print(f"  {shape:<45} {name:<45} {host:7.1f} us  {host / sdpa:5.2f}x SDPA")
+    return out
 
 
 def matmul_rows(prov: dict) -> list[dict]:

@@ -62,20 +62,36 @@ def _check_devices(**tensors: torch.Tensor) -> None:
         )
 
 
-def _values_checkable(t: torch.Tensor) -> bool:
-    # data-dependent checks sync the device: not while compiling, exporting or capturing a CUDA graph
-    return not (_tracing() or (t.is_cuda and torch.cuda.is_current_stream_capturing()))
+def _value_check(validate, t: torch.Tensor) -> str | None:
+    """How the values of an index tensor (lengths, positions, pages) are checked, by the `validate`
+    argument: "device" (validate=True on a CUDA tensor: a kernel checks them where they are and stops the
+    program on a bad one, with no device sync; kernels/value_checks.py), "sync" (a CPU tensor, where
+    reading costs nothing, or validate="sync": checked on the host, ValueError naming the index and the
+    value) or None (validate=False; while compiling or exporting, which have no values; validate="sync"
+    while a CUDA graph is being captured, which must not sync)."""
+    if validate is not True and validate is not False and validate != "sync":
+        raise TypeError(f"validate must be True, False or 'sync', got {validate!r}")
+    if validate is False or _tracing():
+        return None
+    if not t.is_cuda:
+        return "sync"
+    if validate == "sync":
+        return None if torch.cuda.is_current_stream_capturing() else "sync"
+    return "device"
 
 
-def _check_seq_lens(seq_lens, batch: int, seq_len_k: int, device: torch.device) -> None:
+def _check_seq_lens(seq_lens, batch: int, seq_len_k: int, device: torch.device, validate=True) -> None:
     if not isinstance(seq_lens, torch.Tensor):
         raise TypeError(f"seq_lens must be a torch.Tensor of int32 (or int64), got {type(seq_lens).__name__}")
     error = seq_lens_error(seq_lens, batch, device)  # the ops' rule
     if error:
         raise error[0](error[1])
-    if seq_lens.numel() == 0 or not _values_checkable(seq_lens):
-        # values are data: checked eagerly only. Compiling or exporting has none, and a CUDA graph being
-        # captured must not sync; the kernels clamp them to [0, N], so nothing is read out of bounds
+    mode = _value_check(validate, seq_lens)
+    if mode is None or seq_lens.numel() == 0:
+        # the kernels clamp the lengths to [0, N] either way, so nothing is read out of bounds
+        return
+    if mode == "device":
+        runtime.value_checks().check_seq_lens(seq_lens, seq_len_k)
         return
     bad = (seq_lens <= 0) | (seq_lens > seq_len_k)
     if bool(bad.any()):
@@ -106,6 +122,7 @@ def flash_attention(
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     return_lse: bool = False,
+    validate: bool | str = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact attention softmax(scores) v with O(N) memory, differentiable in q, k, v (and sinks).
 
@@ -125,9 +142,9 @@ def flash_attention(
         seq_lens: optional (batch,) int32 (or int64) valid lengths, batch = q.shape[0] (for 3-D inputs
             every row of the leading dim is its own sample), on the inputs' device or on the CPU beside
             CUDA inputs (the ops' rule). Keys at positions >= seq_lens[b] are ignored
-            and query rows >= seq_lens[b] output 0. Requires 0 < seq_lens[b] <= seq_len_k; the values
-            are checked eagerly (one device sync), not while compiling, exporting or capturing a CUDA
-            graph (then the kernels clamp them to [0, seq_len], so nothing is read out of bounds).
+            and query rows >= seq_lens[b] output 0. Requires 0 < seq_lens[b] <= seq_len_k, checked
+            as `validate` says; the kernels clamp the lengths to [0, seq_len] either way, so nothing
+            is read out of bounds.
         window_size: (left, right), -1 for unbounded: query i sees key j iff
             i + off - left <= j <= i + off + right, off = seq_len_k - seq_len_q (bottom-right, as
             causal; causal caps right at 0). Key blocks outside the band are skipped.
@@ -138,6 +155,12 @@ def flash_attention(
         return_lse: also return lse (batch, heads, seq_len_q) fp32, the natural-log normalizer (the sink
             included): -inf for a row that sees no key (the sink itself with sinks) and for padding rows.
             Differentiable.
+        validate: how seq_lens' values are checked. True: on CUDA by a small kernel queued before the
+            attention, with no device sync (a bad value stops the program with a device-side assert
+            naming the rule, as PyTorch's indexing does; the CUDA context is then lost), on the CPU on
+            the host. "sync": on the host, a ValueError naming the index and the value, at the cost of
+            one device sync (skipped while a CUDA graph is captured). False: not checked. Never while
+            compiling or exporting.
 
     Returns:
         The output (..., seq_len_q, head_dim_v) in q's dtype (fp16/bf16 computed natively with fp32
@@ -154,18 +177,19 @@ def flash_attention(
         ModuleNotFoundError: "triton is required" when triton is missing.
     """
     causal, sm_scale, left, right, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap,
-                                                                 alibi_slopes, sinks, seq_lens=seq_lens)
+                                                                 alibi_slopes, sinks, seq_lens=seq_lens,
+                                                                 validate=validate)
     out = call_attention(q, k, v, causal, sm_scale, seq_lens, left, right, softcap, alibi_slopes, sinks,
                          _check_bool("return_lse", return_lse))
     return tuple(out) if return_lse else out
 
 
 def attention_arguments(q, k, v, causal, sm_scale, window_size, softcap, alibi_slopes, sinks, *, seq_lens=None,
-                        any_device: bool = False) -> tuple[bool, float | None, int, int, float]:
+                        any_device: bool = False, validate=True) -> tuple[bool, float | None, int, int, float]:
     """flash_attention's argument rules, which diyflash.distributed applies to every rank's shards too:
     raises what flash_attention documents, else returns (causal, sm_scale, window left, window right,
     softcap) as the ops take them. any_device: CPU tensors without the interpreter too (the ops' PyTorch
-    path; the distributed attentions run on gloo's CPU processes)."""
+    path; the distributed attentions run on gloo's CPU processes). validate: flash_attention's."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -184,7 +208,9 @@ def attention_arguments(q, k, v, causal, sm_scale, window_size, softcap, alibi_s
         raise ValueError(shape_problem)
     sm_scale = _check_scale(sm_scale)
     if seq_lens is not None:
-        _check_seq_lens(seq_lens, q.shape[0], k.shape[-2], q.device)
+        _check_seq_lens(seq_lens, q.shape[0], k.shape[-2], q.device, validate)
+    else:
+        _value_check(validate, q)  # the argument is checked even where no tensor needs it
     left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks)
     return _check_bool("causal", causal), sm_scale, left, right, softcap
 
@@ -229,7 +255,7 @@ def flash_attention_varlen(
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     return_lse: bool = False,
-    validate: bool = True,
+    validate: bool | str = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over packed sequences (flash-attn's flash_attn_varlen_func), differentiable in q, k, v
     (and sinks), with deterministic gradients.
@@ -248,12 +274,14 @@ def flash_attention_varlen(
             (B, heads).
         return_lse: also return lse (heads, total_q) fp32, flash-attn's varlen layout.
 
-    validate: check the values of cu_seqlens eagerly (one device sync, which waits for the GPU's queued
-        work): cu[0] = 0, non-decreasing, cu[-1] = the token count, no sequence longer than max_seqlen.
-        Never while compiling, exporting or capturing a CUDA graph. False skips them (a training loop that
-        builds cu_seqlens itself saves the sync); the kernels clamp every offset into the tensors, so
-        nothing is read or written out of bounds, but rows of a sequence longer than max_seqlen_q, or
-        tokens past cu[-1], are then left unwritten.
+    validate: how the values of cu_seqlens are checked: cu[0] = 0, non-decreasing, cu[-1] = the token
+        count, no sequence longer than max_seqlen. True: on CUDA by a small kernel per cu_seqlens queued
+        before the attention, with no device sync (a bad value stops the program with a device-side
+        assert naming the rule; the CUDA context is then lost), on the CPU on the host. "sync": on the
+        host, a ValueError naming the entry and its value, at the cost of one device sync (skipped while
+        a CUDA graph is captured). False: not checked (the kernels clamp every offset into the tensors,
+        so nothing is read or written out of bounds, but rows of a sequence longer than max_seqlen_q,
+        or tokens past cu[-1], are then left unwritten). Never while compiling or exporting.
 
     Returns:
         (total_q, heads, head_dim_v) in q's dtype; with return_lse, (out, lse).
@@ -270,9 +298,12 @@ def flash_attention_varlen(
         raise kind(message)
     sm_scale = _check_scale(sm_scale)
     left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks, cu_seqlens_q.shape[0] - 1)
-    if _check_bool("validate", validate) and _values_checkable(q):
-        for cu, name, total, longest in ((cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q),
-                                         (cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k)):
+    mode = _value_check(validate, cu_seqlens_q)
+    for cu, name, total, longest in ((cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q),
+                                     (cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k)):
+        if mode == "device":
+            runtime.value_checks().check_cu_seqlens(cu, total, longest)
+        elif mode == "sync":
             error = cu_seqlens_error(cu, name, total, longest)
             if error:
                 raise ValueError(error)
@@ -300,7 +331,7 @@ def flash_attention_with_kvcache(
     sinks: torch.Tensor | None = None,
     return_lse: bool = False,
     num_splits: int = 0,
-    validate: bool = True,
+    validate: bool | str = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Inference attention against a KV cache (flash-attn's flash_attn_with_kvcache): decoding (N_q = 1),
     speculative decoding and chunked prefill (N_q up to a few hundred). Not differentiable: no backward.
@@ -331,13 +362,15 @@ def flash_attention_with_kvcache(
             largest call's), instead of allocating them every call; a call captured in a CUDA graph, and
             one through the op (torch.compile, export), allocates its own.
 
-        validate: check the values eagerly (one device sync, which waits for the GPU's queued work):
-            cache_seqlens >= 0, cache_seqlens + N_new within the capacity (N_cache, or max_pages *
-            page_size), 0 <= cache_leftpad <= cache_seqlens + N_new, every block_table entry in use a page
-            of the cache. Never while compiling, exporting
-            or capturing a CUDA graph. False skips them: an eager decode loop saves the sync (bench.decode:
-            it is most of an eager call's time). The kernels clamp either way: positions past the capacity
-            are neither written nor read, page entries are clamped into the cache.
+        validate: how the values are checked: cache_seqlens >= 0, cache_seqlens + N_new within the
+            capacity (N_cache, or max_pages * page_size), 0 <= cache_leftpad <= cache_seqlens + N_new,
+            every block_table entry in use a page of the cache. True: on CUDA by a small kernel queued
+            before the attention, with no device sync (a bad value stops the program with a device-side
+            assert naming the rule; the CUDA context is then lost), on the CPU on the host. "sync": on the
+            host, a ValueError naming the entry and its value, at the cost of one device sync (skipped
+            while a CUDA graph is captured). False: not checked, one launch less. Never while compiling or
+            exporting. The kernels clamp either way: positions past the capacity are neither written nor
+            read, page entries are clamped into the cache.
 
     Returns:
         (batch, heads, N_q, head_dim_v) in q's dtype and layout; with return_lse, (out, lse).
@@ -362,13 +395,18 @@ def flash_attention_with_kvcache(
         raise kind(message)
     sm_scale = _check_scale(sm_scale)
     left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks)
-    if _check_bool("validate", validate) and _values_checkable(q):
+    mode = _value_check(validate, cache_seqlens)
+    if mode is not None:
         paged = block_table is not None
         capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-        error = kvcache_values_error(cache_seqlens, 0 if k is None else k.shape[2], capacity, block_table,
-                                     k_cache.shape[0], cache_leftpad)
-        if error:
-            raise ValueError(error)
+        n_new = 0 if k is None else k.shape[2]
+        if mode == "device":
+            runtime.value_checks().check_kvcache(cache_seqlens, n_new, capacity, block_table, k_cache.shape[0],
+                                                 cache_leftpad)
+        else:
+            error = kvcache_values_error(cache_seqlens, n_new, capacity, block_table, k_cache.shape[0], cache_leftpad)
+            if error:
+                raise ValueError(error)
     return_lse = _check_bool("return_lse", return_lse)
     out, lse = call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                            _check_bool("causal", causal), sm_scale, left, right, softcap, alibi_slopes,

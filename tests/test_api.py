@@ -63,12 +63,13 @@ def test_error_table(device, make, exc, phrases):
 )
 def test_bad_seq_lens(device, seq_lens, error, phrases, op_refuses):
     """The API says the ops' seq_lens rule (ops/checks.py seq_lens_error), word for word, and checks the
-    values eagerly besides."""
+    values besides (validate="sync": on the host, naming the value; tests/test_value_checks.py checks the
+    default's device-side check)."""
     q, k, v = qkv(device)
     if isinstance(seq_lens, torch.Tensor):
         seq_lens = seq_lens.to(device)
     with pytest.raises(error) as info:
-        flash_attention(q, k, v, seq_lens=seq_lens)
+        flash_attention(q, k, v, seq_lens=seq_lens, validate="sync")
     for phrase in phrases:
         assert phrase in str(info.value)
     if op_refuses:

@@ -131,11 +131,13 @@ def test_out_of_range_values_are_clamped_not_read(device, page_size):
     assert torch.isfinite(out).all() and torch.equal(out[1], torch.zeros_like(out[1]))
     assert torch.equal(k_pages[unused], guard[0]) and torch.equal(v_pages[unused], guard[1])
     with pytest.raises(ValueError, match=r"cache_seqlens must be >= 0, got cache_seqlens\[1\] = -5"):
-        diyflash.flash_attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens, case.k, case.v, block_table=bt)
+        diyflash.flash_attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens, case.k, case.v, block_table=bt,
+                                              validate="sync")
     pool = k_pages.shape[0]
     with pytest.raises(ValueError, match=rf"block_table\[2, 0\] = 10000 is not a page of the cache \(0..{pool - 1}\)"):
         diyflash.flash_attention_with_kvcache(case.q, k_pages, v_pages, case.seqlens.clamp(0, 100), case.k, case.v,
-                                              block_table=bt, cache_leftpad=torch.zeros_like(case.seqlens))
+                                              block_table=bt, cache_leftpad=torch.zeros_like(case.seqlens),
+                                              validate="sync")
 
 
 # ---- the op: opcheck (with the mutation), compile, autocast, errors ----------------------------------
@@ -276,10 +278,10 @@ def test_errors_name_the_values(device, i):
     with pytest.raises(exc) as api:
         diyflash.flash_attention_with_kvcache(a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["k"], a["v"],
                                               block_table=a["block_table"], num_splits=a["num_splits"],
-                                              cache_leftpad=a["cache_leftpad"])
+                                              cache_leftpad=a["cache_leftpad"], validate="sync")
     assert phrase in str(api.value)
     if i in VALUE_ERRORS:
-        return  # values: the API checks them eagerly; the op never syncs to read them (the kernels clamp)
+        return  # values: the API checks them (validate); the op never reads them on the host (the kernels clamp)
     args = (a["q"], a["k_cache"], a["v_cache"], a["cache_seqlens"], a["k"], a["v"], a["block_table"], False, None,
             -1, -1, 0.0, None, None, a["num_splits"], a["cache_leftpad"])
     with pytest.raises(exc) as op:

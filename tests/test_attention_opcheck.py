@@ -173,12 +173,16 @@ def test_matmul_op_checks_its_dtype(device):
             torch.ops.diyflash.matmul(a, a.mT)
 
 
-def test_int64_seq_lens_beyond_int32_are_refused_not_wrapped(device):
-    """2^32 + 3 had been converted to int32 and read as 3."""
+def test_int64_seq_lens_beyond_int32_are_clamped_not_wrapped(device):
+    """2^32 + 3 had been converted to int32 and read as 3. The op reads no value on the host (no sync): it
+    clamps into int32, and the kernels clamp that to N, as any length past N; the API refuses it."""
     q, k, v = make_qkv(2, 2, 8, 8, 16, torch.float32, device)
     seq_lens = torch.tensor([2**32 + 3, 8], dtype=torch.int64, device=device)
-    with pytest.raises(ValueError, match=re.escape("seq_lens[0] = 4294967299 does not fit in int32")):
-        torch.ops.diyflash.attention(q, k, v, seq_lens=seq_lens)
+    full = torch.tensor([8, 8], dtype=torch.int32, device=device)
+    torch.testing.assert_close(torch.ops.diyflash.attention(q, k, v, seq_lens=seq_lens),
+                               torch.ops.diyflash.attention(q, k, v, seq_lens=full), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=re.escape("got seq_lens[0] = 4294967299")):
+        diyflash.flash_attention(q, k, v, seq_lens=seq_lens, validate="sync")
     ok = torch.tensor([3, 8], dtype=torch.int64, device=device)
     torch.testing.assert_close(torch.ops.diyflash.attention(q, k, v, seq_lens=ok),
                                torch.ops.diyflash.attention(q, k, v, seq_lens=ok.int()), rtol=0, atol=0)

@@ -40,20 +40,18 @@ def resolve_scale(scale: float | None, head_dim: int) -> float:
 
 def _prepare_seq_lens(seq_lens: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """(B,) lengths as the kernels read them: int32, contiguous, on the inputs' device (a handful of
-    integers, so this costs nothing). int64 values beyond int32 are refused, not wrapped (2^32 + 3 had
-    become 3), checked eagerly: one device sync, and only for int64 lengths. While a CUDA graph is being
-    captured the check would break the capture: there the values are clamped into int32 instead, and the
-    kernels clamp them to [0, N] as always."""
+    integers, so this costs nothing). No value is read on the host, so nothing waits for the GPU: int64
+    lengths are clamped into int32 (2^32 + 3 had become 3 when converted; clamped, it stays past any
+    N and the kernels clamp it to N, as every length to [0, N]; the API refuses it as longer than
+    seq_len_k), and a CPU seq_lens beside CUDA inputs is copied through pinned memory, asynchronously
+    (a copy from pageable memory waits for the GPU's queue)."""
     if seq_lens is None:
         return None
     if seq_lens.dtype == torch.int64:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            seq_lens = seq_lens.clamp(-INT32_MAX - 1, INT32_MAX)
-        elif seq_lens.numel() and not torch.compiler.is_compiling():
-            bad = (seq_lens > INT32_MAX) | (seq_lens < -INT32_MAX - 1)
-            if bool(bad.any()):
-                i = int(bad.nonzero()[0, 0])
-                raise ValueError(f"diyflash::attention: seq_lens[{i}] = {int(seq_lens[i])} does not fit in int32")
+        seq_lens = seq_lens.clamp(-INT32_MAX - 1, INT32_MAX)
+    if (device.type == "cuda" and seq_lens.device.type == "cpu"
+            and not torch.cuda.is_current_stream_capturing()):
+        seq_lens = seq_lens.to(torch.int32).pin_memory().to(device, non_blocking=True)
     return seq_lens.to(device=device, dtype=torch.int32).contiguous()
 
 

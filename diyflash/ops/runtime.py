@@ -5,6 +5,8 @@ state (clear_caches, cache_info). They import this module and the ops, never diy
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..kernels import cache_info, clear_caches, interpreter_active
@@ -52,6 +54,15 @@ def matmul_with_tiles(a: torch.Tensor, b: torch.Tensor, tiles: tuple) -> torch.T
     return km.matmul(a, b, MatmulConfig(*tiles))
 
 
+@functools.cache
+def value_checks():
+    """The kernels that check the API's values on the GPU without a sync (kernels/value_checks.py):
+    check_seq_lens, check_cu_seqlens, check_kvcache. Imported at first use (it imports triton)."""
+    from ..kernels import value_checks as checks
+
+    return checks
+
+
 __all__ = ["PYTORCH_PATH_BLOCK_N", "attention_tiles", "cache_info", "check_matmul_tiles", "clear_caches",
            "interpreter_active", "matmul_candidates", "matmul_choice",
-           "matmul_interpreter_tiles", "matmul_with_tiles", "tuning_cache_dir", "tuning_environment"]
+           "matmul_interpreter_tiles", "matmul_with_tiles", "tuning_cache_dir", "tuning_environment", "value_checks"]
