@@ -470,6 +470,34 @@ def test_scratch_allocator_is_installed_once_and_keeps_the_users():
     assert contextvars.Context().run(users)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="Triton asks for global scratch on the GPU only")
+def test_scratch_is_shared_by_a_streams_launches(fresh_caches):
+    """One scratch buffer per (device, stream), grown to the largest launch's need, serves every launch
+    with device-built descriptors (no allocation per launch); a CUDA graph's launches get their own."""
+    from dataclasses import replace
+
+    from diyflash.kernels import _launch
+    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention_configs import fwd_config
+
+    small, large = (make_qkv(b, 4, 128, 128, 64, torch.float16, "cuda")[0] for b in (1, 8))
+    cfg = replace(fwd_config(64, torch.float16, small.device, False, False, 128), tma=True, rowoff=False, row64=False)
+    fwd = lambda x: ka.attention_fwd(x, x, x, False, 0.125, None, config=cfg)[0]  # noqa: E731
+    want = [fwd(x) for x in (small, large)]
+    kept = diyflash.cache_info()["launch scratch bytes"]
+    assert kept > 0 and diyflash.cache_info()["launch scratch"] == 1
+    assert _launch._scratch(kept, 128, torch.cuda.current_stream().cuda_stream).numel() == kept
+    assert torch.equal(fwd(small), want[0])
+    assert diyflash.cache_info()["launch scratch bytes"] == kept  # the large launch's buffer serves the small
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fwd(large)
+    assert diyflash.cache_info()["launch scratch"] == 1  # nothing kept for the capture's stream
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want[1])
+
+
 @pytest.mark.skipif(not ON_GPU, reason="64-bit offsets need > 2^31-element tensors: GPU suite only")
 def test_64bit_offsets(device):
     """q, k, v of 2^31 + 2^17 elements each: batch offsets past 2^31 must not wrap (fwd and bwd),
