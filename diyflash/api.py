@@ -9,6 +9,7 @@ import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
 from .ops.attention import call_attention
+from .ops.attention_fast import call_fast, fast_key, remember_fast
 from .ops.attention_kvcache import call_attention_with_kvcache
 from .ops.attention_varlen import call_attention_varlen
 from .ops.matmul import call_matmul
@@ -176,11 +177,21 @@ def flash_attention(
             not float32.
         ModuleNotFoundError: "triton is required" when triton is missing.
     """
+    key = None
+    if seq_lens is None and alibi_slopes is None and sinks is None and validate is True and not _tracing():
+        # a call of a layout seen before goes to its plan directly (ops/attention_fast.py)
+        key = fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse)
+        if key is not None:
+            out = call_fast(key, q, k, v)
+            if out is not None:
+                return out
     causal, sm_scale, left, right, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap,
                                                                  alibi_slopes, sinks, seq_lens=seq_lens,
                                                                  validate=validate)
     out = call_attention(q, k, v, causal, sm_scale, seq_lens, left, right, softcap, alibi_slopes, sinks,
                          _check_bool("return_lse", return_lse))
+    if key is not None:
+        remember_fast(key, q, k, v, causal, sm_scale, left, right, softcap, return_lse)
     return tuple(out) if return_lse else out
 
 

@@ -72,8 +72,8 @@ def variant_kwargs(window_left, window_right, softcap, alibi_slopes):
     return dict(window=(int(window_left), int(window_right)), softcap=float(softcap), alibi_slopes=alibi_slopes)
 
 
-def _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
-                        alibi_slopes=None, sinks=None, need_lse=True, keep_scratch=False):
+def attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
+                       alibi_slopes=None, sinks=None, need_lse=True, keep_scratch=False):
     """What attention_fwd computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut
     (need_lse=False where no caller sees lse: the decode route may then return lse None; keep_scratch=True
     from that shortcut only: kvcache.attention_kvcache says why)."""
@@ -113,8 +113,8 @@ def prepare_variants(alibi_slopes, sinks):
 def attention_fwd(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
                   alibi_slopes=None, sinks=None):
     _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
-    return _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
-                               alibi_slopes, sinks)
+    return attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
+                              alibi_slopes, sinks)
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -192,7 +192,7 @@ def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, 
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
-def _setup_context(ctx, inputs, output):
+def setup_context(ctx, inputs, output):
     q, k, v, causal, scale, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks = inputs
     out, lse = output
     # every gradient needs all of q, k, v, out and lse (p = exp(s - lse) and ds = p * (dp - delta))
@@ -206,7 +206,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, dout, dlse):
+def attention_backward(ctx, dout, dlse):
     if dout is None and dlse is None:
         return None, None, None, None, None, None, None, None, None, None, None
     q, k, v, out, lse, seq_lens, alibi_slopes, sinks = ctx.saved_tensors
@@ -224,7 +224,7 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None, None, None, None, None, None, None, (dsinks if sinks is not None else None)
 
 
-attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+attention_fwd.register_autograd(attention_backward, setup_context=setup_context)
 guard_autograd(attention_fwd)
 guard_autograd(attention_bwd)  # no backward of its own: a tangent would vanish there too
 register_autocast(attention_fwd, cast=("q", "k", "v"))
@@ -241,13 +241,13 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, seq_lens, *variants):
-        out, lse = _attention_fwd_impl(q, k, v, causal, scale, seq_lens, *variants)
-        _setup_context(ctx, (q, k, v, causal, scale, seq_lens, *variants), (out, lse))
+        out, lse = attention_fwd_impl(q, k, v, causal, scale, seq_lens, *variants)
+        setup_context(ctx, (q, k, v, causal, scale, seq_lens, *variants), (out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)
+        return attention_backward(ctx, dout, dlse)
 
 
 # The op users call. Kept alive for the life of the process: dropping a Library deregisters its ops.
@@ -276,8 +276,8 @@ def call_attention(q, k, v, causal=False, scale=None, seq_lens=None, window_left
     variants = (window_left, window_right, softcap, alibi_slopes, sinks)
     tensors = (q, k, v, seq_lens, alibi_slopes, sinks)
     if dispatcher_free(*tensors):
-        out, lse = _attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
-                                       alibi_slopes, sinks, need_lse=return_lse, keep_scratch=True)
+        out, lse = attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
+                                      alibi_slopes, sinks, need_lse=return_lse, keep_scratch=True)
     elif dispatcher_free(*tensors, autograd=True):
         out, lse = _EagerAttention.apply(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
                                          alibi_slopes, sinks)

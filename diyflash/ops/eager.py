@@ -27,7 +27,7 @@ import torch
 
 from ..kernels._runtime import PLAIN
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)  # exactly these types: subclasses dispatch through the op
 
 
 def dispatcher_free(*tensors: torch.Tensor | None, autograd: bool = False) -> bool:
@@ -50,6 +50,6 @@ def dispatcher_free(*tensors: torch.Tensor | None, autograd: bool = False) -> bo
     for t in tensors:
         if t is None:
             continue
-        if type(t) not in _PLAIN or (grad and t.requires_grad):
+        if type(t) not in PLAIN_TYPES or (grad and t.requires_grad):
             return False
     return True

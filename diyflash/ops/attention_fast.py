@@ -1,0 +1,113 @@
+"""The API's fast path for a dense attention call it has seen before: one dictionary lookup on a cheap key.
+
+`diyflash.flash_attention` without seq_lens, ALiBi or sinks spends most of a short call's host time
+deriving the same things again: its argument checks, the variant, the tiles, the launcher's plan key.
+All of them are functions of the call's layout (shapes, strides, dtypes, devices, 16-byte alignment)
+and its scalar arguments, so a call whose `fast_key` was seen before, and which then passed the checks
+and left a plan, goes straight to that plan (kernels' FastForward): out and lse are allocated and the
+bound launches run, nothing else. Where the plan cannot run (another current device, changed JIT knobs),
+or where no plan exists (the decode route, the interpreter, very large batches), the ordinary path runs.
+
+The same conditions as the ordinary path's shortcuts decide the route (ops/eager.py): without autograd
+the plan alone; with autograd `_FastEagerAttention`, the attention's autograd formula with the plan as
+its forward (the same saved tensors, the same backward); anything a tracer, mode or subclass could see
+takes the ordinary path, which dispatches the op. Results are bit-identical to the ordinary path's
+(tests/test_attention_fast.py on the GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.autograd.forward_ad as forward_ad
+
+from ..kernels._runtime import PLAIN, keep, remember
+from .attention import attention_fwd_impl, attention_backward, setup_context, kernels_module, resolve_scale
+from .eager import PLAIN_TYPES, dispatcher_free
+
+_FAST: dict = {}  # fast_key -> (FastForward, causal, sm_scale, left, right, softcap, return_lse), or None: no plan
+keep("attention fast calls", lambda: (_FAST,))
+
+
+def fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse) -> tuple | None:
+    """The key of a flash_attention call without seq_lens, ALiBi or sinks: everything its checks and its
+    plan depend on. None where the call may not take the fast path: DIYFLASH_PLAIN, arguments of other
+    types than the defaults' (causal=1 equals True as a key, but the API refuses it), anything but plain
+    tensors (subclasses, fake tensors: they have no data pointer and must see the op)."""
+    if (PLAIN or type(causal) is not bool or type(return_lse) is not bool or type(softcap) is not float
+            or not (sm_scale is None or type(sm_scale) is float) or type(window_size) is not tuple
+            or len(window_size) != 2 or type(window_size[0]) is not int or type(window_size[1]) is not int
+            or type(q) not in PLAIN_TYPES or type(k) not in PLAIN_TYPES or type(v) not in PLAIN_TYPES
+            or forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None):
+        return None  # (functorch's wrapped tensors look plain but have no data pointer)
+    try:
+        return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                q.device, k.device, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0,
+                causal, sm_scale, window_size, softcap, return_lse)
+    except RuntimeError:  # a tensor without strides or data (nested, ...): the ordinary path explains
+        return None
+
+
+def call_fast(key: tuple, q, k, v):
+    """The call's result by its plan, or None where the ordinary path must run (an unknown key, a key
+    without a plan, a tracer, mode or autocast that must see the op; fast_key refused tangents)."""
+    entry = _FAST.get(key)
+    if entry is None:
+        return None
+    fast, causal, sm_scale, left, right, softcap, return_lse = entry
+    if dispatcher_free(q, k, v):
+        result = fast(q, k, v)
+    elif dispatcher_free(q, k, v, autograd=True):
+        result = _FastEagerAttention.apply(fast, q, k, v, causal, sm_scale, left, right, softcap)
+    else:
+        return None
+    if result is None:
+        return None
+    return result if return_lse else result[0]
+
+
+def remember_fast(key: tuple, q, k, v, causal: bool, sm_scale: float | None, left: int, right: int,
+                  softcap: float, return_lse: bool) -> None:
+    """After the ordinary path ran a call of this key (its checks passed): keep its plan for the next
+    call of the key, or None where it has none (so that later calls do not look again)."""
+    if key in _FAST:
+        return
+    fast = None
+    if q.is_cuda:
+        fast = kernels_module().fast_forward(q, k, v, causal, resolve_scale(sm_scale, q.shape[-1]), (left, right),
+                                             softcap)
+    remember(_FAST, key, None if fast is None else (fast, causal, sm_scale, left, right, softcap, return_lse))
+
+
+class _FastEagerAttention(torch.autograd.Function):
+    """_EagerAttention (ops/attention.py) with a FastForward as its forward: the same setup_context and
+    backward formula, so the same saved tensors and gradients. Its backward, too, replays the plan the
+    ordinary backward left for dout's layout (kept beside the FastForward, `fast.backwards`), where dlse
+    is None (lse not in the loss) and nothing could see the op (ops/eager.py)."""
+
+    @staticmethod
+    def forward(ctx, fast, q, k, v, causal, sm_scale, left, right, softcap):
+        result = fast(q, k, v)
+        out, lse = result if result is not None else attention_fwd_impl(q, k, v, causal, sm_scale, None, left,
+                                                                         right, softcap)
+        setup_context(ctx, (q, k, v, causal, sm_scale, None, left, right, softcap, None, None), (out, lse))
+        ctx.fast = fast
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        layout = None
+        if dout is not None and dlse is None:
+            layout = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16 == 0)
+            replay = ctx.fast.backwards.get(layout)
+            if replay is not None:
+                q, k, v, out, lse = ctx.saved_tensors[:5]
+                if dispatcher_free(dout, q, k, v, out, lse):
+                    grads = replay(dout, q, k, v, out, lse)
+                    if grads is not None:
+                        return None, *grads, None, None, None, None, None
+        dq, dk, dv = attention_backward(ctx, dout, dlse)[:3]
+        if layout is not None and layout not in ctx.fast.backwards:
+            q, k, v, out, lse = ctx.saved_tensors[:5]
+            remember(ctx.fast.backwards, layout, kernels_module().fast_backward(
+                dout, q, k, v, out, lse, ctx.causal, resolve_scale(ctx.scale, q.shape[-1]), ctx.window, ctx.softcap))
+        return None, dq, dk, dv, None, None, None, None, None

@@ -1,0 +1,122 @@
+"""The API's fast path (ops/attention_fast.py): a call of a layout seen before replays its plan, with the
+ordinary path's results bit for bit, and leaves every case it cannot serve to the ordinary path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import diyflash
+import diyflash.api as api
+from helpers import ON_GPU, make_qkv
+
+CASES = [  # (b, h, h_kv, n_q, n_k, d, d_v, dtype, layout, kwargs)
+    (2, 4, 4, 128, 128, 64, 64, torch.float16, "bhnd", dict()),
+    (2, 4, 4, 113, 77, 80, 80, torch.bfloat16, "bnhd", dict(causal=True)),
+    (1, 8, 2, 256, 256, 128, 128, torch.bfloat16, "bhnd", dict(causal=True, window_size=(64, 0), softcap=30.0)),
+    (2, 4, 1, 64, 200, 64, 32, torch.float16, "bhnd", dict(sm_scale=0.3, return_lse=True)),
+    (3, 2, 2, 65, 65, 32, 32, torch.float32, "3d", dict()),
+]
+
+
+def _inputs(case, device, requires_grad=False):
+    b, h, h_kv, n_q, n_k, d, d_v, dtype, layout, kwargs = case
+    q = make_qkv(b, h, n_q, n_q, d, dtype, device, layout=layout, seed=1)[0]
+    k, v = make_qkv(b, h_kv, n_k, n_k, d, dtype, device, layout=layout, seed=2)[1:]
+    v = v[..., :d_v]
+    if requires_grad:
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    return q, k, v, kwargs
+
+
+@pytest.fixture
+def no_checks(monkeypatch):
+    """Make the ordinary path fail: a call that still succeeds took the fast path."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the ordinary path ran")
+
+    def patch():
+        monkeypatch.setattr(api, "attention_arguments", refuse)
+    return patch
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only; under the interpreter every call is ordinary")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[7]}-{c[8]}-{sorted(c[9])}")
+def test_fast_path_is_bit_identical(case, fresh_caches, no_checks):
+    q, k, v, kwargs = _inputs(case, "cuda")
+    first = diyflash.flash_attention(q, k, v, **kwargs)  # ordinary: checks, plan
+    no_checks()
+    second = diyflash.flash_attention(q, k, v, **kwargs)  # the plan alone
+    for a, b in zip(first if isinstance(first, tuple) else (first,), second if isinstance(second, tuple) else (second,)):
+        assert torch.equal(a, b) and a.stride() == b.stride()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: f"{c[7]}-{c[8]}-{sorted(c[9])}")
+def test_fast_path_gradients_are_bit_identical(case, fresh_caches, no_checks, monkeypatch):
+    """Three steps: the ordinary path (its plans), the fast forward with the ordinary backward (which
+    leaves its plan beside the fast forward), then both replayed: the same bits each time."""
+    import diyflash.ops.attention_fast as fast
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the ordinary backward ran")
+
+    grads = []
+    for turn in range(3):
+        if turn == 1:
+            no_checks()
+        if turn == 2:
+            monkeypatch.setattr(fast, "attention_backward", refuse)
+        q, k, v, kwargs = _inputs(case, "cuda", requires_grad=True)
+        out = diyflash.flash_attention(q, k, v, **kwargs)
+        out.backward(torch.ones_like(out) / out.numel() ** 0.5)
+        grads.append((out, q.grad, k.grad, v.grad))
+    for a, b, c in zip(*grads):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
+def test_what_the_fast_path_leaves_to_the_ordinary_path(fresh_caches):
+    """A call of a known layout still runs the ordinary path where it must: another argument type
+    (refused as before), misaligned inputs (another key), the decode route (no dense plan), autocast,
+    DIYFLASH's caches cleared."""
+    q, k, v, _ = _inputs(CASES[0], "cuda")
+    want = diyflash.flash_attention(q, k, v)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        diyflash.flash_attention(q, k, v, causal=1)
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+    shifted = buf[1:].view_as(q).copy_(q)  # 2 bytes past a 16-byte boundary
+    assert torch.equal(diyflash.flash_attention(shifted, k, v), want)
+    assert torch.equal(diyflash.flash_attention(shifted, k, v), want)
+    decode = q[:, :, :1]
+    assert torch.equal(diyflash.flash_attention(decode, k, v), diyflash.flash_attention(decode, k, v))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = diyflash.flash_attention(q.float(), k.float(), v.float())
+    assert got.dtype == torch.bfloat16
+    assert diyflash.cache_info()["attention fast calls"] >= 3
+    diyflash.clear_caches()
+    assert diyflash.cache_info()["attention fast calls"] == 0
+    assert torch.equal(diyflash.flash_attention(q, k, v), want)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
+def test_fast_path_compiles_without_graph_breaks(fresh_caches):
+    """A layout known to the fast path, then compiled: Dynamo never traces the fast path (0 graph breaks)."""
+    q, k, v, _ = _inputs(CASES[0], "cuda")
+    want = diyflash.flash_attention(q, k, v, causal=True)
+    diyflash.flash_attention(q, k, v, causal=True)
+    explained = torch._dynamo.explain(lambda a, b, c: diyflash.flash_attention(a, b, c, causal=True))(q, k, v)
+    assert explained.graph_break_count == 0
+    compiled = torch.compile(lambda a, b, c: diyflash.flash_attention(a, b, c, causal=True), fullgraph=True)
+    assert torch.equal(compiled(q, k, v), want)
+
+
+def test_cpu_calls_stay_ordinary(device):
+    """Under the interpreter there are no plans: a second call of a layout runs the ordinary path again
+    (its checks included), with the same result."""
+    q, k, v, _ = _inputs(CASES[0], device)
+    q, k, v = q[:, :, :32], k[:, :, :32], v[:, :, :32]
+    first = diyflash.flash_attention(q, k, v)
+    assert torch.equal(diyflash.flash_attention(q, k, v), first)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        diyflash.flash_attention(q, k, v, causal="yes")
