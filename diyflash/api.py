@@ -9,7 +9,7 @@ import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.diyflash.*)
 from .ops.attention import call_attention
-from .ops.attention_fast import call_fast, fast_key, remember_fast
+from .ops.attention_fast import call_fast, call_kv_fast, fast_key, kv_fast_key, remember_fast, remember_kv_fast
 from .ops.attention_kvcache import call_attention_with_kvcache
 from .ops.attention_varlen import call_attention_varlen
 from .ops.matmul import call_matmul
@@ -386,6 +386,16 @@ def flash_attention_with_kvcache(
     Returns:
         (batch, heads, N_q, head_dim_v) in q's dtype and layout; with return_lse, (out, lse).
     """
+    key = None
+    if (k is None and v is None and alibi_slopes is None and sinks is None and not _tracing()
+            and not torch._C._is_any_autocast_enabled()):
+        # a decode step of a layout seen before goes to its plan directly (ops/attention_fast.py)
+        key = kv_fast_key(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal, sm_scale,
+                          window_size, softcap, return_lse, num_splits, validate)
+        if key is not None:
+            out = call_kv_fast(key, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad)
+            if out is not None:
+                return out
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -422,6 +432,9 @@ def flash_attention_with_kvcache(
     out, lse = call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                            _check_bool("causal", causal), sm_scale, left, right, softcap, alibi_slopes,
                                            sinks, num_splits, cache_leftpad, need_lse=return_lse)
+    if key is not None:
+        remember_kv_fast(key, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal, sm_scale, left,
+                         right, softcap, num_splits, return_lse, validate)
     return (out, lse) if return_lse else out
 
 

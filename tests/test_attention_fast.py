@@ -120,3 +120,82 @@ def test_cpu_calls_stay_ordinary(device):
     assert torch.equal(diyflash.flash_attention(q, k, v), first)
     with pytest.raises(TypeError, match="causal must be a bool"):
         diyflash.flash_attention(q, k, v, causal="yes")
+
+
+KV_CASES = [  # (b, h, h_kv, n_q, cache, d, dtype, paged, kwargs)
+    (1, 32, 8, 1, 1024, 128, torch.bfloat16, False, dict()),
+    (2, 8, 8, 3, 512, 64, torch.float16, False, dict(causal=True, window_size=(100, 0), return_lse=True)),
+    (2, 8, 2, 1, 512, 64, torch.float16, True, dict(softcap=20.0, num_splits=3)),
+    (3, 4, 4, 1, 256, 64, torch.float16, False, dict(validate=False, leftpad=True)),
+]
+
+
+def _kv_inputs(case, device, seed=0):
+    b, h, h_kv, n_q, cache, d, dtype, paged, kwargs = case
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(b, h, n_q, d, generator=gen).to(device, dtype)
+    lens = torch.tensor([cache - 7 * i for i in range(b)], dtype=torch.int32, device=device)
+    kwargs = dict(kwargs)
+    if kwargs.pop("leftpad", False):
+        kwargs["cache_leftpad"] = torch.tensor([3 * i for i in range(b)], dtype=torch.int32, device=device)
+    if paged:
+        page = 64
+        pages = b * cache // page
+        kc, vc = (torch.randn(pages, h_kv, page, d, generator=gen).to(device, dtype) for _ in range(2))
+        kwargs["block_table"] = torch.randperm(pages, generator=gen).to(device, torch.int32).view(b, -1)
+    else:
+        kc, vc = (torch.randn(b, cache, h_kv, d, generator=gen).to(device, dtype).transpose(1, 2) for _ in range(2))
+    return q, kc, vc, lens, kwargs
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
+@pytest.mark.parametrize("case", KV_CASES, ids=lambda c: f"{c[6]}-paged{c[7]}-{sorted(c[8])}")
+def test_kv_fast_path_is_bit_identical(case, fresh_caches, monkeypatch):
+    """A decode step of a known layout: its plan replayed (the ordinary path refused), the same bits; with
+    new lengths in the same tensor's place too (the values are the device's, the layout the key)."""
+    q, kc, vc, lens, kwargs = _kv_inputs(case, "cuda")
+    first = diyflash.flash_attention_with_kvcache(q, kc, vc, lens, **kwargs)
+
+    def refuse(*args, **kw):
+        raise AssertionError("the ordinary path ran")
+
+    monkeypatch.setattr(api, "kvcache_error", refuse)
+    second = diyflash.flash_attention_with_kvcache(q, kc, vc, lens, **kwargs)
+    for a, b in zip(first if isinstance(first, tuple) else (first,), second if isinstance(second, tuple) else (second,)):
+        assert torch.equal(a, b)
+    shorter = lens - 5
+    got = diyflash.flash_attention_with_kvcache(q, kc, vc, shorter, **kwargs)
+    monkeypatch.undo()
+    diyflash.clear_caches()
+    want = diyflash.flash_attention_with_kvcache(q, kc, vc, shorter, **kwargs)
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
+def test_kv_fast_path_keeps_the_value_check(tmp_path):
+    """validate=True on the fast path still queues the device-side check: a bad length stops the program
+    (in a child process: the assert ends its CUDA context)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "bad.py"
+    script.write_text(
+        "import torch, diyflash\n"
+        "q = torch.randn(1, 4, 1, 64, device='cuda', dtype=torch.float16)\n"
+        "c = torch.randn(1, 4, 128, 64, device='cuda', dtype=torch.float16)\n"
+        "lens = torch.tensor([100], dtype=torch.int32, device='cuda')\n"
+        "diyflash.flash_attention_with_kvcache(q, c, c, lens)\n"
+        "diyflash.flash_attention_with_kvcache(q, c, c, lens)\n"
+        "torch.cuda.synchronize()\n"
+        "lens.fill_(500)\n"
+        "try:\n"
+        "    diyflash.flash_attention_with_kvcache(q, c, c, lens)\n"
+        "    torch.cuda.synchronize()\n"
+        "except RuntimeError as e:\n"
+        "    print('RAISED', str(e).splitlines()[0])\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert "RAISED" in done.stdout and "device-side assert" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "cache_seqlens must be >= 0" in done.stderr

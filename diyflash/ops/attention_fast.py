@@ -1,4 +1,4 @@
-"""The API's fast path for a dense attention call it has seen before: one dictionary lookup on a cheap key.
+"""The API's fast path for an attention call it has seen before: one dictionary lookup on a cheap key.
 
 `diyflash.flash_attention` without seq_lens, ALiBi or sinks spends most of a short call's host time
 deriving the same things again: its argument checks, the variant, the tiles, the launcher's plan key.
@@ -7,6 +7,10 @@ and its scalar arguments, so a call whose `fast_key` was seen before, and which 
 and left a plan, goes straight to that plan (kernels' FastForward): out and lse are allocated and the
 bound launches run, nothing else. Where the plan cannot run (another current device, changed JIT knobs),
 or where no plan exists (the decode route, the interpreter, very large batches), the ordinary path runs.
+
+`flash_attention_with_kvcache` without new keys, ALiBi or sinks (a decode step against a cache of fixed
+layout) has the same path: its plan and its launches' arguments (kernels' FastKV), after the value
+check that `validate=True` queues.
 
 The same conditions as the ordinary path's shortcuts decide the route (ops/eager.py): without autograd
 the plan alone; with autograd `_FastEagerAttention`, the attention's autograd formula with the plan as
@@ -23,9 +27,11 @@ import torch.autograd.forward_ad as forward_ad
 from ..kernels._runtime import PLAIN, keep, remember
 from .attention import attention_fwd_impl, attention_backward, setup_context, kernels_module, resolve_scale
 from .eager import PLAIN_TYPES, dispatcher_free
+from .runtime import value_checks
 
 _FAST: dict = {}  # fast_key -> (FastForward, causal, sm_scale, left, right, softcap, return_lse), or None: no plan
-keep("attention fast calls", lambda: (_FAST,))
+_FAST_KV: dict = {}  # kv_fast_key -> (FastKV, the value check's (capacity, num_pages) or None), or None
+keep("attention fast calls", lambda: (_FAST, _FAST_KV))
 
 
 def fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse) -> tuple | None:
@@ -111,3 +117,65 @@ class _FastEagerAttention(torch.autograd.Function):
             remember(ctx.fast.backwards, layout, kernels_module().fast_backward(
                 dout, q, k, v, out, lse, ctx.causal, resolve_scale(ctx.scale, q.shape[-1]), ctx.window, ctx.softcap))
         return None, dq, dk, dv, None, None, None, None, None
+
+
+def _index_layout(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+def kv_fast_key(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal, sm_scale, window_size,
+                softcap, return_lse, num_splits, validate) -> tuple | None:
+    """fast_key for flash_attention_with_kvcache without new keys, ALiBi or sinks: the exact layouts of
+    q, the caches and the index tensors (16-byte aligned caches and q only), and the scalar arguments."""
+    if (PLAIN or type(causal) is not bool or type(return_lse) is not bool or type(softcap) is not float
+            or not (sm_scale is None or type(sm_scale) is float) or type(window_size) is not tuple
+            or len(window_size) != 2 or type(window_size[0]) is not int or type(window_size[1]) is not int
+            or type(num_splits) is not int or not (validate is True or validate is False)
+            or type(q) not in PLAIN_TYPES or type(k_cache) not in PLAIN_TYPES or type(v_cache) not in PLAIN_TYPES
+            or type(cache_seqlens) not in PLAIN_TYPES
+            or (block_table is not None and type(block_table) not in PLAIN_TYPES)
+            or (cache_leftpad is not None and type(cache_leftpad) not in PLAIN_TYPES)
+            or forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None):
+        return None
+    try:
+        if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16:
+            return None
+        return (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
+                k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device, _index_layout(cache_seqlens),
+                _index_layout(block_table), _index_layout(cache_leftpad), causal, sm_scale, window_size, softcap,
+                return_lse, num_splits, validate)
+    except RuntimeError:
+        return None
+
+
+def call_kv_fast(key: tuple, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
+    """A known decode call's result by its plan (its value check queued first), or None where the ordinary
+    path must run."""
+    entry = _FAST_KV.get(key)
+    if entry is None or not dispatcher_free(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
+        return None
+    fast, check = entry
+    if check is not None:
+        value_checks().check_kvcache(cache_seqlens, 0, check[0], block_table, check[1], cache_leftpad)
+    result = fast(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad)
+    if result is None:
+        return None
+    return result if fast.need_lse else result[0]
+
+
+def remember_kv_fast(key: tuple, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal: bool,
+                     sm_scale: float | None, left: int, right: int, softcap: float, num_splits: int,
+                     return_lse: bool, validate: bool) -> None:
+    """After the ordinary path ran a decode call of this key: keep its plan and arguments, or None."""
+    if key in _FAST_KV:
+        return
+    fast = None
+    if q.is_cuda:
+        fast = kernels_module().fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal,
+                                             resolve_scale(sm_scale, q.shape[-1]), (left, right), softcap, num_splits,
+                                             return_lse)
+    check = None
+    if validate:
+        capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
+        check = (capacity, k_cache.shape[0])
+    remember(_FAST_KV, key, None if fast is None else (fast, check))

@@ -38,13 +38,13 @@ Package layout (each file one part of the structure; the kernels know nothing of
 """
 
 from ..attention_configs import MAX_BLOCK_ROWS
-from .kvcache import attention_kvcache, num_splits_for
+from .kvcache import FastKV, attention_kvcache, fast_kvcache, num_splits_for
 from .launch import (GROUP_TILES_PER_SM, FastBackward, FastForward, Packed, attention_bwd, attention_fwd, fast_backward,
                      fast_forward, head_group, rows_fit_int32, tma_ok, vote_rows)
 from ..contract import LOG2E
 from .launch_args import INTERPRETED
 from .plans import HOST_DESC_MIN_WORK, MAX_GRID_Z, host_descriptor, host_descriptors_ok
 
-__all__ = ["FastBackward", "FastForward", "GROUP_TILES_PER_SM", "HOST_DESC_MIN_WORK", "fast_backward", "fast_forward", "INTERPRETED", "LOG2E", "MAX_BLOCK_ROWS", "MAX_GRID_Z",
+__all__ = ["FastBackward", "FastForward", "FastKV", "fast_kvcache", "GROUP_TILES_PER_SM", "HOST_DESC_MIN_WORK", "fast_backward", "fast_forward", "INTERPRETED", "LOG2E", "MAX_BLOCK_ROWS", "MAX_GRID_Z",
            "Packed", "attention_bwd", "attention_kvcache", "num_splits_for", "attention_fwd", "head_group", "host_descriptor", "host_descriptors_ok",
            "rows_fit_int32", "tma_ok", "vote_rows"]

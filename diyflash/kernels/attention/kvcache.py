@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from threading import get_ident
+from typing import NamedTuple
 
 import torch
 
@@ -114,13 +115,106 @@ def attention_kvcache(
     A call with the layouts of an earlier one, the caches' strides and lengths of the same classes (_kv_key),
     replays that call's bound launches with its own arguments (launch._replay_with: ~the launches' own host
     cost)."""
+    out = empty_out(q, v_cache.shape[-1])
+    keep = keep_scratch and _keeps(q)
+    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or not keep
+           else _kept(q, "lse", q.numel() // q.shape[-1]))  # contiguous (B, H, N_q) either way
+    call = _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
+                        num_splits, out)
+    env = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k_new": k_new,
+           "v_new": v_new, "block_table": block_table, "alibi": alibi_slopes, "sinks": sinks, "leftpad": cache_leftpad,
+           "out": out, "lse": lse}
+    if call.var is None:  # nothing to attend: the append alone
+        run_launches(env, _launches(q, k_cache, v_cache, call, env))
+        return out, lse if need_lse else None
+    env.update(_partials(q, out, lse, call.splits, keep))
+    others = (cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad)
+    key = _kv_key(q, k_cache, v_cache, call, others, scale, num_splits)
+    if key is not None and not aligned(out, lse, env["dst"], env["dst_lse"]):  # the key assumes it
+        key = None
+    hit = _KV_PLANS.get(key) if key is not None else None
+    if hit is not None and replay_with(hit, env, call.args):
+        return out, lse if need_lse else None
+    launches = _launches(q, k_cache, v_cache, call, env)
+    run_launches(env, launches)
+    if key is not None:
+        plan = bind_plan((env, launches), False)
+        if plan is not None:
+            remember(_KV_PLANS, key, plan)
+    return out, lse if need_lse else None
+
+
+class FastKV:
+    """A KV-cache call's plan with its launches' arguments, held by a caller that keys it on the call's
+    exact layouts (ops/attention_fast.py, the API's fast path for a decode step without new keys): calling
+    it allocates out (and lse, or takes kept buffers as the API's eager calls do) and replays the plan.
+    Returns (out, lse or None), or None where the plan cannot run now (another current device, changed JIT
+    knobs, an unaligned buffer)."""
+
+    __slots__ = ("plan", "args", "splits", "dv", "need_lse", "device", "runtime")
+
+    def __init__(self, plan, args, splits, dv, need_lse, device, runtime):
+        self.plan, self.args, self.splits, self.dv = plan, args, splits, dv
+        self.need_lse, self.device, self.runtime = need_lse, device, runtime
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
+        if torch.cuda.current_device() != self.device or runtime_key() != self.runtime:
+            return None
+        out = empty_out(q, self.dv)
+        keep = _keeps(q)
+        lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if self.need_lse or not keep
+               else _kept(q, "lse", q.numel() // q.shape[-1]))
+        env = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k_new": None,
+               "v_new": None, "block_table": block_table, "alibi": None, "sinks": None, "leftpad": cache_leftpad,
+               "out": out, "lse": lse, **_partials(q, out, lse, self.splits, keep)}
+        if not aligned(out, lse, env["dst"], env["dst_lse"]) or not replay_with(self.plan, env, self.args):
+            return None
+        return out, lse if self.need_lse else None
+
+
+def fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal: bool, scale: float,
+                 window: tuple[int, int], softcap: float, num_splits: int, need_lse: bool) -> FastKV | None:
+    """The plan attention_kvcache made for this call (just run, from the API's eager path: no new keys,
+    ALiBi or sinks) as a FastKV; None where it made none."""
+    if q.get_device() != torch.cuda.current_device():
+        return None
+    out = empty_out(q, v_cache.shape[-1])  # its layout, for the arguments (the call's own was the same)
+    call = _call_layout(q, k_cache, v_cache, None, None, block_table, causal, scale, window, softcap, None,
+                        num_splits, out)
+    if call.var is None:
+        return None
+    others = (cache_seqlens, None, None, block_table, None, None, cache_leftpad)
+    key = _kv_key(q, k_cache, v_cache, call, others, scale, num_splits)
+    plan = _KV_PLANS.get(key) if key is not None else None
+    if plan is None:
+        return None
+    return FastKV(plan, call.args, call.splits, v_cache.shape[-1], need_lse, q.get_device(), runtime_key())
+
+
+class CallLayout(NamedTuple):
+    """What a KV-cache call's launches take beyond their pointers, from its layout and arguments alone:
+    each launch's arguments (append with new keys, decode, combine when split), the variant (None where
+    no query row attends: the append alone), the decode tile rows, row tiles, the split count, and the
+    cache's geometry."""
+
+    args: tuple
+    var: Variant | None
+    block_m: int
+    row_tiles: int
+    splits: int
+    paged: bool
+    page_size: int
+    n_new: int
+    capacity: int
+    num_pages: int
+    grows: tuple  # the ints of the args that grow with a contiguous cache (_kv_key counts their classes)
+
+
+def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
+                 num_splits, out) -> CallLayout:
     b, h, n_q, d = q.shape
     k_shape = k_cache.shape
     h_kv, dv = k_shape[1], v_cache.shape[-1]
-    out = empty_out(q, dv)
-    keep = keep_scratch and _keeps(q)
-    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or not keep
-           else _kept(q, "lse", b * h * n_q))  # contiguous (B, H, N_q) either way
     lse_strides = (h * n_q, n_q, 1)
     paged = block_table is not None
     if paged:
@@ -130,20 +224,15 @@ def attention_kvcache(
         page_size, num_pages, bt_stride, capacity = 1, 1, 0, k_shape[2]
     n_new = 0 if k_new is None else k_new.shape[2]
     k_strides, v_strides = k_cache.stride(), v_cache.stride()
-    env = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k_new": k_new,
-           "v_new": v_new, "block_table": block_table, "alibi": alibi_slopes, "sinks": sinks, "leftpad": cache_leftpad,
-           "out": out, "lse": lse}
     args = []  # each launch's arguments after its pointers: append (with new keys), decode, combine (if split)
     if n_new and b:
         args.append((*k_new.stride(), *v_new.stride(), *k_strides, *v_strides, bt_stride, n_new, capacity, num_pages))
     if out.numel() == 0:
-        run_launches(env, _launches(q, k_cache, v_cache, n_new, paged, page_size, args, None, 0, 0, 1, env))
-        return out, lse if need_lse else None
+        return CallLayout(tuple(args), None, 0, 0, 1, paged, page_size, n_new, capacity, num_pages, ())
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
     row_tiles = cdiv(n_q * var.kv_group, block_m)
     splits = num_splits or num_splits_for(b, h_kv, row_tiles, capacity, q.device, paged)
-    env.update(_partials(q, out, lse, splits, keep))
     if splits > 1:  # the partials are contiguous (B, H, N_q, splits, D_v) and (B, H, N_q, splits)
         o_strides = (h * n_q * splits * dv, n_q * splits * dv, splits * dv, dv, 1)
         l_strides = (h * n_q * splits, n_q * splits, splits, 1)
@@ -155,38 +244,24 @@ def attention_kvcache(
                  var.cap2))
     if splits > 1:
         args.append((*out.stride(), *lse_strides, h, n_q, splits))
-    others = (cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad)
-    key = _kv_key(q, k_cache, v_cache, page_size, others, var, scale, num_splits, splits,
-                  (*k_strides, *v_strides, capacity, var.left, var.right))
-    if key is not None and not aligned(out, lse, env["dst"], env["dst_lse"]):  # the key assumes it
-        key = None
-    hit = _KV_PLANS.get(key) if key is not None else None
-    if hit is not None and replay_with(hit, env, args):
-        return out, lse if need_lse else None
-    launches = _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits, env)
-    run_launches(env, launches)
-    if key is not None:
-        plan = bind_plan((env, launches), False)
-        if plan is not None:
-            remember(_KV_PLANS, key, plan)
-    return out, lse if need_lse else None
+    return CallLayout(tuple(args), var, block_m, row_tiles, splits, paged, page_size, n_new, capacity, num_pages,
+                      (*k_strides, *v_strides, capacity, var.left, var.right))
 
 
-def _kv_key(q, k_cache, v_cache, page_size: int, others: tuple, var: Variant, scale: float, num_splits: int,
-            splits: int, grows: tuple[int, ...]) -> tuple | None:
+def _kv_key(q, k_cache, v_cache, call: CallLayout, others: tuple, scale: float, num_splits: int) -> tuple | None:
     """The key of a call's plan (None where there is none: the interpreter, a batch past MAX_GRID_Z): every
-    exact layout the launches depend on, except that the caches' strides and lengths (`grows`: the strides,
-    the capacity, and the band's sides, whose unbounded value N_q + N_k grows with the cache) count by
-    their class as Triton specializes ints (int_class), so that a contiguous cache one token longer
+    exact layout the launches depend on, except that the caches' strides and lengths (`call.grows`: the
+    strides, the capacity, and the band's sides, whose unbounded value N_q + N_k grows with the cache) count
+    by their class as Triton specializes ints (int_class), so that a contiguous cache one token longer
     (transformers' DynamicCache: new length, new strides every decode step) replays the same plan with its
     own arguments (replay_with); the launches' grids and options follow from the exact parts."""
     if PLAIN or INTERPRETED or q.shape[0] > MAX_GRID_Z:
         return None
-    k_shape = k_cache.shape
+    k_shape, var = k_cache.shape, call.var
     return ("kvcache", q.device, torch.cuda.current_device(), *runtime_key(), q.dtype, q.shape, q.stride(),
-            k_cache.dtype, v_cache.dtype, k_shape[0], k_shape[1], k_shape[3], v_cache.shape[3], page_size,
+            k_cache.dtype, v_cache.dtype, k_shape[0], k_shape[1], k_shape[3], v_cache.shape[3], call.page_size,
             (q.data_ptr() % 16, k_cache.data_ptr() % 16, v_cache.data_ptr() % 16), *map(layout_key, others),
-            var.causal, var.window, var.cap2, var.kv_group, scale, num_splits, splits, _classes(grows))
+            var.causal, var.window, var.cap2, var.kv_group, scale, num_splits, call.splits, _classes(call.grows))
 
 
 _CLASSES: dict[tuple, tuple] = {}  # exact ints -> their int_class tuple: a fixed-shape loop asks for the same ones
@@ -201,13 +276,14 @@ def _classes(ints: tuple[int, ...]) -> tuple:
     return hit
 
 
-def _launches(q, k_cache, v_cache, n_new, paged, page_size, args, var, block_m, row_tiles, splits,
-              env: dict) -> list[Launch]:
-    """The call's launches (append, decode, combine; those `args` has arguments for), with their grids and
-    options: what a call that replays no plan runs, and binds. env: the call's tensors by name."""
+def _launches(q, k_cache, v_cache, call: CallLayout, env: dict) -> list[Launch]:
+    """The call's launches (append, decode, combine; those `call.args` has arguments for), with their grids
+    and options: what a call that replays no plan runs, and binds. env: the call's tensors by name."""
     b, h, n_q, d = q.shape
     h_kv, dv = k_cache.shape[1], v_cache.shape[-1]
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
+    n_new, paged, page_size, var, splits = call.n_new, call.paged, call.page_size, call.var, call.splits
+    block_m, row_tiles, args = call.block_m, call.row_tiles, call.args
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad, PAGED=paged,
                   PAGE_SIZE=page_size)
     launches = []
