@@ -199,3 +199,37 @@ def test_kv_fast_path_keeps_the_value_check(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert "RAISED" in done.stdout and "device-side assert" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "cache_seqlens must be >= 0" in done.stderr
+
+
+def test_fast_keys_refuse_what_the_ordinary_path_must_see(device):
+    """Arguments a key could not tell from valid ones (1 == True, [a, b] vs (a, b), 0 == 0.0), tensors without
+    a data pointer (fake, functorch-wrapped) and open forward-AD levels get no key: the ordinary path checks
+    or dispatches them."""
+    import torch.autograd.forward_ad as fwad
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from diyflash.ops.attention_fast import fast_key, kv_fast_key
+
+    q, k, v, _ = _inputs(CASES[0], device)
+    ok = dict(causal=False, sm_scale=None, window_size=(-1, -1), softcap=0.0, return_lse=False)
+    assert fast_key(q, k, v, **ok) is not None
+    for bad in (dict(causal=1), dict(window_size=[-1, -1]), dict(softcap=0), dict(sm_scale=1), dict(return_lse=0),
+                dict(window_size=(True, 0))):
+        assert fast_key(q, k, v, **{**ok, **bad}) is None, bad
+    with FakeTensorMode() as mode:
+        fq = mode.from_tensor(q)
+        assert fast_key(fq, fq, fq, **ok) is None
+    seen = []
+    torch.func.grad(lambda x: (seen.append(fast_key(x, k, v, **ok)), x.sum())[1])(q.float())
+    assert seen == [None]
+    with fwad.dual_level():
+        assert fast_key(q, k, v, **ok) is None
+    lens = torch.tensor([8, 8], dtype=torch.int32, device=device)
+    kv_ok = dict(causal=False, sm_scale=None, window_size=(-1, -1), softcap=0.0, return_lse=False, num_splits=0,
+                 validate=True)
+    assert kv_fast_key(q[:, :, :1], k, v, lens, None, None, **kv_ok) is not None
+    for bad in (dict(validate="sync"), dict(num_splits=True), dict(causal=0)):
+        assert kv_fast_key(q[:, :, :1], k, v, lens, None, None, **{**kv_ok, **bad}) is None, bad
+    assert kv_fast_key(q[:, :, :1], k, v, [8, 8], None, None, **kv_ok) is None
+    shifted = torch.empty(k.numel() + 1, dtype=k.dtype, device=device)[1:].view_as(k)
+    assert kv_fast_key(q[:, :, :1], shifted, v, lens, None, None, **kv_ok) is None  # unaligned caches: no key
