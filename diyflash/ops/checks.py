@@ -55,7 +55,7 @@ def seq_lens_error(seq_lens: torch.Tensor, batch: int, device: torch.device) -> 
     int32 or int64 on the inputs' device, or on the CPU beside CUDA inputs (its few integers are then
     moved), else (exception type, sentence). Any other device was read as if it were the inputs' (a meta
     seq_lens gave uninitialised memory as lengths). The values are the kernels' to clamp to [0, N_k]; the
-    API checks them eagerly besides."""
+    API checks them besides (validate)."""
     if seq_lens.dtype not in (torch.int32, torch.int64):
         return TypeError, f"seq_lens must be int32 (or int64), got {seq_lens.dtype}"
     if tuple(seq_lens.shape) != (batch,):
@@ -161,7 +161,7 @@ MAX_PACKED_SEQUENCES = 65535  # the grid's z dimension holds one sequence each
 def varlen_error(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> tuple[type, str] | None:
     """The one rule for packed (varlen) shapes: q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, D_v),
     cu_seqlens_q / _k int32 (B + 1,) with 1 <= B <= 65535 on q's device, max_seqlen_* ints >= 0. The
-    values of cu_seqlens are data: the API checks them eagerly (check_cu_seqlens)."""
+    values of cu_seqlens are data: the API checks them (validate; cu_seqlens_error on the host)."""
     shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         return ValueError, f"packed sequences need 3-D (total, heads, head_dim) tensors, got {shapes}"
@@ -205,7 +205,8 @@ def check_varlen(op: str, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max
 
 
 def cu_seqlens_error(cu: torch.Tensor, name: str, total: int, max_seqlen: int) -> str | None:
-    """The values of one cu_seqlens, checked eagerly (one device sync): cu[0] = 0, non-decreasing,
+    """The values of one cu_seqlens, checked on the host (validate="sync", or CPU tensors; one device sync for
+    CUDA ones; kernels/value_checks.py checks the same rule on the device): cu[0] = 0, non-decreasing,
     cu[-1] = total (every token belongs to a sequence), and no sequence longer than max_seqlen (the grid
     covers max_seqlen rows: a longer one would leave rows unwritten)."""
     lens = cu[1:] - cu[:-1]
@@ -304,7 +305,8 @@ def check_kvcache(op: str, *args) -> None:
 
 def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, num_pages: int,
                          cache_leftpad=None) -> str | None:
-    """The values, checked eagerly (one device sync): 0 <= cache_seqlens[b] and cache_seqlens[b] + N_new <=
+    """The values, checked on the host (validate="sync", or CPU tensors; one device sync for CUDA ones;
+    kernels/value_checks.py checks the same rules on the device): 0 <= cache_seqlens[b] and cache_seqlens[b] + N_new <=
     the capacity; 0 <= cache_leftpad[b] <= cache_seqlens[b] + N_new; every block_table entry a page of the
     first cache_seqlens[b] + N_new keys uses in [0, num_pages)."""
     if cache_seqlens.numel() == 0:

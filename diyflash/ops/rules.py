@@ -11,7 +11,7 @@ argument this table lacks, so a new argument cannot skip the rules.
 - index: int32 tensors of a few integers each (lengths, offsets, page numbers), any strides: a strided
   one (a column of a table) is copied to unit stride before any kernel reads it (B to B x pages
   integers). Values outside their range are clamped by the kernels (nothing is read or written out of
-  bounds) and checked eagerly by the API where it says so (validate).
+  bounds) and checked by the API where it says so (validate: on the device, or on the host with "sync").
 - param: fp32 per-head values (ALiBi slopes (H,) or (B, H), sinks (H,)), any strides, copied to unit
   stride like index tensors. A sink of +inf (or one too large for base-2 arithmetic) holds all of its
   row's mass: the output is 0 and lse the sink, on every route.
