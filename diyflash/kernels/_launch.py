@@ -56,8 +56,9 @@ keep("launch scratch", lambda: (_SCRATCH,), ("launch scratch bytes", lambda stor
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
     """Global memory for a launch's device-built TMA descriptors, asked of the allocator per launch. The
     launches of one stream run one after another, so one buffer per (device, stream), grown to the
-    largest launch's need, serves them all: no allocation per launch (a bf16 forward made two). While a CUDA graph is being captured each launch gets its own (a replay
-    may run beside other work on that buffer's stream). torch.empty's allocations are 256-byte aligned."""
+    largest launch's need, serves them all: no allocation per launch (a bf16 forward made two). While a
+    CUDA graph is being captured each launch gets its own (a replay may run beside other work on that
+    buffer's stream). torch.empty's allocations are 256-byte aligned."""
     if torch._C._cuda_isCurrentStreamCapturing():
         return torch.empty(size, dtype=torch.int8, device="cuda")
     key = (torch._C._cuda_getDevice(), stream)

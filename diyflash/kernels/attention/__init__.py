@@ -45,6 +45,7 @@ from ..contract import LOG2E
 from .launch_args import INTERPRETED
 from .plans import HOST_DESC_MIN_WORK, MAX_GRID_Z, host_descriptor, host_descriptors_ok
 
-__all__ = ["FastBackward", "FastForward", "FastKV", "fast_kvcache", "GROUP_TILES_PER_SM", "HOST_DESC_MIN_WORK", "fast_backward", "fast_forward", "INTERPRETED", "LOG2E", "MAX_BLOCK_ROWS", "MAX_GRID_Z",
-           "Packed", "attention_bwd", "attention_kvcache", "num_splits_for", "attention_fwd", "head_group", "host_descriptor", "host_descriptors_ok",
-           "rows_fit_int32", "tma_ok", "vote_rows"]
+__all__ = ["FastBackward", "FastForward", "FastKV", "GROUP_TILES_PER_SM", "HOST_DESC_MIN_WORK", "INTERPRETED",
+           "LOG2E", "MAX_BLOCK_ROWS", "MAX_GRID_Z", "Packed", "attention_bwd", "attention_fwd", "attention_kvcache",
+           "fast_backward", "fast_forward", "fast_kvcache", "head_group", "host_descriptor", "host_descriptors_ok",
+           "num_splits_for", "rows_fit_int32", "tma_ok", "vote_rows"]
