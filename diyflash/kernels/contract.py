@@ -25,6 +25,13 @@ SINK_CAP = SINK_CAP2 * LN2
 DECODE_MAX_ROWS = 64  # the decode kernel's largest row tile (kvcache.decode_rows), also decode_route's bound
 
 
+def few_query_rows(q_shape, k_shape) -> bool:
+    """The decode route's shape rule (launch.decode_route): 4-D q and k whose N_q query rows times the GQA
+    group fit one decode tile."""
+    return (len(q_shape) == 4 and len(k_shape) == 4 and k_shape[1] > 0
+            and q_shape[2] * (q_shape[1] // k_shape[1]) <= DECODE_MAX_ROWS)
+
+
 def band(causal: bool, window: tuple[int, int], n_q: int, n_k: int) -> tuple[bool, bool, int, int]:
     """(causal, bounded, left, right) as every implementation applies them: a non-causal window whose
     right side is 0 is causal; causal caps right at 0; an unbounded side (-1) becomes N_q + N_k, which no

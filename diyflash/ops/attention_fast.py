@@ -25,6 +25,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 
 from ..kernels._runtime import PLAIN, keep, remember
+from ..kernels.contract import few_query_rows
 from .attention import attention_fwd_impl, attention_backward, setup_context, kernels_module, resolve_scale
 from .eager import PLAIN_TYPES, dispatcher_free
 from .runtime import value_checks
@@ -46,6 +47,8 @@ def fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse) -> tup
             or forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None):
         return None  # (functorch's wrapped tensors look plain but have no data pointer)
     try:
+        if few_query_rows(q.shape, k.shape):
+            return None  # the decode route: no dense plan to replay (and a growing cache makes every key new)
         return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                 q.device, k.device, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0,
                 causal, sm_scale, window_size, softcap, return_lse)

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from .._runtime import PLAIN, device_limits, keep, require_triton
-from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, variant
+from ..contract import LOG2E, Variant, empty_out, few_query_rows, variant
 from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad,
                                  window_fwd_config)
 
@@ -233,8 +233,8 @@ def decode_route(q, k, seq_lens, packed, config, group) -> bool:
     for) whose N_q query rows times the GQA group fit one decode tile. There the forward kernel would run
     one mostly empty row tile per q head, each reading its kv head's keys again without splitting them
     (bench.decode, H200, N_q = 1: 2-35 % of the copy bandwidth where the decode kernel reaches 8-94 %)."""
-    return (packed is None and seq_lens is None and config is None and group is None and q.dim() == 4
-            and k.dim() == 4 and q.shape[2] * (q.shape[1] // k.shape[1]) <= DECODE_MAX_ROWS)
+    return (packed is None and seq_lens is None and config is None and group is None
+            and few_query_rows(q.shape, k.shape))
 
 
 def attention_fwd(
