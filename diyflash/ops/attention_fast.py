@@ -31,21 +31,35 @@ from .eager import PLAIN_TYPES, dispatcher_free
 from .runtime import value_checks
 
 _FAST: dict = {}  # fast_key -> (FastForward, causal, sm_scale, left, right, softcap, return_lse), or None: no plan
-_FAST_KV: dict = {}  # kv_fast_key -> (FastKV, the value check's (capacity, num_pages) or None), or None
+_FAST_KV: dict = {}  # kv_fast_key -> (FastKV, whether validate=True queues the value check), or None
 keep("attention fast calls", lambda: (_FAST, _FAST_KV))
+
+
+def _keyable(causal, sm_scale, window_size, softcap, return_lse, tensors: tuple, optional: tuple = ()) -> bool:
+    """Whether a call may have a fast key at all: not under DIYFLASH_PLAIN, its flags and scalars of the
+    defaults' types (causal=1 equals True as a key, but the API refuses it; [l, r] is not a window), every
+    tensor given a plain torch.Tensor (subclasses and fake tensors have no data pointer and must see the
+    op; `optional` ones may also be None), no forward-mode tangents and no functorch transform (its
+    wrapped tensors look plain but have no data pointer either)."""
+    if (PLAIN or type(causal) is not bool or type(return_lse) is not bool or type(softcap) is not float
+            or not (sm_scale is None or type(sm_scale) is float) or type(window_size) is not tuple
+            or len(window_size) != 2 or type(window_size[0]) is not int or type(window_size[1]) is not int
+            or forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None):
+        return False
+    for t in tensors:  # (loops, not any() over a generator: this runs on every call)
+        if type(t) not in PLAIN_TYPES:
+            return False
+    for t in optional:
+        if t is not None and type(t) not in PLAIN_TYPES:
+            return False
+    return True
 
 
 def fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse) -> tuple | None:
     """The key of a flash_attention call without seq_lens, ALiBi or sinks: everything its checks and its
-    plan depend on. None where the call may not take the fast path: DIYFLASH_PLAIN, arguments of other
-    types than the defaults' (causal=1 equals True as a key, but the API refuses it), anything but plain
-    tensors (subclasses, fake tensors: they have no data pointer and must see the op)."""
-    if (PLAIN or type(causal) is not bool or type(return_lse) is not bool or type(softcap) is not float
-            or not (sm_scale is None or type(sm_scale) is float) or type(window_size) is not tuple
-            or len(window_size) != 2 or type(window_size[0]) is not int or type(window_size[1]) is not int
-            or type(q) not in PLAIN_TYPES or type(k) not in PLAIN_TYPES or type(v) not in PLAIN_TYPES
-            or forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None):
-        return None  # (functorch's wrapped tensors look plain but have no data pointer)
+    plan depend on. None where the call may not take the fast path (_keyable), or takes the decode route."""
+    if not _keyable(causal, sm_scale, window_size, softcap, return_lse, (q, k, v)):
+        return None
     try:
         if few_query_rows(q.shape, k.shape):
             return None  # the decode route: no dense plan to replay (and a growing cache makes every key new)
@@ -130,15 +144,9 @@ def kv_fast_key(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, 
                 softcap, return_lse, num_splits, validate) -> tuple | None:
     """fast_key for flash_attention_with_kvcache without new keys, ALiBi or sinks: the exact layouts of
     q, the caches and the index tensors (16-byte aligned caches and q only), and the scalar arguments."""
-    if (PLAIN or type(causal) is not bool or type(return_lse) is not bool or type(softcap) is not float
-            or not (sm_scale is None or type(sm_scale) is float) or type(window_size) is not tuple
-            or len(window_size) != 2 or type(window_size[0]) is not int or type(window_size[1]) is not int
-            or type(num_splits) is not int or not (validate is True or validate is False)
-            or type(q) not in PLAIN_TYPES or type(k_cache) not in PLAIN_TYPES or type(v_cache) not in PLAIN_TYPES
-            or type(cache_seqlens) not in PLAIN_TYPES
-            or (block_table is not None and type(block_table) not in PLAIN_TYPES)
-            or (cache_leftpad is not None and type(cache_leftpad) not in PLAIN_TYPES)
-            or forward_ad._current_level >= 0 or torch._C._functorch.peek_interpreter_stack() is not None):
+    if (type(num_splits) is not int or not (validate is True or validate is False)
+            or not _keyable(causal, sm_scale, window_size, softcap, return_lse, (q, k_cache, v_cache, cache_seqlens),
+                            (block_table, cache_leftpad))):
         return None
     try:
         if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) % 16:
@@ -158,8 +166,8 @@ def call_kv_fast(key: tuple, q, k_cache, v_cache, cache_seqlens, block_table, ca
     if entry is None or not dispatcher_free(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
         return None
     fast, check = entry
-    if check is not None:
-        value_checks().check_kvcache(cache_seqlens, 0, check[0], block_table, check[1], cache_leftpad)
+    if check:
+        value_checks().check_kvcache(cache_seqlens, 0, fast.capacity, block_table, fast.num_pages, cache_leftpad)
     result = fast(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad)
     if result is None:
         return None
@@ -177,8 +185,4 @@ def remember_kv_fast(key: tuple, q, k_cache, v_cache, cache_seqlens, block_table
         fast = kernels_module().fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal,
                                              resolve_scale(sm_scale, q.shape[-1]), (left, right), softcap, num_splits,
                                              return_lse)
-    check = None
-    if validate:
-        capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
-        check = (capacity, k_cache.shape[0])
-    remember(_FAST_KV, key, None if fast is None else (fast, check))
+    remember(_FAST_KV, key, None if fast is None else (fast, validate))

@@ -16,7 +16,7 @@ from .._launch import DirectLauncher, active_driver, int_class, cdiv, runtime_ke
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad  # noqa: E402
 from .plans import (MAX_GRID_Z, aligned, bind_plan, Launch, layout_key, replay_with,  # noqa: E402
-                    run_launches)
+                    replayable_here, run_launches)
 
 _APPEND = DirectLauncher(_cache_append_kernel)
 _DECODE = DirectLauncher(_attn_decode_kernel)
@@ -115,15 +115,12 @@ def attention_kvcache(
     A call with the layouts of an earlier one, the caches' strides and lengths of the same classes (_kv_key),
     replays that call's bound launches with its own arguments (launch._replay_with: ~the launches' own host
     cost)."""
-    out = empty_out(q, v_cache.shape[-1])
     keep = keep_scratch and _keeps(q)
-    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or not keep
-           else _kept(q, "lse", q.numel() // q.shape[-1]))  # contiguous (B, H, N_q) either way
+    out, lse = _outputs(q, v_cache.shape[-1], need_lse, keep)
     call = _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
                         num_splits, out)
-    env = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k_new": k_new,
-           "v_new": v_new, "block_table": block_table, "alibi": alibi_slopes, "sinks": sinks, "leftpad": cache_leftpad,
-           "out": out, "lse": lse}
+    env = _env(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad,
+               out, lse)
     if call.var is None:  # nothing to attend: the append alone
         run_launches(env, _launches(q, k_cache, v_cache, call, env))
         return out, lse if need_lse else None
@@ -144,29 +141,44 @@ def attention_kvcache(
     return out, lse if need_lse else None
 
 
+def _outputs(q: torch.Tensor, dv: int, need_lse: bool, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """out in q's layout, and lse (B, H, N_q) fp32 contiguous: fresh where a caller sees it (need_lse) or
+    nothing may be kept, else a kept buffer (_kept)."""
+    out = empty_out(q, dv)
+    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or not keep
+           else _kept(q, "lse", q.numel() // q.shape[-1]))
+    return out, lse
+
+
+def _env(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad, out,
+         lse) -> dict:
+    """A call's tensors by the names its launches' pointers take (_launches); the partials come later."""
+    return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k_new": k_new,
+            "v_new": v_new, "block_table": block_table, "alibi": alibi_slopes, "sinks": sinks,
+            "leftpad": cache_leftpad, "out": out, "lse": lse}
+
+
 class FastKV:
     """A KV-cache call's plan with its launches' arguments, held by a caller that keys it on the call's
     exact layouts (ops/attention_fast.py, the API's fast path for a decode step without new keys): calling
     it allocates out (and lse, or takes kept buffers as the API's eager calls do) and replays the plan.
     Returns (out, lse or None), or None where the plan cannot run now (another current device, changed JIT
-    knobs, an unaligned buffer)."""
+    knobs, an unaligned buffer). capacity and num_pages: the cache's, for the caller's value check."""
 
-    __slots__ = ("plan", "args", "splits", "dv", "need_lse", "device", "runtime")
+    __slots__ = ("plan", "args", "splits", "dv", "need_lse", "device", "runtime", "capacity", "num_pages")
 
-    def __init__(self, plan, args, splits, dv, need_lse, device, runtime):
-        self.plan, self.args, self.splits, self.dv = plan, args, splits, dv
+    def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime):
+        self.plan, self.args, self.splits, self.dv = plan, call.args, call.splits, dv
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
+        self.capacity, self.num_pages = call.capacity, call.num_pages
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
-        if torch.cuda.current_device() != self.device or runtime_key() != self.runtime:
+        if not replayable_here(self.device, self.runtime):
             return None
-        out = empty_out(q, self.dv)
         keep = _keeps(q)
-        lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if self.need_lse or not keep
-               else _kept(q, "lse", q.numel() // q.shape[-1]))
-        env = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": cache_seqlens, "k_new": None,
-               "v_new": None, "block_table": block_table, "alibi": None, "sinks": None, "leftpad": cache_leftpad,
-               "out": out, "lse": lse, **_partials(q, out, lse, self.splits, keep)}
+        out, lse = _outputs(q, self.dv, self.need_lse, keep)
+        env = _env(q, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, cache_leftpad, out, lse)
+        env.update(_partials(q, out, lse, self.splits, keep))
         if not aligned(out, lse, env["dst"], env["dst_lse"]) or not replay_with(self.plan, env, self.args):
             return None
         return out, lse if self.need_lse else None
@@ -188,7 +200,7 @@ def fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad,
     plan = _KV_PLANS.get(key) if key is not None else None
     if plan is None:
         return None
-    return FastKV(plan, call.args, call.splits, v_cache.shape[-1], need_lse, q.get_device(), runtime_key())
+    return FastKV(plan, call, v_cache.shape[-1], need_lse, q.get_device(), runtime_key())
 
 
 class CallLayout(NamedTuple):

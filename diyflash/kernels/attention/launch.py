@@ -22,7 +22,7 @@ from .forward import _attn_fwd_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad, variant_meta  # noqa: E402
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, aligned, launch_chunks, Launch, layout_key, Plan,  # noqa: E402
-                    replay, scratch_buffers, host_descriptors_ok)
+                    replay, replayable_here, scratch_buffers, host_descriptors_ok)
 
 
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
@@ -331,8 +331,8 @@ def attention_fwd(
 
 
 class FastForward:
-    """A dense forward's plan, held by the caller that keys it on its own arguments (ops/attention.py: the
-    API's fast path): calling it with tensors of the layout the plan was made for allocates out and lse
+    """A dense forward's plan, held by the caller that keys it on its own arguments (ops/attention_fast.py:
+    the API's fast path): calling it with tensors of the layout the plan was made for allocates out and lse
     and replays the plan, and nothing else (no tiles, variant or plan key are derived again). Returns
     (out, lse), or None where the plan cannot run now (another current device, changed JIT knobs, an
     unaligned output), which the caller answers by the ordinary path."""
@@ -344,7 +344,7 @@ class FastForward:
         self.backwards: dict = {}  # the caller's: its FastBackwards by dout's layout
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        if torch.cuda.current_device() != self.device or runtime_key() != self.runtime:
+        if not replayable_here(self.device, self.runtime):
             return None
         out = empty_out(q, self.dv)
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -355,16 +355,25 @@ class FastForward:
         return out, lse
 
 
+def _dense_plan(kind: str, inputs: tuple, q, k, causal: bool, scale: float, window: tuple[int, int],
+                softcap: float, overrides: tuple) -> Plan | None:
+    """The plan attention_fwd / attention_bwd keeps for these inputs (plan_key with this kind, inputs and
+    overrides), where it runs on the current device; else None."""
+    if q.get_device() != torch.cuda.current_device():
+        return None
+    var = variant(causal, window, softcap, q.shape[-2], k.shape[-2], _heads(q), _heads(k))
+    key = plan_key(kind, inputs, var, scale, overrides)
+    return PLANS.get(key) if key is not None else None
+
+
 def fast_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
                  window: tuple[int, int], softcap: float) -> FastForward | None:
     """The plan attention_fwd made for this call (just run, without seq_lens, ALiBi or sinks) as a
     FastForward; None where it made none (the decode route, the interpreter, a batch of several grids,
     an empty call) or runs on another device than the current one."""
-    if decode_route(q, k, None, None, None, None) or q.get_device() != torch.cuda.current_device():
+    if decode_route(q, k, None, None, None, None):
         return None
-    var = variant(causal, window, softcap, q.shape[-2], k.shape[-2], _heads(q), _heads(k))
-    key = plan_key("fwd", (q, k, v, None, None, None, None), var, scale, (None, None))
-    plan = PLANS.get(key) if key is not None else None
+    plan = _dense_plan("fwd", (q, k, v, None, None, None, None), q, k, causal, scale, window, softcap, (None, None))
     return None if plan is None else FastForward(plan, v.shape[-1], q.get_device(), runtime_key())
 
 
@@ -379,7 +388,7 @@ class FastBackward:
         self.plan, self.device, self.runtime = plan, device, runtime
 
     def __call__(self, dout, q, k, v, out, lse):
-        if torch.cuda.current_device() != self.device or runtime_key() != self.runtime:
+        if not replayable_here(self.device, self.runtime):
             return None
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         delta = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -398,11 +407,8 @@ def fast_backward(dout, q, k, v, out, lse, causal: bool, scale: float, window: t
                   softcap: float) -> FastBackward | None:
     """The plan attention_bwd made for this call (just run, without dlse, seq_lens or ALiBi) as a
     FastBackward; None where it made none."""
-    if q.get_device() != torch.cuda.current_device():
-        return None
-    var = variant(causal, window, softcap, q.shape[-2], k.shape[-2], _heads(q), _heads(k))
-    key = plan_key("bwd", (q, k, v, out, dout, lse, None, None, None, None), var, scale, (None, None, None))
-    plan = PLANS.get(key) if key is not None else None
+    plan = _dense_plan("bwd", (q, k, v, out, dout, lse, None, None, None, None), q, k, causal, scale, window,
+                       softcap, (None, None, None))
     return None if plan is None else FastBackward(plan, q.get_device(), runtime_key())
 
 

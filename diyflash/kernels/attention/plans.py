@@ -15,7 +15,7 @@ from .._runtime import remember, require_triton
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from .._launch import BoundLaunch, DirectLauncher, ensure_scratch_allocator  # noqa: E402
+from .._launch import BoundLaunch, DirectLauncher, ensure_scratch_allocator, runtime_key  # noqa: E402
 
 
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -99,6 +99,13 @@ def _pointer_getter(names: tuple[str, ...]):
 def scratch_buffers(spec: tuple, device: torch.device) -> dict:
     """A call's scratch buffers by name, from their (name, shape, dtype)."""
     return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape, dtype in spec}
+
+
+def replayable_here(device: int, runtime: tuple) -> bool:
+    """Whether a plan bound on `device` under the JIT knobs `runtime` (runtime_key) can replay now: the
+    current device is the same and the knobs have not changed. The callers that keep a plan outside the
+    launchers' keyed stores (FastForward, FastBackward, FastKV) ask before each replay."""
+    return torch.cuda.current_device() == device and runtime_key() == runtime
 
 
 def replay(plan: Plan, env: dict) -> None:
