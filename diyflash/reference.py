@@ -24,6 +24,7 @@ def attention_ref(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    diagonal_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention with diyflash's exact semantics, returning (out, lse), written densely and directly
     from the contract (not from the kernels' code).
@@ -38,6 +39,8 @@ def attention_ref(
     right), -1 unbounded: i + off - left <= j <= i + off + right; seq_lens (B,): keys j >= L ignored,
     rows i >= L output 0 with lse = -inf. sinks (H,): one more logit per head in the denominator,
     carrying no value. Rows that see no key output 0, with lse = -inf (the sink, with sinks).
+    diagonal_offset: off = N_k - N_q + diagonal_offset in the masks and ALiBi's distance (query row i sits
+    at key position i + off).
     """
     if upcast:
         q, k, v = q.double(), k.double(), v.double()
@@ -51,7 +54,7 @@ def attention_ref(
         scores = softcap * torch.tanh(scores / softcap)
     rows = torch.arange(n_q, device=q.device).view(n_q, 1)
     cols = torch.arange(n_k, device=q.device).view(1, n_k)
-    diag = rows + (n_k - n_q)
+    diag = rows + (n_k - n_q + diagonal_offset)
     if alibi_slopes is not None:
         slopes = alibi_slopes.to(scores.dtype)
         slopes = slopes.view(1, -1, 1, 1) if slopes.dim() == 1 else slopes.view(slopes.shape[0], -1, 1, 1)

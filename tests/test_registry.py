@@ -32,9 +32,9 @@ class TestRegistry(TestCase):
     def test_registry_is_pinned(self):
         table = "\n".join(f"{e.schema}" for e in registry().values())
         self.assertExpectedInline(table, """\
-attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? seq_lens=None, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> Tensor
-attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float? scale, Tensor? seq_lens, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)
-attention_bwd(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale, Tensor? seq_lens, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)
+attention(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None, Tensor? seq_lens=None, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None, int diagonal_offset=0) -> Tensor
+attention_fwd(Tensor q, Tensor k, Tensor v, bool causal, float? scale, Tensor? seq_lens, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None, int diagonal_offset=0) -> (Tensor out, Tensor lse)
+attention_bwd(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, bool causal, float? scale, Tensor? seq_lens, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None, int diagonal_offset=0) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)
 matmul(Tensor a, Tensor b, int[]? block_sizes=None, bool autotune=True, bool allow_tf32=False) -> Tensor
 attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal=False, float? scale=None, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> Tensor
 attention_varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float? scale, int window_left=-1, int window_right=-1, float softcap=0., Tensor? alibi_slopes=None, Tensor? sinks=None) -> (Tensor out, Tensor lse)

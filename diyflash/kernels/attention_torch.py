@@ -177,12 +177,12 @@ def _restore(dst: torch.Tensor, src5: torch.Tensor, packed: bool) -> torch.Tenso
 
 
 def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n: int = BLOCK_N, *,
-                          window=(-1, -1), softcap: float = 0.0, alibi_slopes=None, sinks=None, packed=None,
-                          kv_lens=None, kv_starts=None):
+                          window=(-1, -1), offset: int = 0, softcap: float = 0.0, alibi_slopes=None, sinks=None,
+                          packed=None, kv_lens=None, kv_starts=None):
     """packed: (cu_seqlens_k, max_seqlen_q, max_seqlen_k) for packed (T, H, D) inputs, seq_lens then being
     cu_seqlens_q; out (T_q, H, D_v), lse (H, T_q). kv_lens (Z,): batch z sees its first kv_lens[z] keys,
     bottom-right aligned to that length (a KV cache; seq_lens unused); kv_starts (Z,): and only to keys from
-    kv_starts[z] on (a left-padded cache)."""
+    kv_starts[z] on (a left-padded cache). offset: the diagonal offset (contract.band)."""
     acc_t = _acc_dtype(q.dtype)
     out = empty_out(q, v.shape[-1])
     if packed is not None:
@@ -208,7 +208,7 @@ def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n
         if kv_starts is not None:
             geo = geo._replace(kv_start=kv_starts.to(torch.long).view(-1, 1, 1, 1, 1))
     z, h_kv, _, rows_n, _ = q5.shape
-    causal, bounded, left, right = band(causal, window, n_q, n_k)
+    causal, bounded, left, right = band(causal, window, n_q, n_k, offset)
     if packed is not None:
         slopes = _packed_slopes(alibi_slopes, geo, h_kv, g, acc_t)
     else:
@@ -248,8 +248,8 @@ def attention_fwd_blocked(q, k, v, causal: bool, scale: float, seq_lens, block_n
 
 
 def attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal: bool, scale: float, seq_lens,
-                          block_n: int = BLOCK_N, *, window=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                          packed=None):
+                          block_n: int = BLOCK_N, *, window=(-1, -1), offset: int = 0, softcap: float = 0.0,
+                          alibi_slopes=None, packed=None):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     acc_t = _acc_dtype(q.dtype)
     if packed is not None:
@@ -267,7 +267,7 @@ def attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal: bool, scale: fl
     q5, k5, v5 = five(q, g).to(acc_t), five(k, 1), five(v, 1)
     g5, o5 = five(dout, g).to(acc_t), five(out, g).to(acc_t)
     h_kv = q5.shape[1]
-    causal, bounded, left, right = band(causal, window, n_q, n_k)
+    causal, bounded, left, right = band(causal, window, n_q, n_k, offset)
     lse5 = stats5(lse).to(acc_t)
     delta = (g5 * o5).sum(-1)
     if dlse is not None:

@@ -32,17 +32,25 @@ def few_query_rows(q_shape, k_shape) -> bool:
             and q_shape[2] * (q_shape[1] // k_shape[1]) <= DECODE_MAX_ROWS)
 
 
-def band(causal: bool, window: tuple[int, int], n_q: int, n_k: int) -> tuple[bool, bool, int, int]:
+def band(causal: bool, window: tuple[int, int], n_q: int, n_k: int,
+         offset: int = 0) -> tuple[bool, bool, int, int]:
     """(causal, bounded, left, right) as every implementation applies them: a non-causal window whose
-    right side is 0 is causal; causal caps right at 0; an unbounded side (-1) becomes N_q + N_k, which no
-    distance reaches; `bounded` says whether any side still bounds."""
+    right side is 0 is causal; causal caps right at 0; an unbounded side (-1) becomes N_q + N_k (+ |offset|),
+    which no distance reaches; `bounded` says whether any side still bounds.
+    offset (diagonal_offset): query row i sits at key position i + N_k - N_q + offset. A nonzero offset is
+    folded into the band, so no kernel takes it: key j is visible iff i + N_k - N_q - left' <= j <=
+    i + N_k - N_q + right' with left' = left - offset and right' = right + offset (right = 0 under causal),
+    a non-causal bounded window whose sides may be negative. ALiBi's distance does not move with it (the
+    ops refuse ALiBi with an offset)."""
     left, right = window
     if right == 0 and not causal:
         causal = True
-    unbounded = n_q + n_k
+    unbounded = n_q + n_k + abs(offset)
     bounded = left >= 0 or (right >= 0 and not causal)
     left = unbounded if left < 0 else min(left, unbounded)
     right = 0 if causal else unbounded if right < 0 else min(right, unbounded)
+    if offset:
+        return False, True, left - offset, right + offset
     return causal, bounded, left, right
 
 
@@ -63,8 +71,9 @@ class Variant(NamedTuple):
         return self.cap2 > 0
 
 
-def variant(causal: bool, window: tuple[int, int], softcap: float, n_q: int, n_k: int, h: int, h_kv: int) -> Variant:
-    causal, bounded, left, right = band(causal, window, n_q, n_k)
+def variant(causal: bool, window: tuple[int, int], softcap: float, n_q: int, n_k: int, h: int, h_kv: int,
+            offset: int = 0) -> Variant:
+    causal, bounded, left, right = band(causal, window, n_q, n_k, offset)
     return Variant(causal, bounded, left, right, softcap * LOG2E, h // h_kv)
 
 

@@ -25,7 +25,8 @@ from torch.library import Library, custom_op
 from ..kernels import device_guard, uses_triton
 from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, sinks_grad
 from ..kernels.contract import empty_out
-from .checks import INT32_MAX, check_attention_shapes, check_dtype, check_seq_lens, check_variants, one_device
+from .checks import (INT32_MAX, check_attention_shapes, check_dtype, check_offset, check_seq_lens, check_variants,
+                     one_device)
 from .autocast import register_autocast
 from .eager import dispatcher_free
 from .forward_ad import guard_autograd, refuse_forward_ad
@@ -67,20 +68,24 @@ _BWD = entry("attention_bwd")
 _ATTN = entry("attention")
 
 
-def variant_kwargs(window_left, window_right, softcap, alibi_slopes):
-    """The launchers' variant keywords (sinks go to the forward only: the backward reads them in lse)."""
-    return dict(window=(int(window_left), int(window_right)), softcap=float(softcap), alibi_slopes=alibi_slopes)
+def variant_kwargs(window_left, window_right, softcap, alibi_slopes, diagonal_offset=0):
+    """The launchers' variant keywords (sinks go to the forward only: the backward reads them in lse;
+    the diagonal offset only where the op takes one: the dense ops)."""
+    var = dict(window=(int(window_left), int(window_right)), softcap=float(softcap), alibi_slopes=alibi_slopes)
+    if diagonal_offset:
+        var["offset"] = int(diagonal_offset)
+    return var
 
 
 def attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
-                       alibi_slopes=None, sinks=None, need_lse=True, keep_scratch=False):
+                       alibi_slopes=None, sinks=None, diagonal_offset=0, need_lse=True, keep_scratch=False):
     """What attention_fwd computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut
     (need_lse=False where no caller sees lse: the decode route may then return lse None; keep_scratch=True
     from that shortcut only: kvcache.attention_kvcache says why)."""
     scale = resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
-    var = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
+    var = variant_kwargs(window_left, window_right, softcap, alibi_slopes, diagonal_offset)
     if uses_triton(q):
         with device_guard(q):
             return kernels_module().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, need_lse=need_lse,
@@ -89,7 +94,7 @@ def attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window_
 
 
 def _check_qkv(op: str, q, k, v, seq_lens, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-               sinks=None) -> None:
+               sinks=None, diagonal_offset=0) -> None:
     """What the ops themselves require, for callers of torch.ops.diyflash.* that skip the API's checks.
     Without it a k with a wider head_dim, or a v of another length, gave a silent wrong answer. The fakes
     run it too, so a compiled graph fails at trace time."""
@@ -100,6 +105,7 @@ def _check_qkv(op: str, q, k, v, seq_lens, window_left=-1, window_right=-1, soft
     one_device(op, q=q, k=k, v=v)
     check_seq_lens(op, seq_lens, q.shape[0], q.device)
     check_variants(op, q, window_left, window_right, softcap, alibi_slopes, sinks)
+    check_offset(op, diagonal_offset, alibi_slopes)
 
 
 def prepare_variants(alibi_slopes, sinks):
@@ -111,10 +117,11 @@ def prepare_variants(alibi_slopes, sinks):
 
 @custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
 def attention_fwd(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
-                  alibi_slopes=None, sinks=None):
-    _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
+                  alibi_slopes=None, sinks=None, diagonal_offset=0):
+    _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
+               diagonal_offset)
     return attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
-                              alibi_slopes, sinks)
+                              alibi_slopes, sinks, diagonal_offset)
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -124,8 +131,9 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
-                        alibi_slopes=None, sinks=None):
-    _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
+                        alibi_slopes=None, sinks=None, diagonal_offset=0):
+    _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
+               diagonal_offset)
     # the launchers' allocation list, nothing else
     return empty_out(q, v.shape[-1]), q.new_empty(q.shape[:-1], dtype=lse_dtype(q.dtype))
 
@@ -149,8 +157,9 @@ def check_saved(op: str, fwd: str, dout, dlse, q, v, out, lse, lse_shape) -> Non
 
 
 def _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes,
-               sinks) -> None:
-    _check_qkv("attention_bwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
+               sinks, diagonal_offset) -> None:
+    _check_qkv("attention_bwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
+               diagonal_offset)
     check_saved("attention_bwd", "attention_fwd", dout, dlse, q, v, out, lse, q.shape[:-1])
 
 
@@ -160,13 +169,13 @@ def no_sinks_grad(q: torch.Tensor) -> torch.Tensor:
 
 
 def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
-                        softcap=0.0, alibi_slopes=None, sinks=None):
+                        softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0):
     """What attention_bwd computes on a real device: its CUDA/CPU kernel, and the autograd formula's
     eager shortcut."""
     scale = resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
-    var = variant_kwargs(window_left, window_right, softcap, alibi_slopes)
+    var = variant_kwargs(window_left, window_right, softcap, alibi_slopes, diagonal_offset)
     if uses_triton(q):
         with device_guard(q):
             dq, dk, dv = kernels_module().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, **var)
@@ -178,22 +187,24 @@ def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, 
 
 @custom_op(_BWD.qualname, mutates_args=(), schema=_BWD.signature)
 def attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
-                  softcap=0.0, alibi_slopes=None, sinks=None):
-    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
+                  softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0):
+    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
+               diagonal_offset)
     return _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left, window_right,
-                               softcap, alibi_slopes, sinks)
+                               softcap, alibi_slopes, sinks, diagonal_offset)
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
-                        softcap=0.0, alibi_slopes=None, sinks=None):
-    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks)
+                        softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0):
+    _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
+               diagonal_offset)
     dsinks = no_sinks_grad(q) if sinks is None else torch.empty_like(sinks)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsinks
 
 
 def setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks = inputs
+    q, k, v, causal, scale, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks, diagonal_offset = inputs
     out, lse = output
     # every gradient needs all of q, k, v, out and lse (p = exp(s - lse) and ds = p * (dp - delta))
     ctx.save_for_backward(q, k, v, out, lse, seq_lens, alibi_slopes, sinks)
@@ -201,6 +212,7 @@ def setup_context(ctx, inputs, output):
     ctx.scale = scale
     ctx.window = (window_left, window_right)
     ctx.softcap = softcap
+    ctx.offset = diagonal_offset
     # An output the loss does not use arrives as None instead of a zero tensor. The usual case is an
     # unused lse: its zeros cost an allocation, a fill and a read per backward call.
     ctx.set_materialize_grads(False)
@@ -208,12 +220,12 @@ def setup_context(ctx, inputs, output):
 
 def attention_backward(ctx, dout, dlse):
     if dout is None and dlse is None:
-        return None, None, None, None, None, None, None, None, None, None, None
+        return (None,) * 12
     q, k, v, out, lse, seq_lens, alibi_slopes, sinks = ctx.saved_tensors
     if dout is None:  # only lse feeds the loss: a stride-0 zero dout, read in place by the kernels
         dout = out.new_zeros(()).expand_as(out)
     args = (dout, dlse, q, k, v, out, lse, ctx.causal, ctx.scale, seq_lens, *ctx.window, ctx.softcap,
-            alibi_slopes, sinks)
+            alibi_slopes, sinks, ctx.offset)
     # Eager backward with nothing to observe the op (ops/eager.py; autograd's own checks already gave
     # dout and dlse their outputs' shapes): the implementation itself, ~25-35 us less host time per
     # call. Compiled autograd, export, modes, the profiler and double backward see the op.
@@ -221,7 +233,7 @@ def attention_backward(ctx, dout, dlse):
         dq, dk, dv, dsinks = _attention_bwd_impl(*args)
     else:
         dq, dk, dv, dsinks = torch.ops.diyflash.attention_bwd(*args)
-    return dq, dk, dv, None, None, None, None, None, None, None, (dsinks if sinks is not None else None)
+    return dq, dk, dv, None, None, None, None, None, None, None, (dsinks if sinks is not None else None), None
 
 
 attention_fwd.register_autograd(attention_backward, setup_context=setup_context)
@@ -256,10 +268,10 @@ _lib.define(_ATTN.schema)
 
 
 def _attention_composite(q, k, v, causal=False, scale=None, seq_lens=None, window_left=-1, window_right=-1,
-                         softcap=0.0, alibi_slopes=None, sinks=None):
+                         softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0):
     refuse_forward_ad("attention", q, k, v, sinks)
     return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
-                                            alibi_slopes, sinks)[0]
+                                            alibi_slopes, sinks, diagonal_offset)[0]
 
 
 _lib.impl(_ATTN.name, _attention_composite, "CompositeImplicitAutograd")
@@ -280,7 +292,7 @@ def call_attention(q, k, v, causal=False, scale=None, seq_lens=None, window_left
                                       alibi_slopes, sinks, need_lse=return_lse, keep_scratch=True)
     elif dispatcher_free(*tensors, autograd=True):
         out, lse = _EagerAttention.apply(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
-                                         alibi_slopes, sinks)
+                                         alibi_slopes, sinks, 0)
     elif return_lse:
         return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens, *variants)
     else:

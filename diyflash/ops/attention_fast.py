@@ -112,7 +112,7 @@ class _FastEagerAttention(torch.autograd.Function):
         result = fast(q, k, v)
         out, lse = result if result is not None else attention_fwd_impl(q, k, v, causal, sm_scale, None, left,
                                                                          right, softcap)
-        setup_context(ctx, (q, k, v, causal, sm_scale, None, left, right, softcap, None, None), (out, lse))
+        setup_context(ctx, (q, k, v, causal, sm_scale, None, left, right, softcap, None, None, 0), (out, lse))
         ctx.fast = fast
         return out, lse
 

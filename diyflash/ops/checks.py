@@ -155,6 +155,20 @@ def check_variants(op: str, q: torch.Tensor, window_left, window_right, softcap,
         raise kind(f"diyflash::{op}: {message}")
 
 
+MAX_DIAGONAL_OFFSET = 2**30  # the kernels' positions are 32-bit: |offset| + N_q + N_k must fit
+
+
+def check_offset(op: str, diagonal_offset, alibi_slopes) -> None:
+    """The diagonal offset of the dense ops (contract.band; the schema makes it an int): within +-2^30;
+    not beside ALiBi, whose distance the kernels keep bottom-right aligned (the band absorbs the offset;
+    ALiBi's bias would not)."""
+    if not -MAX_DIAGONAL_OFFSET <= diagonal_offset <= MAX_DIAGONAL_OFFSET:
+        raise ValueError(f"diyflash::{op}: diagonal_offset must be within +-{MAX_DIAGONAL_OFFSET}, got {diagonal_offset}")
+    if diagonal_offset != 0 and alibi_slopes is not None:
+        raise NotImplementedError(f"diyflash::{op}: diagonal_offset={diagonal_offset} with alibi_slopes: ALiBi's "
+                                  "distances stay aligned bottom-right; pass diagonal_offset=0 with ALiBi")
+
+
 MAX_PACKED_SEQUENCES = 65535  # the grid's z dimension holds one sequence each
 
 

@@ -248,6 +248,7 @@ def attention_fwd(
     group: int | None = None,
     *,
     window: tuple[int, int] = (-1, -1),
+    offset: int = 0,
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
@@ -258,14 +259,15 @@ def attention_fwd(
     """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k: (Z, H_kv, N_k, D), v: (Z, H_kv, N_k, D_v),
     or 3-D with H = H_kv. Returns (out, lse): out (Z, H, N_q, D_v) in q's memory layout, lse fp32
     (..., N_q) contiguous. The variants (semantics.py): window (left, right), softcap, alibi_slopes
-    fp32 (H,) or (Z, H) with unit last stride, sinks fp32 (H,) contiguous. config and group (the head
-    group, see head_group) override the tuned choices, for benchmarks.
+    fp32 (H,) or (Z, H) with unit last stride, sinks fp32 (H,) contiguous; offset, the diagonal offset
+    (contract.band folds it into the window). config and group (the head group, see head_group) override
+    the tuned choices, for benchmarks.
     packed: q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, D_v) hold packed sequences (Packed), seq_lens
     is cu_seqlens_q; out is (T_q, H, D_v), lse (H, T_q).
     A few query rows (decode_route) run the decode kernel instead: split-KV over the keys, the q heads of a
     kv head packed into one tile; the same semantics (semantics.py), out and lse alike. There need_lse=False
     (a caller that drops lse) returns lse None, one allocation less; elsewhere lse is always returned."""
-    if decode_route(q, k, seq_lens, packed, config, group):
+    if not offset and decode_route(q, k, seq_lens, packed, config, group):  # the decode kernel takes no offset
         return kvcache.attention_kvcache(q, k, v, None, None, None, None, causal, scale, window=window,
                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                                             need_lse=need_lse, keep_scratch=keep_scratch)
@@ -278,7 +280,7 @@ def attention_fwd(
     else:
         n_q, n_k, h_q, h_k, cu_k, extra = packed.max_q, packed.max_k, q.shape[1], k.shape[1], packed.cu_k, (
             packed.max_q, packed.max_k)
-    var = variant(causal, window, softcap, n_q, n_k, h_q, h_k)
+    var = variant(causal, window, softcap, n_q, n_k, h_q, h_k, offset)
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes, "sinks": sinks}
@@ -427,6 +429,7 @@ def attention_bwd(
     group: int | None = None,
     *,
     window: tuple[int, int] = (-1, -1),
+    offset: int = 0,
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     packed: Packed | None = None,
@@ -450,7 +453,7 @@ def attention_bwd(
     # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
     delta = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
-    var = variant(causal, window, softcap, n_q, n_k, h_q, h_k)
+    var = variant(causal, window, softcap, n_q, n_k, h_q, h_k, offset)
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes}
