@@ -1,10 +1,11 @@
 """Context-parallel attention on several GPUs (issue 27): diyflash.distributed's ring and Ulysses attention,
 forward + backward, against single-GPU diyflash, per-GPU TFLOPS. B1 H32 H_kv 8 D128 bf16 causal, zigzag
-shards. One process per GPU (NCCL, torch.multiprocessing spawn); "ring, sends off" runs the same ring with its
+shards (--layout), or a sliding window of --window keys (counting only the FLOPs of visible keys). One process per GPU (NCCL, torch.multiprocessing spawn); "ring, sends off" runs the same ring with its
 sends replaced by local copies (wrong results, the same compute): the ring's time minus that one is the
 communication its computation did not hide. Times are the slowest rank's median of --reps, with a barrier
 before each; the single-GPU row runs the whole sequence on GPU 0 afterwards (or --single-n tokens).
-    python -m bench.distributed [--n 131072 262144] [--gpus 2] [--reps 3] [--out results.jsonl]"""
+    python -m bench.distributed [--n 131072 262144] [--gpus 2] [--reps 3] [--window 4096] [--layout contiguous]
+        [--out results.jsonl]"""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ import torch.multiprocessing as mp
 B, H, H_KV, D = 1, 32, 8, 128
 
 
-def flops(n: int) -> float:
-    return 4 * B * H * n * n * D / 2 * 3.5  # causal forward (halved) + backward (2.5x)
+def flops(n: int, window: int = -1) -> float:
+    """Forward + backward (2.5x the forward) FLOPs of the causal attention: half the score matrix, or with a
+    window of w keys to the left, the visible keys only (row i sees min(i, w) + 1 of them)."""
+    if window < 0 or window >= n:
+        return 4 * B * H * n * n * D / 2 * 3.5
+    visible = n + window * (window - 1) // 2 + (n - window) * window
+    return 4 * B * H * visible * D * 3.5
 
 
 def _time(fn, reps: int, barrier: bool) -> float:
@@ -42,11 +48,11 @@ def _time(fn, reps: int, barrier: bool) -> float:
     return statistics.median(times)
 
 
-def _fwd_bwd(attn, q, k, v, g):
-    return lambda: torch.autograd.grad(attn(q, k, v, True), (q, k, v), g)
+def _fwd_bwd(attn, q, k, v, g, **kw):
+    return lambda: torch.autograd.grad(attn(q, k, v, True, **kw), (q, k, v), g)
 
 
-def _worker(rank, world, port, ns, reps, queue):
+def _worker(rank, world, port, ns, reps, queue, window, layout):
     import diyflash.distributed as dd
     import diyflash.distributed.ring as ring_mod
 
@@ -60,14 +66,15 @@ def _worker(rank, world, port, ns, reps, queue):
                           for heads in (H, H_KV, H_KV, H))
             q, k, v = (t.requires_grad_() for t in (q, k, v))
             row = {}
-            row["ring"] = _time(_fwd_bwd(dd.ring_attention, q, k, v, g), reps, True)
+            kw = dict(window_size=(window, 0), layout=layout)
+            row["ring"] = _time(_fwd_bwd(dd.ring_attention, q, k, v, g, **kw), reps, True)
             shift = ring_mod.ring_shift
-            ring_mod.ring_shift = lambda ts, group, forward=True: ([t.clone() for t in ts], [])
+            ring_mod.ring_shift = lambda ts, group, distance=1: ([t.clone() for t in ts], [])
             try:
-                row["ring, sends off"] = _time(_fwd_bwd(dd.ring_attention, q, k, v, g), reps, True)
+                row["ring, sends off"] = _time(_fwd_bwd(dd.ring_attention, q, k, v, g, **kw), reps, True)
             finally:
                 ring_mod.ring_shift = shift
-            row["ulysses"] = _time(_fwd_bwd(dd.ulysses_attention, q, k, v, g), reps, True)
+            row["ulysses"] = _time(_fwd_bwd(dd.ulysses_attention, q, k, v, g, **kw), reps, True)
             slowest = torch.tensor([row[name] for name in row], device="cuda", dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             if rank == 0:
@@ -85,6 +92,8 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--single-n", type=int, nargs="*", default=None,
                         help="single-GPU lengths (default: the same as --n)")
+    parser.add_argument("--window", type=int, default=-1, help="a sliding window of this many keys to the left")
+    parser.add_argument("--layout", default="zigzag", choices=("zigzag", "contiguous"))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     import diyflash
@@ -94,30 +103,32 @@ def main():
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(args.gpus, port, args.n, args.reps, queue), nprocs=args.gpus,
-                       start_method="spawn")
+    mp.start_processes(_worker, args=(args.gpus, port, args.n, args.reps, queue, args.window, args.layout),
+                       nprocs=args.gpus, start_method="spawn")
     results = dict(queue.get() for _ in args.n)
     single = {}
     for n in (args.n if args.single_n is None else args.single_n):
         q, k, v, g = (torch.randn(B, heads, n, D, device="cuda", dtype=torch.bfloat16) for heads in (H, H_KV, H_KV, H))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        single[n] = _time(_fwd_bwd(diyflash.flash_attention, q, k, v, g), args.reps, False)
+        single[n] = _time(_fwd_bwd(diyflash.flash_attention, q, k, v, g, window_size=(args.window, 0)), args.reps,
+                          False)
         del q, k, v, g
         torch.cuda.empty_cache()
     nccl = torch.cuda.nccl.version()
     nccl = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     head = (f"# {torch.cuda.get_device_name()} x {args.gpus} | torch {torch.__version__} | NCCL {nccl} | "
-            f"B{B} H{H}/{H_KV} D{D} bf16 causal, zigzag, fwd + bwd | median of {args.reps}, slowest rank")
+            f"B{B} H{H}/{H_KV} D{D} bf16 causal{f', window {args.window}' if args.window >= 0 else ''}, "
+            f"{args.layout}, fwd + bwd | median of {args.reps}, slowest rank")
     print(head)
     print("| N | provider | ms | TFLOPS per GPU | vs single GPU | exposed communication (ms) |")
     print("| --- | --- | --- | --- | --- | --- |")
     rows = []
     for n in sorted(set(results) | set(single)):
-        ref = flops(n) / single[n] / 1e12 if n in single else None
+        ref = flops(n, args.window) / single[n] / 1e12 if n in single else None
         if n in single:
             rows.append(dict(n=n, provider="diyflash, 1 GPU", ms=single[n] * 1e3, tflops_per_gpu=ref))
         for name, t in results.get(n, {}).items():
-            tf = flops(n) / args.gpus / t / 1e12
+            tf = flops(n, args.window) / args.gpus / t / 1e12
             exposed = (t - results[n]["ring, sends off"]) * 1e3 if name == "ring" else None
             rows.append(dict(n=n, provider=f"{name}, {args.gpus} GPUs", ms=t * 1e3, tflops_per_gpu=tf,
                              vs_single=tf / ref if ref else None, exposed_ms=exposed))

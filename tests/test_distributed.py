@@ -88,6 +88,15 @@ def _cases_2(world):
     _check(dd.ring_attention, q, k, v, g, "zigzag", True, softcap=5.0, sinks=sinks, scale=0.3)
     _check(dd.ulysses_attention, q, k, v, g, "zigzag", True, softcap=5.0, sinks=sinks, window_size=(5, 0))
     _check(dd.ulysses_attention, q, k, v, g, "contiguous", False, window_size=(3, 4))
+    # windows on the ring: each pair of chunks computes its part of one band of global positions. Zigzag
+    # chunks hold 6 tokens, contiguous ones 12: windows inside a chunk, past one, past the sequence
+    for layout in dd.LAYOUTS:
+        for causal in (False, True):
+            for window in ((3, 2), (8, 13), (30, 30)):
+                _check(dd.ring_attention, q, k, v, g, layout, causal, window_size=window)
+    for layout, causal, window in (("zigzag", False, (-1, 7)), ("contiguous", True, (2, -1)), ("zigzag", False, (0, 0))):
+        _check(dd.ring_attention, q, k, v, g, layout, causal, window_size=window)
+    _check(dd.ring_attention, q, k, v, g, "zigzag", True, softcap=5.0, sinks=sinks, scale=0.3, window_size=(7, 0))
     # the sinks' gradient: each rank's share of its rows, summed over ranks = the oracle's
     s = sinks.clone().requires_grad_()
     shards = [dd.shard_sequence(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
@@ -151,7 +160,7 @@ def _cases_2(world):
     # the errors name what is wrong
     sh = [dd.shard_sequence(t) for t in (q, k, v)]
     for call, kind, words in [
-        (lambda: dd.ring_attention(*sh, window_size=(4, 0)), NotImplementedError, "ulysses_attention runs them"),
+        (lambda: dd.ring_attention(*sh, window_size=(-2, 0)), ValueError, "window left must be -1"),
         (lambda: dd.ring_attention(*sh, layout="striped"), ValueError, "layout must be one of"),
         (lambda: dd.shard_sequence(torch.zeros(1, 1, 10, 4)), ValueError, "must divide into 4 equal chunks"),
         (lambda: dd.ulysses_attention(sh[0][:, :3], sh[1][:, :1], sh[2][:, :1]), ValueError, "H must divide"),
@@ -185,6 +194,10 @@ def _cases_3(world):
     q, k, v, g = _inputs(1, 6, 2, 36, 8, seed=5)  # H_kv 2 does not divide by 3: Ulysses repeats kv heads
     _check(dd.ring_attention, q, k, v, g, "zigzag", True)
     _check(dd.ring_attention, q, k, v, g, "contiguous", True)
+    # a window shorter than a chunk: the ring stops after two of its three steps (ring._steps), the result
+    # the same band
+    _check(dd.ring_attention, q, k, v, g, "contiguous", True, window_size=(5, 0))
+    _check(dd.ring_attention, q, k, v, g, "zigzag", False, window_size=(4, 2))
     _check(dd.ulysses_attention, q, k, v, g, "zigzag", True)
     _check(dd.ulysses_attention, q, k, v, g, "contiguous", False)
 
@@ -201,6 +214,9 @@ def _cases_nccl(world):
         sinks = torch.randn(4, generator=torch.Generator().manual_seed(3)).to(device)
         _check(dd.ring_attention, q, k, v, g, "zigzag", True, softcap=5.0, sinks=sinks, scale=0.3)
         _check(dd.ulysses_attention, q, k, v, g, "zigzag", True, window_size=(9, 0))
+        for layout in dd.LAYOUTS:  # the ring's windows: inside a chunk (12 or 24 tokens) and past one
+            _check(dd.ring_attention, q, k, v, g, layout, True, window_size=(9, 0))
+            _check(dd.ring_attention, q, k, v, g, layout, False, window_size=(30, 5))
         a = [dd.shard_sequence(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
         runs = []
         for _ in range(2):  # deterministic on NCCL too: bitwise the same twice
@@ -213,7 +229,7 @@ def _cases_nccl(world):
 def test_two_gpus_nccl():
     """Ring and Ulysses on 2 GPUs with NCCL, fp16 and bf16: out, lse and gradients against the float64
     oracle on the gathered sequence under the 2x rule (as the gloo runs), GQA, both layouts, causal or
-    not, softcap + sinks + scale (ring), a window (Ulysses), bitwise determinism."""
+    not, softcap + sinks + scale (ring), windows (both), bitwise determinism."""
     _spawn(2, _cases_nccl, "nccl")
 
 
@@ -242,3 +258,57 @@ def test_one_process_without_a_group_is_plain_attention(device):
             for got, w in zip(torch.autograd.grad(out, ins, g), want_grads):
                 torch.testing.assert_close(got, w, rtol=0, atol=2e-3)
     assert torch.equal(dd.shard_sequence(q, layout="contiguous"), q)
+
+
+def _visible(n_q, n_k, causal, window, offset=0):
+    """The contract's mask by its definition (query row i at key position i + N_k - N_q + offset)."""
+    rows = torch.arange(n_q).view(-1, 1) + (n_k - n_q + offset)
+    cols = torch.arange(n_k).view(1, -1)
+    vis = torch.ones(n_q, n_k, dtype=torch.bool)
+    left, right = window
+    if causal:
+        vis &= cols <= rows
+    if left >= 0:
+        vis &= cols >= rows - left
+    if right >= 0:
+        vis &= cols <= rows + right
+    return vis
+
+
+@pytest.mark.parametrize("size,layout,c", [(2, "zigzag", 5), (3, "contiguous", 7), (4, "zigzag", 4), (5, "contiguous", 3)])
+def test_ring_pairs_draw_the_sequence_band(size, layout, c):
+    """Every (q chunk, kv chunk) pair's call (ring._pair: skipped, every key, or causal/window with the chunks'
+    diagonal offset, folded by contract.band as every implementation folds it) draws exactly the whole
+    sequence's mask on that block; the steps the ring runs (ring._steps) are those where some rank has a
+    visible pair, so no skipped step hides a visible key."""
+    from diyflash.distributed.layout import chunks_of, num_chunks
+    from diyflash.distributed.ring import _ALL, _pair, _steps
+    from diyflash.kernels.contract import band
+
+    n = c * num_chunks(size, layout)
+    for causal in (False, True):
+        for window in ((-1, -1), (0, 0), (2, 1), (c - 1, -1), (c + 2, c), (3 * c, 0), (-1, 2 * c + 1), (n, n)):
+            whole = _visible(n, n, causal, window)
+            for i in range(num_chunks(size, layout)):
+                for j in range(num_chunks(size, layout)):
+                    block = whole[i * c:(i + 1) * c, j * c:(j + 1) * c]
+                    call = _pair(i, j, c, causal, window)
+                    if call is None:
+                        assert not block.any(), (causal, window, i, j)
+                        continue
+                    pc, left, right, offset = call
+                    if call == _ALL:
+                        assert block.all(), (causal, window, i, j)
+                    pc, bounded, left, right = band(pc, (left, right), c, c, offset)
+                    # the folded band as the kernels draw it (semantics._visible): both edges, of any sign
+                    diag, cols = torch.arange(c).view(-1, 1), torch.arange(c).view(1, -1)
+                    got = (cols <= diag) if pc else torch.ones(c, c, dtype=torch.bool)
+                    if bounded:
+                        got = got & (cols >= diag - left) & (cols <= diag + right)
+                    assert torch.equal(got, block), (causal, window, i, j, call)
+            steps = _steps(size, layout, c, causal, window)
+            for step in range(size):
+                seen = any(whole[i * c:(i + 1) * c, j * c:(j + 1) * c].any()
+                           for r in range(size) for i in chunks_of(r, size, layout)
+                           for j in chunks_of((r - step) % size, size, layout))
+                assert (step in steps) == seen, (causal, window, step)

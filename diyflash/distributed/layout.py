@@ -121,12 +121,15 @@ def peer(group, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-def ring_shift(tensors: list[torch.Tensor], group, forward: bool = True):
-    """Start sending each tensor to the next rank of the ring (forward) or the previous one, and
-    receiving the same shapes from the other side. Returns (received buffers, requests): wait on the
-    requests before reading the buffers. Asynchronous, so the caller computes while they travel."""
+def ring_shift(tensors: list[torch.Tensor], group, distance: int = 1):
+    """Start sending each tensor `distance` ranks on along the ring (negative: back), and receiving the same
+    shapes from `distance` ranks before. Returns (received buffers, requests): wait on the requests before
+    reading the buffers. Asynchronous, so the caller computes while they travel. A distance that is a
+    multiple of the group's size moves nothing: the tensors themselves come back, with no request."""
     rank, size = world(group)
-    to, frm = ((rank + 1) % size, (rank - 1) % size) if forward else ((rank - 1) % size, (rank + 1) % size)
+    if distance % size == 0:
+        return list(tensors), []
+    to, frm = (rank + distance) % size, (rank - distance) % size
     bufs = [torch.empty_like(t) for t in tensors]
     ops = [dist.P2POp(dist.isend, t.contiguous(), peer(group, to), group) for t in tensors]
     ops += [dist.P2POp(dist.irecv, b, peer(group, frm), group) for b in bufs]
