@@ -277,12 +277,13 @@ def _visible(n_q, n_k, causal, window, offset=0):
 
 @pytest.mark.parametrize("size,layout,c", [(2, "zigzag", 5), (3, "contiguous", 7), (4, "zigzag", 4), (5, "contiguous", 3)])
 def test_ring_pairs_draw_the_sequence_band(size, layout, c):
-    """Every (q chunk, kv chunk) pair's call (ring._pair: skipped, every key, or causal/window with the chunks'
-    diagonal offset, folded by contract.band as every implementation folds it) draws exactly the whole
-    sequence's mask on that block; the steps the ring runs (ring._steps) are those where some rank has a
-    visible pair, so no skipped step hides a visible key."""
+    """Every (q chunk, kv chunk) pair's call (ring._pair: skipped, or the box of rows and keys that holds
+    the visible ones, with causal, the window and a diagonal offset folded by contract.band as every
+    implementation folds them) draws exactly the whole sequence's mask on that block, nothing visible
+    outside its box; the steps the ring runs (ring._steps) are those where some rank has a visible pair,
+    so no skipped step hides a visible key."""
     from diyflash.distributed.layout import chunks_of, num_chunks
-    from diyflash.distributed.ring import _ALL, _pair, _steps
+    from diyflash.distributed.ring import _pair, _steps
     from diyflash.kernels.contract import band
 
     n = c * num_chunks(size, layout)
@@ -296,19 +297,55 @@ def test_ring_pairs_draw_the_sequence_band(size, layout, c):
                     if call is None:
                         assert not block.any(), (causal, window, i, j)
                         continue
-                    pc, left, right, offset = call
-                    if call == _ALL:
-                        assert block.all(), (causal, window, i, j)
-                    pc, bounded, left, right = band(pc, (left, right), c, c, offset)
+                    (x0, x1), (y0, y1) = call.rows, call.keys
+                    n_q, n_k = x1 - x0, y1 - y0
+                    pc, bounded, left, right = band(call.causal, (call.left, call.right), n_q, n_k, call.offset)
                     # the folded band as the kernels draw it (semantics._visible): both edges, of any sign
-                    diag, cols = torch.arange(c).view(-1, 1), torch.arange(c).view(1, -1)
-                    got = (cols <= diag) if pc else torch.ones(c, c, dtype=torch.bool)
+                    diag = torch.arange(n_q).view(-1, 1) + (n_k - n_q)
+                    cols = torch.arange(n_k).view(1, -1)
+                    got = (cols <= diag) if pc else torch.ones(n_q, n_k, dtype=torch.bool)
                     if bounded:
                         got = got & (cols >= diag - left) & (cols <= diag + right)
-                    assert torch.equal(got, block), (causal, window, i, j, call)
+                    assert torch.equal(got, block[x0:x1, y0:y1]), (causal, window, i, j, call)
+                    outside = block.clone()
+                    outside[x0:x1, y0:y1] = False
+                    assert not outside.any(), (causal, window, i, j, call)
+                    if block.all():
+                        assert call.rows == call.keys == (0, c) and not call.causal and call.left == call.right == -1
             steps = _steps(size, layout, c, causal, window)
             for step in range(size):
                 seen = any(whole[i * c:(i + 1) * c, j * c:(j + 1) * c].any()
                            for r in range(size) for i in chunks_of(r, size, layout)
                            for j in chunks_of((r - step) % size, size, layout))
                 assert (step in steps) == seen, (causal, window, step)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_chunk_sums_are_the_fp32_sums_bit_for_bit(dtype):
+    """sums.ChunkSum keeps a chunk's first whole part as it came and sums later parts of a few rows into an
+    fp32 copy of those rows only: its results equal, bit for bit, the plain way (everything in fp32, each
+    part added or lse-merged in order, rounded once at the end), for parts whole and partial, in any order."""
+    from diyflash.distributed.sums import ChunkSum, merge
+
+    c, gen = 12, torch.Generator().manual_seed(0)
+    cases = [[(0, 12), (0, 3)], [(0, 12), (0, 3), (2, 7), (10, 12)], [(4, 9), (0, 12), (1, 2)], [(0, 12)],
+             [(0, 12), (5, 8), (0, 12), (6, 11)], [(3, 5), (8, 12)]]
+    for boxes in cases:
+        grads = [torch.randn(2, 3, hi - lo, 4, generator=gen).to(dtype) for lo, hi in boxes]
+        outs = [torch.randn(2, 3, hi - lo, 4, generator=gen).to(dtype) for lo, hi in boxes]
+        lses = [torch.randn(2, 3, hi - lo, generator=gen) for lo, hi in boxes]
+        for i in range(1, len(boxes), 2):  # a row of some parts saw no key: lse -inf, output 0 (the kernels')
+            lses[i][..., :1] = float("-inf")
+            outs[i][..., :1, :] = 0
+        added, merged = ChunkSum(c, torch.float32), ChunkSum(c, torch.float32)
+        want = torch.zeros(2, 3, c, 4)
+        want_o, want_l = torch.zeros(2, 3, c, 4), torch.full((2, 3, c), float("-inf"))
+        for box, g_, o_, l_ in zip(boxes, grads, outs, lses):
+            added.add(g_.clone(), box)
+            merged.merge(o_.clone(), l_.clone(), box)
+            want[..., box[0]:box[1], :] += g_.float()
+            mo, ml = merge((want_o[..., box[0]:box[1], :], want_l[..., box[0]:box[1]]), o_.float(), l_)
+            want_o[..., box[0]:box[1], :], want_l[..., box[0]:box[1]] = mo, ml
+        assert torch.equal(added.exact(), want) and torch.equal(added.result(dtype), want.to(dtype)), boxes
+        assert torch.equal(merged.exact(), want_o) and torch.equal(merged.lse, want_l), boxes
+        assert torch.equal(merged.result(dtype), want_o.to(dtype)), boxes

@@ -126,14 +126,21 @@ def ring_shift(tensors: list[torch.Tensor], group, distance: int = 1):
     shapes from `distance` ranks before. Returns (received buffers, requests): wait on the requests before
     reading the buffers. Asynchronous, so the caller computes while they travel. A distance that is a
     multiple of the group's size moves nothing: the tensors themselves come back, with no request."""
-    rank, size = world(group)
-    if distance % size == 0:
+    if distance % world(group)[1] == 0:
         return list(tensors), []
-    to, frm = (rank + distance) % size, (rank - distance) % size
     bufs = [torch.empty_like(t) for t in tensors]
-    ops = [dist.P2POp(dist.isend, t.contiguous(), peer(group, to), group) for t in tensors]
-    ops += [dist.P2POp(dist.irecv, b, peer(group, frm), group) for b in bufs]
-    return bufs, dist.batch_isend_irecv(ops)
+    return bufs, exchange(tensors, bufs, group, distance)
+
+
+def exchange(send: list[torch.Tensor], recv: list[torch.Tensor], group, distance: int) -> list:
+    """Start sending `send` to the rank `distance` on along the ring and receiving `recv` (buffers of the
+    shapes that rank's sender sends) from the rank `distance` before; returns the requests. Empty tensors
+    are neither sent nor received (both sides know their shapes). Every rank must call it alike."""
+    rank, size = world(group)
+    to, frm = (rank + distance) % size, (rank - distance) % size
+    ops = [dist.P2POp(dist.isend, t.contiguous(), peer(group, to), group) for t in send if t.numel()]
+    ops += [dist.P2POp(dist.irecv, b, peer(group, frm), group) for b in recv if b.numel()]
+    return dist.batch_isend_irecv(ops) if ops else []
 
 
 def wait(requests) -> None:

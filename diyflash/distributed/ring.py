@@ -5,57 +5,62 @@ At step s rank r holds the k, v shard of rank r - s, sends it on to r + 1 while 
 of the layout (layout.chunks_of) is one call of torch.ops.diyflash.attention_fwd (_pair): all keys
 where every key of the pair is visible, nothing (skipped) where none is, and else the pair's band: the
 call's causal flag and window with the diagonal offset between the two chunks' global positions
-(diagonal_offset = (i - j) * chunk length), so a window is the same band of the whole sequence. A step
+(diagonal_offset), on the box of rows and keys that holds the pair's visible keys, so a window is the
+same band of the whole sequence and a pair's thin corner of it costs that corner. A step
 at which no rank has a visible pair is not run: the shards jump past it (_steps).
-The backward circulates k and v the same way, with dk and dv accumulators that travel along with them
-(each step's sends overlap the next step's gradients) and end at their owner; each pair's gradients
-come from torch.ops.diyflash.attention_bwd with the merged out and lse, so they are the exact global
-ones. Merges and sums run in a fixed order: the same inputs give bitwise the same results.
+The backward circulates k and v the same way. A rank keeps the gradients of its own shard (step 0) at
+home; the other ranks' gradients to a shard travel with it as fp32 accumulators of only the rows they
+touched (_travelled: the whole chunk without a window, a window's corner with one), each send overlapping
+the next step's gradients, and come home after the last step. Each pair's gradients come from
+torch.ops.diyflash.attention_bwd with the merged out and lse, so they are the exact global ones. Outputs
+and dq are summed by sums.ChunkSum. Merges and sums run in a fixed order: the same inputs give bitwise the
+same results.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from ..api import attention_arguments
-from .layout import check_layout, chunks_of, process_group, ring_shift, same_on_every_rank, wait, world
+from .layout import check_layout, chunks_of, exchange, process_group, ring_shift, same_on_every_rank, wait, world
+from .sums import ChunkSum, part
 
-_ALL = (False, -1, -1, 0)  # every key of the pair is visible: the plain call, no mask
+class Call(NamedTuple):
+    """One pair's attention call: the rows [x0, x1) of the q chunk and the keys [y0, y1) of the kv chunk that
+    hold every visible (row, key), and the attention_fwd arguments that draw the sequence's mask there."""
+
+    causal: bool
+    left: int
+    right: int
+    offset: int
+    rows: tuple[int, int]
+    keys: tuple[int, int]
 
 
-def _pair(i: int, j: int, c: int, causal: bool, window: tuple[int, int]) -> tuple[bool, int, int, int] | None:
+def _pair(i: int, j: int, c: int, causal: bool, window: tuple[int, int]) -> Call | None:
     """How q chunk i sees kv chunk j (chunks of c rows; query position - key position = (i - j) * c + x - y
-    over the pair's rows x and keys y): None where no key is visible, else the attention_fwd arguments
-    (causal, window_left, window_right, diagonal_offset) that draw the whole sequence's mask on the pair;
-    _ALL where every key is visible. Keys are visible where -right <= q - k <= left, right = 0 under
-    causal, an unbounded side -1."""
+    over the pair's rows x and keys y): None where no key is visible; a plain call (no mask) on the whole
+    pair where every key is; else the smallest box of rows and keys with every visible one, and causal,
+    the window and the diagonal offset that draw the whole sequence's band on it. Keys are visible where
+    -right <= q - k <= left, right = 0 under causal, an unbounded side -1."""
     if c == 0:
-        return _ALL
+        return Call(False, -1, -1, 0, (0, 0), (0, 0))
     left, right = window
     most = math.inf if left < 0 else left  # q - k <= most
     least = 0 if causal else -math.inf if right < 0 else -right  # q - k >= least
     d = (i - j) * c
-    lo, hi = d - (c - 1), d + (c - 1)  # q - k over the pair
-    if hi < least or lo > most:
+    if d + c - 1 < least or d - (c - 1) > most:  # q - k spans d - (c - 1) .. d + c - 1 over the pair
         return None
-    if least <= lo and hi <= most:
-        return _ALL
-    return causal, left, right, d
-
-
-def _merge(acc, out, lse):
-    """(out, lse) of two disjoint key sets merged: lse = log(e^lse1 + e^lse2), out their lse-weighted
-    mean. Rows that saw no key in one part (lse -inf) take the other's values; acc None: the first part."""
-    if acc is None:
-        return out, lse
-    out0, lse0 = acc
-    new = torch.logaddexp(lse0, lse)
-    safe = torch.where(new == float("-inf"), 0.0, new)
-    w0 = torch.exp(lse0 - safe).unsqueeze(-1)
-    w1 = torch.exp(lse - safe).unsqueeze(-1)
-    return out0 * w0 + out * w1, new
+    if least <= d - (c - 1) and d + c - 1 <= most:
+        return Call(False, -1, -1, 0, (0, c), (0, c))
+    x0, x1 = max(0, least - d), min(c, most - d + c)  # rows with a visible key
+    y0, y1 = max(0, d - most), min(c, c + d - least)  # keys seen by some row
+    # the call's row x' is row x0 + x'; its key positions sit at x' + (y1 - y0) - (x1 - x0) + offset
+    offset = x0 - y0 + d - ((y1 - y0) - (x1 - x0))
+    return Call(causal, left, right, offset, (x0, x1), (y0, y1))
 
 
 def _with_sinks(out, lse, sinks):
@@ -85,6 +90,57 @@ def _steps(size: int, layout: str, c: int, causal: bool, window: tuple[int, int]
                    for r in range(size))]
 
 
+def _hull(boxes: list[tuple[int, int]]) -> tuple[int, int]:
+    """The smallest row range holding these boxes; (0, 0) for none."""
+    boxes = [box for box in boxes if box[1] > box[0]]
+    return (min(lo for lo, _ in boxes), max(hi for _, hi in boxes)) if boxes else (0, 0)
+
+
+def _travelled(owner: int, steps: list[int], upto: int, size: int, layout: str, c: int, causal: bool,
+               window: tuple[int, int]) -> list[tuple[int, int]]:
+    """Per kv chunk of rank owner's shard: the rows that the ranks after it gave gradients to in steps[1]
+    .. steps[upto] (their hull), which is all the travelling dk/dv accumulators of that shard carry.
+    Every rank computes it alike, so each knows the shapes it receives."""
+    per = len(chunks_of(owner, size, layout))
+    boxes = [[] for _ in range(per)]
+    for step in steps[1:upto + 1]:
+        for _, b, call in _pairs((owner + step) % size, owner, size, layout, c, causal, window):
+            boxes[b].append(call.keys)
+    return [_hull(bx) for bx in boxes]
+
+
+def _rows_shape(t: torch.Tensor, rows: tuple[int, int]) -> tuple[int, ...]:
+    return (*t.shape[:-2], rows[1] - rows[0], t.shape[-1])
+
+
+def _carried(got: list | None, before: list, rows: list, ks, vs, acc_t) -> list[torch.Tensor]:
+    """The travelling accumulators of a shard, [dk, dv] per chunk b over its rows[b], in acc_t: what arrived
+    (`got`, over before[b]; None at the shard's first foreign step) in its place, zeros elsewhere."""
+    travel = []
+    for b in range(len(rows)):
+        for i, t in enumerate((ks[b], vs[b])):
+            mine = None if got is None else got[2 * b + i]
+            if mine is None or before[b] != rows[b]:
+                grown = t.new_zeros(_rows_shape(t, rows[b]), dtype=acc_t)
+                if mine is not None and mine.numel():
+                    part(grown, (before[b][0] - rows[b][0], before[b][1] - rows[b][0])).copy_(mine)
+                mine = grown
+            travel.append(mine)
+    return travel
+
+
+def _add_grads(dst: tuple, origin: list[int], kv_grads: list) -> None:
+    """Add each pair's (kv chunk b, keys, dk, dv) into dst = (dk chunks, dv chunks) whose row 0 is row
+    origin[b] of chunk b."""
+    for b, (y0, y1), dk_b, dv_b in kv_grads:
+        part(dst[0][b], (y0 - origin[b], y1 - origin[b])).add_(dk_b)
+        part(dst[1][b], (y0 - origin[b], y1 - origin[b])).add_(dv_b)
+
+
+def _joined(parts: list[torch.Tensor], dim: int, dtype) -> torch.Tensor:
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim)).to(dtype)
+
+
 class _Ring(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, causal, scale, softcap, window, group, layout):
@@ -94,24 +150,27 @@ class _Ring(torch.autograd.Function):
         steps = _steps(size, layout, c, causal, window)
         acc_t = torch.float64 if q.dtype == torch.float64 else torch.float32
         qs = q.chunk(per, dim=-2)
-        acc = [None] * per
+        acc = [ChunkSum(c, acc_t) for _ in range(per)]
         kv = [k, v]
         for step, after in zip(steps, steps[1:] + [None]):
             if after is not None:
                 nxt, reqs = ring_shift(kv, group, after - step)  # travels while this step computes
             src = (rank - step) % size
             ks, vs = kv[0].chunk(per, dim=-2), kv[1].chunk(per, dim=-2)
-            for a, b, (pc, left, right, offset) in _pairs(rank, src, size, layout, c, causal, window):
-                out, lse = torch.ops.diyflash.attention_fwd(qs[a], ks[b], vs[b], pc, scale, None, left, right,
-                                                            softcap, None, None, offset)
-                acc[a] = _merge(acc[a], out.to(acc_t), lse)
+            for a, b, call in _pairs(rank, src, size, layout, c, causal, window):
+                out, lse = torch.ops.diyflash.attention_fwd(
+                    part(qs[a], call.rows), part(ks[b], call.keys), part(vs[b], call.keys), call.causal, scale,
+                    None, call.left, call.right, softcap, None, None, call.offset)
+                acc[a].merge(out, lse, call.rows)
             if after is not None:
                 wait(reqs)
                 kv = nxt
         if sinks is not None:
-            acc = [_with_sinks(o, l, sinks) for o, l in acc]
-        out = torch.cat([o for o, _ in acc], dim=-2).to(q.dtype)
-        lse = torch.cat([l for _, l in acc], dim=-1)
+            outs = [_with_sinks(s.exact(), s.lse, sinks) for s in acc]
+        else:
+            outs = [(s.result(q.dtype), s.lse) for s in acc]
+        out = _joined([o for o, _ in outs], -2, q.dtype)
+        lse = _joined([l for _, l in outs], -1, acc_t)
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.args = (causal, scale, softcap, window, group, layout)
         ctx.set_materialize_grads(False)  # an unused lse gets no gradient: no dlse term in the backward
@@ -129,44 +188,65 @@ class _Ring(torch.autograd.Function):
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         qs, dos, outs, lses = (t.chunk(per, dim=-2 if t.dim() == q.dim() else -1) for t in (q, dout, out, lse))
         dlses = dlse.chunk(per, dim=-1) if dlse is not None else [None] * per
-        dq = [torch.zeros(t.shape, dtype=acc_t, device=q.device) for t in qs]
+        dq = [ChunkSum(c, acc_t) for _ in range(per)]
         kv = [k, v]
-        dkv = [torch.zeros(k.shape, dtype=acc_t, device=k.device), torch.zeros(v.shape, dtype=acc_t, device=v.device)]
-        in_flight = None  # the accumulators of the kv shard this step holds, on their way from the previous rank
+        # this rank's own dk/dv (its step-0 pairs, then what the others send back); the others' gradients to
+        # the shard in hand travel with it as (rows, dk part, dv part) per chunk, only the rows they touched
+        home = [torch.zeros(k.shape, dtype=acc_t, device=k.device), torch.zeros(v.shape, dtype=acc_t, device=v.device)]
+        home_chunks = [t.chunk(per, dim=-2) for t in home]
+        arriving = None  # (parts, requests) of the accumulators of the shard in hand, from its previous holder
         want_dsinks = sinks is not None and ctx.needs_input_grad[3]
         dsinks_of = {}
-        for step, after in zip(steps, steps[1:] + [None]):
+        for n, (step, after) in enumerate(zip(steps, steps[1:] + [None])):
             if after is not None:
                 nxt, reqs = ring_shift(kv, group, after - step)
             src = (rank - step) % size
             ks, vs = kv[0].chunk(per, dim=-2), kv[1].chunk(per, dim=-2)
             kv_grads = []
-            for a, b, (pc, left, right, offset) in _pairs(rank, src, size, layout, c, causal, window):
-                # the sinks' gradient is the op's (a sum over chunk a's rows): asked for once per q chunk
-                ask = sinks if want_dsinks and a not in dsinks_of else None
-                g = torch.ops.diyflash.attention_bwd(dos[a], dlses[a], qs[a], ks[b], vs[b], outs[a], lses[a], pc,
-                                                     scale, None, left, right, softcap, None, ask, offset)
+            for a, b, call in _pairs(rank, src, size, layout, c, causal, window):
+                # the sinks' gradient is the op's (a sum over chunk a's rows): asked for once per q chunk, of
+                # a pair with all its rows (the chunk's own diagonal pair has them)
+                ask = sinks if want_dsinks and a not in dsinks_of and call.rows == (0, c) else None
+                rows = call.rows
+                g = torch.ops.diyflash.attention_bwd(
+                    part(dos[a], rows), None if dlses[a] is None else part(dlses[a], rows, -1),
+                    part(qs[a], rows), part(ks[b], call.keys), part(vs[b], call.keys), part(outs[a], rows),
+                    part(lses[a], rows, -1), call.causal, scale, None, call.left, call.right, softcap, None, ask,
+                    call.offset)
                 if ask is not None:
                     dsinks_of[a] = g[3]
-                dq[a] += g[0]
-                kv_grads.append((b, g[1], g[2]))
-            if in_flight is not None:  # sent while this step computed
-                wait(in_flight[1])
-                dkv = in_flight[0]
-            dks, dvs = dkv[0].chunk(per, dim=-2), dkv[1].chunk(per, dim=-2)
-            for b, dk_b, dv_b in kv_grads:  # views of dkv: the accumulators travel with their k and v
-                dks[b].add_(dk_b)
-                dvs[b].add_(dv_b)
-            # on with their k and v; after the last step, straight back to their owner (rank - step)
-            in_flight = ring_shift(dkv, group, -step if after is None else after - step)
+                dq[a].add(g[0], rows)
+                kv_grads.append((b, call.keys, g[1], g[2]))
+            if n == 0:  # the own shard: its gradients stay here
+                _add_grads(home_chunks, [0] * per, kv_grads)
+            else:  # the shard's travelling accumulators: what arrived, plus this step's, on to the next holder
+                rows = _travelled(src, steps, n, size, layout, c, causal, window)
+                before = _travelled(src, steps, n - 1, size, layout, c, causal, window)
+                got = None
+                if arriving is not None:  # sent by the previous holder while this step computed
+                    wait(arriving[1])
+                    got = arriving[0]
+                travel = _carried(got, before, rows, ks, vs, acc_t)
+                _add_grads((travel[0::2], travel[1::2]), [lo for lo, _ in rows], kv_grads)
+                # to the shard's next holder, or after the last step back to its owner; what comes in is the
+                # accumulators of the shard this rank holds next (at the end, of its own)
+                owner = (rank - after) % size if after is not None else rank
+                incoming = _travelled(owner, steps, n, size, layout, c, causal, window)
+                bufs = [torch.empty(_rows_shape(t, incoming[b]), dtype=acc_t, device=t.device)
+                        for b in range(per) for t in (ks[b], vs[b])]
+                arriving = (bufs, exchange(travel, bufs, group, after - step if after is not None else -step))
             if after is not None:
                 wait(reqs)
                 kv = nxt
-        wait(in_flight[1])
-        dkv = in_flight[0]
+        if arriving is not None:  # the others' gradients to this rank's shard, back home
+            wait(arriving[1])
+            back = _travelled(rank, steps, len(steps) - 1, size, layout, c, causal, window)
+            for b in range(per):
+                part(home_chunks[0][b], back[b]).add_(arriving[0][2 * b])
+                part(home_chunks[1][b], back[b]).add_(arriving[0][2 * b + 1])
         dsinks = sum(dsinks_of[a] for a in sorted(dsinks_of)) if want_dsinks else None  # chunk order: deterministic
-        return (torch.cat(dq, dim=-2).to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dsinks,
-                None, None, None, None, None, None)
+        return (_joined([s.result(q.dtype) for s in dq], -2, q.dtype), home[0].to(k.dtype), home[1].to(v.dtype),
+                dsinks, None, None, None, None, None, None)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -177,9 +257,9 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     DeviceMesh; any backend: NCCL on GPUs, gloo on CPU). q (B, H, N/W, D), k and v (B, H_kv, N/W, D[_v])
     are this rank's shards of the sequence in `layout` (shard_sequence); the result is this rank's shard
     of the output (and with return_lse its lse (B, H, N/W) fp32), differentiable in q, k, v and sinks. GQA
-    sends the H_kv heads only. causal, sm_scale, window_size, softcap and sinks ((H,) logits) as diyflash.flash_attention, over
-    the whole sequence: a window is one band of global positions, each pair of chunks computes its part
-    of it (or nothing), and the ring stops after the last step with work.
+    sends the H_kv heads only. causal, sm_scale, window_size, softcap and sinks ((H,) logits) as
+    diyflash.flash_attention, over the whole sequence: a window is one band of global positions, each pair
+    of chunks computes its part of it (or nothing), and steps with no work for any rank do not run.
     Every rank's arguments follow flash_attention's rules; validate (default) also compares the shards'
     shapes and dtypes and the arguments across ranks, once per call (layout.same_on_every_rank: one small
     all_gather, which waits for the group's queued work)."""
