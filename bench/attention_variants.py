@@ -30,17 +30,9 @@ ROUNDS, ROUND_MS = 5, 50
 
 def visible_pairs(n_q: int, n_k: int, causal: bool, window: tuple[int, int]) -> int:
     """How many (query, key) pairs the mask lets through (bottom-right alignment)."""
-    i = torch.arange(n_q, dtype=torch.int64).view(-1, 1) + (n_k - n_q)
-    j = torch.arange(n_k, dtype=torch.int64).view(1, -1)
-    left, right = window
-    vis = torch.ones(n_q, n_k, dtype=torch.bool)
-    if causal:
-        vis &= j <= i
-    if left >= 0:
-        vis &= j >= i - left
-    if right >= 0:
-        vis &= j <= i + right
-    return int(vis.sum())
+    from diyflash.reference import visible_mask
+
+    return int(visible_mask(n_q, n_k, causal, window).sum())
 
 
 def flops(cell: dict, mode: str) -> float:

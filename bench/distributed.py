@@ -1,9 +1,11 @@
-"""Context-parallel attention on several GPUs (issue 27): diyflash.distributed's ring and Ulysses attention,
-forward + backward, against single-GPU diyflash, per-GPU TFLOPS. B1 H32 H_kv 8 D128 bf16 causal, zigzag
-shards (--layout), or a sliding window of --window keys (counting only the FLOPs of visible keys). One process per GPU (NCCL, torch.multiprocessing spawn); "ring, sends off" runs the same ring with its
-sends replaced by local copies (wrong results, the same compute): the ring's time minus that one is the
-communication its computation did not hide. Times are the slowest rank's median of --reps, with a barrier
-before each; the single-GPU row runs the whole sequence on GPU 0 afterwards (or --single-n tokens).
+"""Context-parallel attention on several GPUs (issue 27): diyflash.distributed's ring and Ulysses attention
+(and on 4 GPUs hybrid_attention on a 2 x 2 mesh), forward + backward, against single-GPU diyflash, per-GPU
+TFLOPS. B1 H32 H_kv 8 D128 bf16 causal, zigzag shards (--layout), or a sliding window of --window keys
+(counting only the FLOPs of visible keys). One process per GPU (NCCL, torch.multiprocessing spawn); "ring,
+sends off" runs the same ring with its K/V sends replaced by local copies and its dk/dv exchanges by zero
+fills (wrong results, the same compute): the ring's time minus that one is the communication its
+computation did not hide. Times are the slowest rank's median of --reps, with a barrier before each; the
+single-GPU row runs the whole sequence on GPU 0 afterwards (or --single-n tokens).
     python -m bench.distributed [--n 131072 262144] [--gpus 2] [--reps 3] [--window 4096] [--layout contiguous]
         [--out results.jsonl]"""
 
@@ -52,6 +54,13 @@ def _fwd_bwd(attn, q, k, v, g, **kw):
     return lambda: torch.autograd.grad(attn(q, k, v, True, **kw), (q, k, v), g)
 
 
+def _zero_fills(send, recv, group, distance):
+    """layout.exchange without the network: the receive buffers zeroed, no request."""
+    for b in recv:
+        b.zero_()
+    return []
+
+
 def _worker(rank, world, port, ns, reps, queue, window, layout):
     import diyflash.distributed as dd
     import diyflash.distributed.ring as ring_mod
@@ -59,6 +68,11 @@ def _worker(rank, world, port, ns, reps, queue, window, layout):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
+    mesh = None
+    if world == 4:  # hybrid_attention: Ulysses over pairs of GPUs, the ring across the pairs
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("ring", "ulysses"))
     try:
         for n in ns:
             gen = torch.Generator(device="cuda").manual_seed(rank)
@@ -68,13 +82,16 @@ def _worker(rank, world, port, ns, reps, queue, window, layout):
             row = {}
             kw = dict(window_size=(window, 0), layout=layout)
             row["ring"] = _time(_fwd_bwd(dd.ring_attention, q, k, v, g, **kw), reps, True)
-            shift = ring_mod.ring_shift
+            shift, exchange = ring_mod.ring_shift, ring_mod.exchange
             ring_mod.ring_shift = lambda ts, group, distance=1: ([t.clone() for t in ts], [])
+            ring_mod.exchange = _zero_fills
             try:
                 row["ring, sends off"] = _time(_fwd_bwd(dd.ring_attention, q, k, v, g, **kw), reps, True)
             finally:
-                ring_mod.ring_shift = shift
+                ring_mod.ring_shift, ring_mod.exchange = shift, exchange
             row["ulysses"] = _time(_fwd_bwd(dd.ulysses_attention, q, k, v, g, **kw), reps, True)
+            if mesh is not None:
+                row["hybrid 2x2"] = _time(_fwd_bwd(dd.hybrid_attention, q, k, v, g, mesh=mesh, **kw), reps, True)
             slowest = torch.tensor([row[name] for name in row], device="cuda", dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             if rank == 0:

@@ -59,14 +59,7 @@ def attention_ref(
         slopes = alibi_slopes.to(scores.dtype)
         slopes = slopes.view(1, -1, 1, 1) if slopes.dim() == 1 else slopes.view(slopes.shape[0], -1, 1, 1)
         scores = scores - slopes * (diag - cols).abs().to(scores.dtype)
-    visible = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device)
-    left, right = window_size
-    if causal:
-        visible = visible & (cols <= diag)
-    if left >= 0:
-        visible = visible & (cols >= diag - left)
-    if right >= 0:
-        visible = visible & (cols <= diag + right)
+    visible = visible_mask(n_q, n_k, causal, window_size, diagonal_offset, q.device)
     shape = (-1,) + (1,) * (q.dim() - 1)  # (B, 1, ..., 1): one length per leading index
     row_valid = torch.ones(n_q, 1, dtype=torch.bool, device=q.device)
     if seq_lens is not None:
@@ -89,6 +82,24 @@ def attention_ref(
     p = torch.softmax(torch.where(any_visible, probs_of, 0.0), dim=-1) * any_visible
     out = torch.matmul(p.to(v.dtype), v)
     return out, lse
+
+
+def visible_mask(n_q: int, n_k: int, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+                 diagonal_offset: int = 0, device=None) -> torch.Tensor:
+    """(N_q, N_k) bool: whether query row i sees key j, by the contract's definition: i sits at key position
+    i + N_k - N_q + diagonal_offset; causal keeps keys up to it, a window (left, right) the keys within
+    left before and right after it (-1: that side unbounded)."""
+    diag = torch.arange(n_q, device=device).view(n_q, 1) + (n_k - n_q + diagonal_offset)
+    cols = torch.arange(n_k, device=device).view(1, n_k)
+    visible = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    left, right = window_size
+    if causal:
+        visible = visible & (cols <= diag)
+    if left >= 0:
+        visible = visible & (cols >= diag - left)
+    if right >= 0:
+        visible = visible & (cols <= diag + right)
+    return visible
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:

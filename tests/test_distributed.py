@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import diyflash.distributed as dd
-from diyflash.reference import attention_ref
+from diyflash.reference import attention_ref, visible_mask
 from diyflash.utils.validation import error_report
 from helpers import ON_GPU, cancellation_bands
 
@@ -28,13 +28,16 @@ def _inputs(b, h, h_kv, n, d, seed=0):
     return q, k, v, g
 
 
-def _check(fn, q, k, v, g, layout, causal, **kw):
-    """fn on this rank's shards: out, lse and grads gathered, each against the oracle under the 2x rule."""
-    leaves = [dd.shard_sequence(t, layout=layout).requires_grad_() for t in (q, k, v)]
+def _check(fn, q, k, v, g, layout, causal, group=None, **kw):
+    """fn on this rank's shards (of `group`: hybrid_attention's mesh, or the others' group): out, lse and
+    grads gathered, each against the oracle under the 2x rule."""
+    leaves = [dd.shard_sequence(t, group, layout=layout).requires_grad_() for t in (q, k, v)]
     fn_kw = {("sm_scale" if name == "scale" else name): value for name, value in kw.items()}
+    if group is not None:
+        fn_kw["mesh" if fn is dd.hybrid_attention else "group"] = group
     out, lse = fn(*leaves, causal, layout=layout, return_lse=True, **fn_kw)
-    grads = torch.autograd.grad(out, leaves, dd.shard_sequence(g, layout=layout))
-    ours = [dd.gather_sequence(t, dim=-1 if t is lse else -2, layout=layout) for t in (out, lse, *grads)]
+    grads = torch.autograd.grad(out, leaves, dd.shard_sequence(g, group, layout=layout))
+    ours = [dd.gather_sequence(t, group, dim=-1 if t is lse else -2, layout=layout) for t in (out, lse, *grads)]
     plain_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     plain = attention_ref(*plain_leaves, causal=causal, upcast=False, **kw)
     ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
@@ -243,6 +246,57 @@ def test_three_processes():
     _spawn(3, _cases_3)
 
 
+def _cases_4(world):
+    _hybrid_cases((2, 2))
+
+
+def _hybrid_cases(shape):
+    """hybrid_attention on a mesh of this shape: Ulysses over dim 1, the ring over dim 0."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    nccl = dist.get_backend() == "nccl"
+    mesh = init_device_mesh("cuda" if nccl else "cpu", shape, mesh_dim_names=("ring", "ulysses"))
+    q, k, v, g = _inputs(1, 4, 2, 32, 64 if nccl else 8, seed=9)  # GQA 4/2: each Ulysses rank takes one kv head
+    if nccl:
+        q, k, v, g = (t.to("cuda", torch.bfloat16) for t in (q, k, v, g))
+    _check(dd.hybrid_attention, q, k, v, g, "zigzag", True, mesh)
+    _check(dd.hybrid_attention, q, k, v, g, "contiguous", False, mesh, window_size=(5, 3))
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(3)).to(q.device)
+    _check(dd.hybrid_attention, q, k, v, g, "contiguous", True, mesh, window_size=(6, 0), softcap=5.0, sinks=sinks)
+    # a pair of groups is the mesh: bitwise the same shards and outputs
+    pair = (mesh["ring"], mesh["ulysses"].get_group())
+    a = [dd.shard_sequence(t, mesh) for t in (q, k, v)]
+    assert all(torch.equal(x, dd.shard_sequence(t, pair)) for x, t in zip(a, (q, k, v)))
+    assert torch.equal(dd.hybrid_attention(*a, True, mesh=mesh), dd.hybrid_attention(*a, True, mesh=pair))
+    with pytest.raises(ValueError, match="mesh must be a 2-D DeviceMesh"):
+        dd.hybrid_attention(*a, True, mesh=mesh["ring"])
+    with pytest.raises(ValueError, match="hybrid_attention takes a 2-D mesh"):
+        dd.ring_attention(*a, True, group=mesh)
+
+
+@processes
+def test_four_processes_on_a_2x2_mesh():
+    _spawn(4, _cases_4)
+
+
+@pytest.mark.skipif(not (ON_GPU and torch.cuda.device_count() >= 4 and dist.is_available()
+                         and dist.is_nccl_available()), reason="NCCL on four GPUs (the device tool's nvidia-h200-x4 kind)")
+def test_four_gpus_nccl_2x2_mesh():
+    """hybrid_attention on a 2 x 2 mesh of GPUs with NCCL, bf16: as the gloo run."""
+    _spawn(4, _cases_4, "nccl")
+
+
+def _cases_2x1_1x2(world):
+    _hybrid_cases((2, 1))
+    _hybrid_cases((1, 2))
+
+
+@two_gpus
+def test_two_gpus_nccl_hybrid_meshes():
+    """hybrid_attention on 2 GPUs with NCCL, bf16, as a 2 x 1 mesh (all ring) and a 1 x 2 mesh (all Ulysses)."""
+    _spawn(2, _cases_2x1_1x2, "nccl")
+
+
 def test_one_process_without_a_group_is_plain_attention(device):
     """W = 1 (no process group; on the GPU too): ring and Ulysses are the attention of the whole sequence,
     forward and backward, and shard_sequence is the identity."""
@@ -260,22 +314,8 @@ def test_one_process_without_a_group_is_plain_attention(device):
     assert torch.equal(dd.shard_sequence(q, layout="contiguous"), q)
 
 
-def _visible(n_q, n_k, causal, window, offset=0):
-    """The contract's mask by its definition (query row i at key position i + N_k - N_q + offset)."""
-    rows = torch.arange(n_q).view(-1, 1) + (n_k - n_q + offset)
-    cols = torch.arange(n_k).view(1, -1)
-    vis = torch.ones(n_q, n_k, dtype=torch.bool)
-    left, right = window
-    if causal:
-        vis &= cols <= rows
-    if left >= 0:
-        vis &= cols >= rows - left
-    if right >= 0:
-        vis &= cols <= rows + right
-    return vis
-
-
-@pytest.mark.parametrize("size,layout,c", [(2, "zigzag", 5), (3, "contiguous", 7), (4, "zigzag", 4), (5, "contiguous", 3)])
+@pytest.mark.parametrize("size,layout,c",
+                         [(2, "zigzag", 5), (3, "contiguous", 7), (4, "zigzag", 4), (5, "contiguous", 3)])
 def test_ring_pairs_draw_the_sequence_band(size, layout, c):
     """Every (q chunk, kv chunk) pair's call (ring._pair: skipped, or the box of rows and keys that holds
     the visible ones, with causal, the window and a diagonal offset folded by contract.band as every
@@ -289,7 +329,7 @@ def test_ring_pairs_draw_the_sequence_band(size, layout, c):
     n = c * num_chunks(size, layout)
     for causal in (False, True):
         for window in ((-1, -1), (0, 0), (2, 1), (c - 1, -1), (c + 2, c), (3 * c, 0), (-1, 2 * c + 1), (n, n)):
-            whole = _visible(n, n, causal, window)
+            whole = visible_mask(n, n, causal, window)
             for i in range(num_chunks(size, layout)):
                 for j in range(num_chunks(size, layout)):
                     block = whole[i * c:(i + 1) * c, j * c:(j + 1) * c]

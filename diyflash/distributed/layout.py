@@ -19,7 +19,7 @@ LAYOUTS = ("zigzag", "contiguous")
 def process_group(group):
     """`group` as torch.distributed's calls take it: None (the default group) and process groups pass
     through; a 1-D DeviceMesh gives its group. A mesh of more dims is refused: it does not say which of its
-    dims shards the sequence."""
+    dims shards the sequence (hybrid_attention takes a 2-D one)."""
     if group is None or not dist.is_available():
         return group
     from torch.distributed.device_mesh import DeviceMesh
@@ -28,9 +28,27 @@ def process_group(group):
         if group.ndim != 1:
             names = f" (dims {group.mesh_dim_names})" if group.mesh_dim_names else ""
             raise ValueError(f"group: a {group.ndim}-D DeviceMesh of shape {tuple(group.shape)}{names} does not say "
-                             "which of its dims shards the sequence; pass a 1-D mesh (mesh[\"name\"]) or a process group")
+                             "which of its dims shards the sequence; pass a 1-D mesh (mesh[\"name\"]) or a process "
+                             "group (hybrid_attention takes a 2-D mesh)")
         return group.get_group()
     return group
+
+
+def hybrid_groups(mesh) -> tuple | None:
+    """(ring group, Ulysses group) of a 2-D DeviceMesh (dim 0 the ring, across nodes; dim 1 Ulysses, inside
+    one: a mesh puts consecutive ranks, one node's GPUs, on its last dim) or of a pair of groups (or 1-D
+    meshes); None for anything else (one group)."""
+    if isinstance(mesh, (tuple, list)):
+        if len(mesh) != 2:
+            raise ValueError(f"a hybrid mesh as groups is a (ring group, Ulysses group) pair, got {len(mesh)} items")
+        return process_group(mesh[0]), process_group(mesh[1])
+    if mesh is None or not dist.is_available():
+        return None
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if isinstance(mesh, DeviceMesh) and mesh.ndim == 2:
+        return mesh.get_group(0), mesh.get_group(1)
+    return None
 
 
 def world(group) -> tuple[int, int]:
@@ -64,8 +82,14 @@ def _chunk_len(n: int, size: int, layout: str, what: str) -> int:
 
 def shard_sequence(x: torch.Tensor, group=None, dim: int = -2, layout: str = "zigzag") -> torch.Tensor:
     """This rank's shard of the full sequence x along dim: a view for `contiguous`, a copy (two chunks
-    concatenated) for `zigzag`. The length must divide into the layout's chunks."""
+    concatenated) for `zigzag`. The length must divide into the layout's chunks. With a 2-D mesh (or a
+    (ring group, Ulysses group) pair; hybrid_attention): the ring rank's shard in `layout`, cut into equal
+    contiguous pieces over the Ulysses group, of which this rank's."""
     check_layout(layout)
+    groups = hybrid_groups(group)
+    if groups is not None:
+        ring_shard = shard_of(x, *world(groups[0]), dim, layout)
+        return shard_of(ring_shard, *world(groups[1]), dim, "contiguous")
     return shard_of(x, *world(process_group(group)), dim, layout)
 
 
@@ -108,6 +132,9 @@ def gather_sequence(shard: torch.Tensor, group=None, dim: int = -2, layout: str 
     """The full sequence on every rank from each rank's shard (all_gather). Differentiable: the
     shard's gradient is the sum over ranks of their gradients of its part (an all_reduce)."""
     check_layout(layout)
+    groups = hybrid_groups(group)
+    if groups is not None:  # the Ulysses group's pieces make the ring shard; the ring's shards the sequence
+        return gather_sequence(gather_sequence(shard, groups[1], dim, "contiguous"), groups[0], dim, layout)
     group = process_group(group)
     _, size = world(group)
     if size == 1:

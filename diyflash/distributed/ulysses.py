@@ -33,7 +33,7 @@ def _to_sequence(x, group, layout):
     return torch.cat(recvs, dim=1)
 
 
-class _Exchange(torch.autograd.Function):
+class Exchange(torch.autograd.Function):
     """_to_heads (to_heads) or _to_sequence; each is the other's backward."""
 
     @staticmethod
@@ -45,6 +45,20 @@ class _Exchange(torch.autograd.Function):
     def backward(ctx, grad):
         group, layout, to_heads = ctx.args
         return (_to_sequence if to_heads else _to_heads)(grad, group, layout), None, None, None
+
+
+def check_head_split(fn: str, q, k, v, size: int) -> None:
+    """(B, H, N/W, D) shards whose H query heads split over `size` ranks and group over the kv heads."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        raise TypeError("q, k and v must be tensors")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"{fn} takes (B, H, N/W, D) shards, got q {tuple(q.shape)}, k {tuple(k.shape)}, v "
+                         f"{tuple(v.shape)}")
+    h, h_kv = q.shape[1], k.shape[1]
+    if h % size:
+        raise ValueError(f"{fn} splits the {h} query heads over {size} ranks: H must divide by the group size")
+    if h_kv == 0 or h % h_kv:
+        raise ValueError(f"the number of query heads ({h}) must be a multiple of the number of kv heads ({h_kv})")
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -60,17 +74,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     check_layout(layout)
     group = process_group(group)
     rank, size = world(group)
-    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
-        raise TypeError("q, k and v must be tensors")
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"ulysses_attention takes (B, H, N/W, D) shards, got q {tuple(q.shape)}, k "
-                         f"{tuple(k.shape)}, v {tuple(v.shape)}")
+    check_head_split("ulysses_attention", q, k, v, size)
     h, h_kv = q.shape[1], k.shape[1]
-    if h % size:
-        raise ValueError(f"ulysses_attention splits the {h} query heads over {size} ranks: H must divide by the "
-                         "group size")
-    if h_kv == 0 or h % h_kv:
-        raise ValueError(f"the number of query heads ({h}) must be a multiple of the number of kv heads ({h_kv})")
     causal, sm_scale, left, right, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap, None,
                                                                  sinks, any_device=True)
     return_lse = bool_flag("return_lse", return_lse)
@@ -85,12 +90,12 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         return (out, lse) if return_lse else out
     if h_kv % size:
         k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
-    qh, kh, vh = (_Exchange.apply(t, group, layout, True) for t in (q, k, v))
+    qh, kh, vh = (Exchange.apply(t, group, layout, True) for t in (q, k, v))
     if sinks is not None:
         sinks = sinks.chunk(size)[rank]
     out, lse = torch.ops.diyflash.attention_fwd(qh, kh, vh, causal, scale, None, left, right, softcap,
                                                 None, sinks)
     if not return_lse:
-        return _Exchange.apply(out, group, layout, False)
-    return (_Exchange.apply(out, group, layout, False),
-            _Exchange.apply(lse.unsqueeze(-1), group, layout, False).squeeze(-1))
+        return Exchange.apply(out, group, layout, False)
+    return (Exchange.apply(out, group, layout, False),
+            Exchange.apply(lse.unsqueeze(-1), group, layout, False).squeeze(-1))
