@@ -115,15 +115,10 @@ def validate_variants_cell(device, dtype, d, n, gen) -> bool:
     """One cell with every variant at once: GQA 4/2, D_v = D/2 (at least 8), a causal window
     of n/4 keys, softcap 20, per-head ALiBi slopes and sinks, N_k = N_q + 5; out, dq, dk, dv and dsinks."""
     from diyflash.reference import attention_ref
-    from diyflash.utils.validation import compare_with_oracle
+    from diyflash.utils.validation import compare_with_oracle, variants_cell
 
-    dv = max(8, d // 2 // 8 * 8)
-    q = torch.randn(1, 4, n, d, generator=gen).to(device, dtype)
-    k = torch.randn(1, 2, n + 5, d, generator=gen).to(device, dtype)
-    v = torch.randn(1, 2, n + 5, dv, generator=gen).to(device, dtype)
-    sinks = torch.randn(4, generator=gen).to(device)
-    kw = dict(window_size=(max(1, n // 4), -1), softcap=20.0,
-              alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625], device=device))
+    q, k, v, sinks, kw = variants_cell(device, dtype, d, n, gen)
+    dv = v.shape[-1]
 
     def ours(q, k, v, s):
         return torch.ops.diyflash.attention(q, k, v, True, None, None, kw["window_size"][0], -1, kw["softcap"],
@@ -162,6 +157,8 @@ def precompile_part(args, dtypes, head_dims, causals, n, size) -> None:
         if "attention" in args.parts:
             jobs += [Job("attention", names[dt], (2, 2, n_q, n_k, d), causal=c)
                      for dt in dtypes for d, c, n_q, n_k in _attention_cells(head_dims, causals, n)]
+            jobs += [Job("attention", names[dt], (1, 4, n, n + 5, head_dims[0]), causal=True, variants=True)
+                     for dt in dtypes]  # validate_variants_cell's call
         if "matmul" in args.parts:
             jobs += [Job("matmul", names[dt], shape, b_transposed=t)
                      for dt in dtypes for shape in _matmul_shapes(size) for t in (False, True)]

@@ -38,8 +38,9 @@ MAX_WORKERS = 16
 class Job:
     """One call to make once: an attention forward (and backward) or a matmul (and its gradients).
 
-    attention: shape (B, H, N_q, N_k, D), `causal`. matmul: shape (M, K, N), `b_transposed` (b given as the
-    transpose of (N, K) storage), `autotune` (False: the untuned default tiles), or `tiles` (one tuner
+    attention: shape (B, H, N_q, N_k, D), `causal`; `variants`: the main job's cell with every variant at once
+    (utils.validation.variants_cell, built from N_q and D). matmul: shape (M, K, N), `b_transposed` (b given
+    as the transpose of (N, K) storage), `autotune` (False: the untuned default tiles), or `tiles` (one tuner
     candidate's fields, forward only: compiled here, timed later by the tuner)."""
 
     kind: str
@@ -50,11 +51,13 @@ class Job:
     b_transposed: bool = False
     autotune: bool = False
     tiles: tuple | None = None
+    variants: bool = False
 
     def label(self) -> str:
         dims = "x".join(map(str, self.shape))
         if self.kind == "attention":
-            return f"attention {self.dtype} {dims} {'causal' if self.causal else 'full'}{' +bwd' if self.backward else ''}"
+            what = "every variant" if self.variants else "causal" if self.causal else "full"
+            return f"attention {self.dtype} {dims} {what}{' +bwd' if self.backward else ''}"
         what = f"tiles {self.tiles[:3]}" if self.tiles else ("autotuned" if self.autotune else "default tiles")
         return f"matmul {self.dtype} {dims}{' (b = view.mT)' if self.b_transposed else ''} {what}"
 
@@ -103,7 +106,16 @@ def run_job(job: Job, device: str = "cuda") -> float:
     start = time.perf_counter()
     dtype = DTYPES[job.dtype]
     gen = torch.Generator().manual_seed(0)
-    if job.kind == "attention":
+    if job.kind == "attention" and job.variants:
+        from .utils.validation import variants_cell
+
+        q, k, v, sinks, kw = variants_cell(device, dtype, job.shape[-1], job.shape[2], gen)
+        leaves = [t.requires_grad_(job.backward) for t in (q, k, v, sinks)]
+        out = torch.ops.diyflash.attention(q, k, v, True, None, None, kw["window_size"][0], -1, kw["softcap"],
+                                           kw["alibi_slopes"], sinks)
+        if job.backward:
+            torch.autograd.grad(out, leaves, torch.randn_like(out))
+    elif job.kind == "attention":
         b, h, n_q, n_k, d = job.shape
         need = job.backward
         q, k, v = (torch.randn(b, h, n, d, generator=gen).to(device, dtype).requires_grad_(need) for n in (n_q, n_k, n_k))

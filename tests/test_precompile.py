@@ -39,6 +39,37 @@ def test_a_failing_call_names_its_job(device):
         precompile_jobs([bad], workers=1, device=device.type, log=None)
 
 
+def test_the_variants_job_makes_the_main_jobs_variants_call(device):
+    """Job(variants=True) runs utils.validation.variants_cell's call (GQA 4/2, D_v != D, window, softcap,
+    ALiBi, sinks) with its backward, as `python -m diyflash` validates it."""
+    job = Job("attention", "fp16", (1, 4, 24, 29, 16), causal=True, variants=True)
+    assert "1x4x24x29x16 every variant +bwd" in job.label()
+    lines = []
+    precompile_jobs([job], workers=1, device=device.type, log=lines.append)
+    assert any("every variant" in line for line in lines[1:]), lines
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compiles CUDA kernels")
+def test_the_main_jobs_variants_cell_compiles_nothing_after_precompile(tmp_path):
+    """The variants job in an empty Triton cache, then the main job's own variants check in a fresh process
+    compiles nothing (it had compiled its kernels one after the other, outside the parallel precompile)."""
+    import os
+
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "DIYFLASH_CACHE_DIR": str(tmp_path / "dyf")}
+    code = ("from diyflash.precompile import Job, precompile_jobs\n"
+            "precompile_jobs([Job('attention', 'bf16', (1, 4, 256, 261, 64), causal=True, variants=True)], workers=1)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    cached = {p.name for p in (tmp_path / "triton").rglob("*.cubin")}
+    assert cached, "nothing was compiled"
+    code = ("import torch\n"
+            "from diyflash.__main__ import validate_variants_cell\n"
+            "assert validate_variants_cell('cuda', torch.bfloat16, 64, 256, torch.Generator().manual_seed(0))\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert {p.name for p in (tmp_path / "triton").rglob("*.cubin")} == cached, "the fresh process compiled"
+
+
 @pytest.mark.skipif(not ON_GPU, reason="compiles CUDA kernels")
 def test_precompile_fills_the_cache_a_fresh_process_uses(tmp_path):
     """Compiled in workers into an empty Triton cache, then a fresh process's first call compiles nothing:
