@@ -19,6 +19,7 @@ same results.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -27,6 +28,7 @@ import torch
 from ..api import attention_arguments
 from .layout import check_layout, chunks_of, exchange, process_group, ring_shift, same_on_every_rank, wait, world
 from .sums import ChunkSum, part
+
 
 class Call(NamedTuple):
     """One pair's attention call: the rows [x0, x1) of the q chunk and the keys [y0, y1) of the kv chunk that
@@ -80,14 +82,15 @@ def _pairs(rank: int, src: int, size: int, layout: str, c: int, causal: bool, wi
                 yield a, b, call
 
 
-def _steps(size: int, layout: str, c: int, causal: bool, window: tuple[int, int]) -> list[int]:
+@functools.lru_cache(maxsize=256)  # W^2 pairs of Python: once per ring geometry, not per call
+def _steps(size: int, layout: str, c: int, causal: bool, window: tuple[int, int]) -> tuple[int, ...]:
     """The ring steps that run, in order: those at which some rank has a pair with visible keys (the same
     list on every rank). Without a window, every step; with a window, a rank's shard of k and v jumps
     from one step's holder to the next one's (layout.ring_shift by their distance), past ranks that
     would only pass it on."""
-    return [step for step in range(size)
-            if any(any(True for _ in _pairs(r, (r - step) % size, size, layout, c, causal, window))
-                   for r in range(size))]
+    return tuple(step for step in range(size)
+                 if any(any(True for _ in _pairs(r, (r - step) % size, size, layout, c, causal, window))
+                        for r in range(size)))
 
 
 def _hull(boxes: list[tuple[int, int]]) -> tuple[int, int]:
@@ -96,17 +99,18 @@ def _hull(boxes: list[tuple[int, int]]) -> tuple[int, int]:
     return (min(lo for lo, _ in boxes), max(hi for _, hi in boxes)) if boxes else (0, 0)
 
 
-def _travelled(owner: int, steps: list[int], upto: int, size: int, layout: str, c: int, causal: bool,
-               window: tuple[int, int]) -> list[tuple[int, int]]:
-    """Per kv chunk of rank owner's shard: the rows that the ranks after it gave gradients to in steps[1]
-    .. steps[upto] (their hull), which is all the travelling dk/dv accumulators of that shard carry.
+@functools.lru_cache(maxsize=4096)
+def _travelled(owner: int, upto: int, size: int, layout: str, c: int, causal: bool,
+               window: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """Per kv chunk of rank owner's shard: the rows that the ranks after it gave gradients to in the ring's
+    steps[1] .. steps[upto] (their hull), which is all the travelling dk/dv accumulators of that shard carry.
     Every rank computes it alike, so each knows the shapes it receives."""
     per = len(chunks_of(owner, size, layout))
     boxes = [[] for _ in range(per)]
-    for step in steps[1:upto + 1]:
+    for step in _steps(size, layout, c, causal, window)[1:upto + 1]:
         for _, b, call in _pairs((owner + step) % size, owner, size, layout, c, causal, window):
             boxes[b].append(call.keys)
-    return [_hull(bx) for bx in boxes]
+    return tuple(_hull(bx) for bx in boxes)
 
 
 def _rows_shape(t: torch.Tensor, rows: tuple[int, int]) -> tuple[int, ...]:
@@ -152,7 +156,7 @@ class _Ring(torch.autograd.Function):
         qs = q.chunk(per, dim=-2)
         acc = [ChunkSum(c, acc_t) for _ in range(per)]
         kv = [k, v]
-        for step, after in zip(steps, steps[1:] + [None]):
+        for step, after in zip(steps, (*steps[1:], None)):
             if after is not None:
                 nxt, reqs = ring_shift(kv, group, after - step)  # travels while this step computes
             src = (rank - step) % size
@@ -197,7 +201,7 @@ class _Ring(torch.autograd.Function):
         arriving = None  # (parts, requests) of the accumulators of the shard in hand, from its previous holder
         want_dsinks = sinks is not None and ctx.needs_input_grad[3]
         dsinks_of = {}
-        for n, (step, after) in enumerate(zip(steps, steps[1:] + [None])):
+        for n, (step, after) in enumerate(zip(steps, (*steps[1:], None))):
             if after is not None:
                 nxt, reqs = ring_shift(kv, group, after - step)
             src = (rank - step) % size
@@ -220,8 +224,8 @@ class _Ring(torch.autograd.Function):
             if n == 0:  # the own shard: its gradients stay here
                 _add_grads(home_chunks, [0] * per, kv_grads)
             else:  # the shard's travelling accumulators: what arrived, plus this step's, on to the next holder
-                rows = _travelled(src, steps, n, size, layout, c, causal, window)
-                before = _travelled(src, steps, n - 1, size, layout, c, causal, window)
+                rows = _travelled(src, n, size, layout, c, causal, window)
+                before = _travelled(src, n - 1, size, layout, c, causal, window)
                 got = None
                 if arriving is not None:  # sent by the previous holder while this step computed
                     wait(arriving[1])
@@ -231,7 +235,7 @@ class _Ring(torch.autograd.Function):
                 # to the shard's next holder, or after the last step back to its owner; what comes in is the
                 # accumulators of the shard this rank holds next (at the end, of its own)
                 owner = (rank - after) % size if after is not None else rank
-                incoming = _travelled(owner, steps, n, size, layout, c, causal, window)
+                incoming = _travelled(owner, n, size, layout, c, causal, window)
                 bufs = [torch.empty(_rows_shape(t, incoming[b]), dtype=acc_t, device=t.device)
                         for b in range(per) for t in (ks[b], vs[b])]
                 arriving = (bufs, exchange(travel, bufs, group, after - step if after is not None else -step))
@@ -240,7 +244,7 @@ class _Ring(torch.autograd.Function):
                 kv = nxt
         if arriving is not None:  # the others' gradients to this rank's shard, back home
             wait(arriving[1])
-            back = _travelled(rank, steps, len(steps) - 1, size, layout, c, causal, window)
+            back = _travelled(rank, len(steps) - 1, size, layout, c, causal, window)
             for b in range(per):
                 part(home_chunks[0][b], back[b]).add_(arriving[0][2 * b])
                 part(home_chunks[1][b], back[b]).add_(arriving[0][2 * b + 1])
