@@ -115,14 +115,13 @@ def validate_variants_cell(device, dtype, d, n, gen) -> bool:
     """One cell with every variant at once: GQA 4/2, D_v = D/2 (at least 8), a causal window
     of n/4 keys, softcap 20, per-head ALiBi slopes and sinks, N_k = N_q + 5; out, dq, dk, dv and dsinks."""
     from diyflash.reference import attention_ref
-    from diyflash.utils.validation import compare_with_oracle, variants_cell
+    from diyflash.utils.validation import compare_with_oracle, variants_call, variants_cell
 
     q, k, v, sinks, kw = variants_cell(device, dtype, d, n, gen)
     dv = v.shape[-1]
 
     def ours(q, k, v, s):
-        return torch.ops.diyflash.attention(q, k, v, True, None, None, kw["window_size"][0], -1, kw["softcap"],
-                                            kw["alibi_slopes"], s)
+        return variants_call(q, k, v, s, kw)
 
     def ref(q, k, v, s, upcast):
         return attention_ref(q, k, v, True, upcast=upcast, sinks=s, **kw)[0]

@@ -107,12 +107,11 @@ def run_job(job: Job, device: str = "cuda") -> float:
     dtype = DTYPES[job.dtype]
     gen = torch.Generator().manual_seed(0)
     if job.kind == "attention" and job.variants:
-        from .utils.validation import variants_cell
+        from .utils.validation import variants_call, variants_cell
 
         q, k, v, sinks, kw = variants_cell(device, dtype, job.shape[-1], job.shape[2], gen)
         leaves = [t.requires_grad_(job.backward) for t in (q, k, v, sinks)]
-        out = torch.ops.diyflash.attention(q, k, v, True, None, None, kw["window_size"][0], -1, kw["softcap"],
-                                           kw["alibi_slopes"], sinks)
+        out = variants_call(q, k, v, sinks, kw)
         if job.backward:
             torch.autograd.grad(out, leaves, torch.randn_like(out))
     elif job.kind == "attention":

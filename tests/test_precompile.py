@@ -49,47 +49,47 @@ def test_the_variants_job_makes_the_main_jobs_variants_call(device):
     assert any("every variant" in line for line in lines[1:]), lines
 
 
+def _fresh_process_compiles_nothing(tmp_path, precompile_code: str, call_code: str) -> None:
+    """precompile_code in a process with an empty Triton cache compiles something; call_code in a fresh
+    process after it compiles nothing (its kernels load from the disk cache)."""
+    import os
+
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "DIYFLASH_CACHE_DIR": str(tmp_path / "dyf")}
+    done = subprocess.run([sys.executable, "-c", precompile_code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    cached = {p.name for p in (tmp_path / "triton").rglob("*.cubin")}
+    assert cached, "nothing was compiled"
+    done = subprocess.run([sys.executable, "-c", call_code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert {p.name for p in (tmp_path / "triton").rglob("*.cubin")} == cached, "the fresh process compiled"
+
+
 @pytest.mark.skipif(not ON_GPU, reason="compiles CUDA kernels")
 def test_the_main_jobs_variants_cell_compiles_nothing_after_precompile(tmp_path):
     """The variants job in an empty Triton cache, then the main job's own variants check in a fresh process
     compiles nothing (it had compiled its kernels one after the other, outside the parallel precompile)."""
-    import os
-
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "DIYFLASH_CACHE_DIR": str(tmp_path / "dyf")}
-    code = ("from diyflash.precompile import Job, precompile_jobs\n"
-            "precompile_jobs([Job('attention', 'bf16', (1, 4, 256, 261, 64), causal=True, variants=True)], workers=1)\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    cached = {p.name for p in (tmp_path / "triton").rglob("*.cubin")}
-    assert cached, "nothing was compiled"
-    code = ("import torch\n"
-            "from diyflash.__main__ import validate_variants_cell\n"
-            "assert validate_variants_cell('cuda', torch.bfloat16, 64, 256, torch.Generator().manual_seed(0))\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert {p.name for p in (tmp_path / "triton").rglob("*.cubin")} == cached, "the fresh process compiled"
+    _fresh_process_compiles_nothing(
+        tmp_path,
+        "from diyflash.precompile import Job, precompile_jobs\n"
+        "precompile_jobs([Job('attention', 'bf16', (1, 4, 256, 261, 64), causal=True, variants=True)], workers=1)\n",
+        "import torch\n"
+        "from diyflash.__main__ import validate_variants_cell\n"
+        "assert validate_variants_cell('cuda', torch.bfloat16, 64, 256, torch.Generator().manual_seed(0))\n")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="compiles CUDA kernels")
 def test_precompile_fills_the_cache_a_fresh_process_uses(tmp_path):
     """Compiled in workers into an empty Triton cache, then a fresh process's first call compiles nothing:
     its kernels load from the disk cache (seconds, against compiling)."""
-    import os
-
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton"), "DIYFLASH_CACHE_DIR": str(tmp_path / "dyf")}
-    code = ("import diyflash, torch\n"
-            "diyflash.precompile(dtypes=('fp16',), head_dims=(64,), causal=(True,), shapes=((1, 2, 300),), workers=2)\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    cached = {p.name for p in (tmp_path / "triton").rglob("*.cubin")}
-    assert cached, "nothing was compiled"
-    code = ("import diyflash, torch\n"
-            "q = torch.randn(1, 2, 300, 64, device='cuda', dtype=torch.float16, requires_grad=True)\n"
-            "o = diyflash.flash_attention(q, q, q, causal=True)\n"
-            "o.sum().backward()\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert {p.name for p in (tmp_path / "triton").rglob("*.cubin")} == cached, "the fresh process compiled"
+    _fresh_process_compiles_nothing(
+        tmp_path,
+        "import diyflash, torch\n"
+        "diyflash.precompile(dtypes=('fp16',), head_dims=(64,), causal=(True,), shapes=((1, 2, 300),), workers=2)\n",
+        "import diyflash, torch\n"
+        "q = torch.randn(1, 2, 300, 64, device='cuda', dtype=torch.float16, requires_grad=True)\n"
+        "o = diyflash.flash_attention(q, q, q, causal=True)\n"
+        "o.sum().backward()\n")
 
 
 def test_cli():

@@ -15,7 +15,7 @@ import torch
 from ..api import attention_arguments
 from .layout import check_layout, hybrid_groups, same_on_every_rank, world
 from .ring import bool_flag, ring_attention
-from .ulysses import Exchange, check_head_split
+from .ulysses import check_head_split, to_heads, to_sequence
 
 
 def hybrid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -33,9 +33,8 @@ def hybrid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         raise ValueError(f"mesh must be a 2-D DeviceMesh (ring, Ulysses) or a (ring group, Ulysses group) pair, "
                          f"got {type(mesh).__name__}")
     ring_group, ulysses_group = groups
-    u_rank, u_size = world(ulysses_group)
+    _, u_size = world(ulysses_group)
     check_head_split("hybrid_attention", q, k, v, u_size)  # over the Ulysses group
-    h, h_kv = q.shape[1], k.shape[1]
     causal, sm_scale, left, right, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap,
                                                                  None, sinks, any_device=True)
     return_lse = bool_flag("return_lse", return_lse)
@@ -44,15 +43,9 @@ def hybrid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                            dict(causal=causal, sm_scale=sm_scale, softcap=softcap, left=left, right=right,
                                 layout=layout, lse=return_lse))
     if u_size > 1:
-        if h_kv % u_size:
-            k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
-        q, k, v = (Exchange.apply(t, ulysses_group, "contiguous", True) for t in (q, k, v))
-        if sinks is not None:
-            sinks = sinks.chunk(u_size)[u_rank]
+        q, k, v, sinks = to_heads(q, k, v, sinks, ulysses_group, "contiguous")
     out, lse = ring_attention(q, k, v, causal, sm_scale, group=ring_group, layout=layout, window_size=(left, right),
                               softcap=softcap, sinks=sinks, return_lse=True, validate=validate)
     if u_size > 1:
-        out = Exchange.apply(out, ulysses_group, "contiguous", False)
-        if return_lse:
-            lse = Exchange.apply(lse.unsqueeze(-1), ulysses_group, "contiguous", False).squeeze(-1)
+        return to_sequence(out, lse, ulysses_group, "contiguous", return_lse)
     return (out, lse) if return_lse else out

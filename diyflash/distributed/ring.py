@@ -224,14 +224,14 @@ class _Ring(torch.autograd.Function):
             if n == 0:  # the own shard: its gradients stay here
                 _add_grads(home_chunks, [0] * per, kv_grads)
             else:  # the shard's travelling accumulators: what arrived, plus this step's, on to the next holder
-                rows = _travelled(src, n, size, layout, c, causal, window)
+                carried = _travelled(src, n, size, layout, c, causal, window)
                 before = _travelled(src, n - 1, size, layout, c, causal, window)
                 got = None
                 if arriving is not None:  # sent by the previous holder while this step computed
                     wait(arriving[1])
                     got = arriving[0]
-                travel = _carried(got, before, rows, ks, vs, acc_t)
-                _add_grads((travel[0::2], travel[1::2]), [lo for lo, _ in rows], kv_grads)
+                travel = _carried(got, before, carried, ks, vs, acc_t)
+                _add_grads((travel[0::2], travel[1::2]), [lo for lo, _ in carried], kv_grads)
                 # to the shard's next holder, or after the last step back to its owner; what comes in is the
                 # accumulators of the shard this rank holds next (at the end, of its own)
                 owner = (rank - after) % size if after is not None else rank
@@ -245,9 +245,8 @@ class _Ring(torch.autograd.Function):
         if arriving is not None:  # the others' gradients to this rank's shard, back home
             wait(arriving[1])
             back = _travelled(rank, len(steps) - 1, size, layout, c, causal, window)
-            for b in range(per):
-                part(home_chunks[0][b], back[b]).add_(arriving[0][2 * b])
-                part(home_chunks[1][b], back[b]).add_(arriving[0][2 * b + 1])
+            got = arriving[0]
+            _add_grads(home_chunks, [0] * per, [(b, back[b], got[2 * b], got[2 * b + 1]) for b in range(per)])
         dsinks = sum(dsinks_of[a] for a in sorted(dsinks_of)) if want_dsinks else None  # chunk order: deterministic
         return (_joined([s.result(q.dtype) for s in dq], -2, q.dtype), home[0].to(k.dtype), home[1].to(v.dtype),
                 dsinks, None, None, None, None, None, None)

@@ -47,6 +47,25 @@ class Exchange(torch.autograd.Function):
         return (_to_sequence if to_heads else _to_heads)(grad, group, layout), None, None, None
 
 
+def to_heads(q, k, v, sinks, group, layout):
+    """Sequence shards of q, k, v (and the (H,) sinks) -> this rank's heads of the whole sequence (of the
+    group's shards in `layout`): kv heads repeated to H first where the group size does not divide H_kv."""
+    rank, size = world(group)
+    h, h_kv = q.shape[1], k.shape[1]
+    if h_kv % size:
+        k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
+    q, k, v = (Exchange.apply(t, group, layout, True) for t in (q, k, v))
+    return q, k, v, None if sinks is None else sinks.chunk(size)[rank]
+
+
+def to_sequence(out, lse, group, layout, return_lse: bool):
+    """to_heads' inverse for an attention's out (and lse where return_lse): out, or (out, lse)."""
+    out = Exchange.apply(out, group, layout, False)
+    if not return_lse:
+        return out
+    return out, Exchange.apply(lse.unsqueeze(-1), group, layout, False).squeeze(-1)
+
+
 def check_head_split(fn: str, q, k, v, size: int) -> None:
     """(B, H, N/W, D) shards whose H query heads split over `size` ranks and group over the kv heads."""
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
@@ -73,9 +92,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     Arguments and validate as ring_attention's."""
     check_layout(layout)
     group = process_group(group)
-    rank, size = world(group)
+    _, size = world(group)
     check_head_split("ulysses_attention", q, k, v, size)
-    h, h_kv = q.shape[1], k.shape[1]
     causal, sm_scale, left, right, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap, None,
                                                                  sinks, any_device=True)
     return_lse = bool_flag("return_lse", return_lse)
@@ -88,14 +106,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         out, lse = torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, None, left, right, softcap,
                                                     None, sinks)
         return (out, lse) if return_lse else out
-    if h_kv % size:
-        k, v = k.repeat_interleave(h // h_kv, dim=1), v.repeat_interleave(h // h_kv, dim=1)
-    qh, kh, vh = (Exchange.apply(t, group, layout, True) for t in (q, k, v))
-    if sinks is not None:
-        sinks = sinks.chunk(size)[rank]
+    qh, kh, vh, sinks = to_heads(q, k, v, sinks, group, layout)
     out, lse = torch.ops.diyflash.attention_fwd(qh, kh, vh, causal, scale, None, left, right, softcap,
                                                 None, sinks)
-    if not return_lse:
-        return Exchange.apply(out, group, layout, False)
-    return (Exchange.apply(out, group, layout, False),
-            Exchange.apply(lse.unsqueeze(-1), group, layout, False).squeeze(-1))
+    return to_sequence(out, lse, group, layout, return_lse)

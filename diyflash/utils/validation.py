@@ -149,8 +149,8 @@ def variants_cell(device, dtype: torch.dtype, d: int, n: int, gen: torch.Generat
     """The main job's cell with every variant at once: GQA 4/2, D_v = D/2 (at least 8), a causal window of
     n/4 keys, softcap 20, per-head ALiBi slopes and sinks, N_k = N_q + 5. Returns (q, k, v, sinks, kw):
     diyflash::attention(q, k, v, True, None, None, left, -1, softcap, alibi_slopes, sinks) with kw's
-    window_size, softcap and alibi_slopes. `python -m diyflash` validates it, and its precompile step
-    compiles the same call (shapes pick kernel variants, so both build it here)."""
+    window_size, softcap and alibi_slopes (variants_call makes it). `python -m diyflash` validates it, and
+    its precompile step compiles the same call (shapes pick kernel variants, so both build it here)."""
     dv = max(8, d // 2 // 8 * 8)
     q = torch.randn(1, 4, n, d, generator=gen).to(device, dtype)
     k = torch.randn(1, 2, n + 5, d, generator=gen).to(device, dtype)
@@ -159,3 +159,9 @@ def variants_cell(device, dtype: torch.dtype, d: int, n: int, gen: torch.Generat
     kw = dict(window_size=(max(1, n // 4), -1), softcap=20.0,
               alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625], device=device))
     return q, k, v, sinks, kw
+
+
+def variants_call(q, k, v, sinks, kw) -> torch.Tensor:
+    """The variants cell's attention (variants_cell's kw), through the op."""
+    return torch.ops.diyflash.attention(q, k, v, True, None, None, kw["window_size"][0], -1, kw["softcap"],
+                                        kw["alibi_slopes"], sinks)
