@@ -295,8 +295,11 @@ def main(argv=None) -> int:
     except ModuleNotFoundError:
         print(" | triton not installed")
     if on_gpu:
+        from diyflash.ops.runtime import attention_backend
+
         print_gpu_info()
         device = torch.device("cuda")
+        print(f"attention forward: {attention_backend(device)}")
     else:
         print("no GPU: running the Triton kernels through the interpreter on small shapes")
         device = torch.device("cpu")

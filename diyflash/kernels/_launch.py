@@ -111,6 +111,9 @@ def _arg_key(x):
     if isinstance(x, TensorDescriptor):
         return (x.base.dtype, tuple(x.shape), tuple(x.strides), tuple(x.block_shape), x.padding,
                 x.base.data_ptr() % 16 == 0)
+    if hasattr(x, "layout") and hasattr(x, "block_shape"):  # Gluon's descriptor: its shared layout too
+        return (x.base.dtype, tuple(x.shape), tuple(x.strides), tuple(x.block_shape), x.layout,
+                x.base.data_ptr() % 16 == 0)
     return x
 
 

@@ -28,6 +28,19 @@ def attention_tiles(head_dim: int, dtype: torch.dtype, device: torch.device, cau
         pad, dtype, device, causal, interpret, seq_len)
 
 
+def attention_backend(device: torch.device) -> str:
+    """Which kernels run the attention forward on `device`, in words: the Hopper (Gluon) kernel and where
+    it runs, or the portable Triton kernels and why (kernels/attention/hopper.py)."""
+    from ..kernels.attention import hopper
+
+    ok, why = hopper.status(device)
+    if ok:
+        where = "fp16/bf16, head_dim " + "/".join(map(str, hopper.AUTO_TILES if hopper.backend() == "auto"
+                                                       else sorted(hopper.TILES)))
+        return f"hopper ({why}; {where}, no seq_lens/ALiBi/sinks; other calls portable)"
+    return f"portable Triton kernels ({why})"
+
+
 def matmul_interpreter_tiles() -> dict:
     """The matmul's pinned tiles under Triton's interpreter."""
     return _MATMUL_INTERPRETER.as_dict()

@@ -30,6 +30,8 @@ Package layout (each file one part of the structure; the kernels know nothing of
 - tiles.py: how tiles are read (pointer loads, TMA descriptors, row offsets);
 - lazy.py: the forward's lazy rescaling (warp vote and predicated rescale);
 - forward.py, backward.py: the kernels;
+- forward_sm90.py, hopper.py: the Hopper forward (a warp-specialized Gluon kernel) and where it runs instead
+  of forward.py (sm_90, fp16/bf16, head_dim 128, no seq_lens/ALiBi/sinks; the same semantics helpers);
 - launch_args.py: what every launcher derives from a call alike (the variant, dtype switches, widths);
 - plans.py: the host-speed machinery (launches remembered as plans bound to compiled kernels, host TMA
   descriptors);

@@ -17,7 +17,7 @@ require_triton()  # before anything imports triton: its absence is then the erro
 from .._launch import DirectLauncher, cdiv, runtime_key  # noqa: E402
 from .backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
                        _attn_bwd_preprocess_kernel)
-from . import kvcache  # noqa: E402  (the decode route; kvcache shares launch_args and plans, not this module)
+from . import hopper, kvcache  # noqa: E402  (the decode route; kvcache shares launch_args and plans, not this module)
 from .forward import _attn_fwd_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad, variant_meta  # noqa: E402
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
@@ -297,8 +297,12 @@ def attention_fwd(
     if packed is not None:
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
+    sm90 = hopper.tiles(q4, k4, v4, seq_lens, packed, alibi_slopes, sinks, config is not None or group is not None,
+                        q.is_cuda and tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4))
     if config is not None:
         cfg = config
+    elif sm90 is not None:  # the Hopper kernel runs the call; these tiles only redo its overflowed rows
+        cfg = hopper.RESCUE_TILES
     elif var.window and causal:
         cfg = window_fwd_config(max(d_pad, dv_pad), q.dtype, q.device, INTERPRETED, max(n_q, n_k))
     else:
@@ -327,6 +331,16 @@ def attention_fwd(
     chunks = [(env_, [Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m) for m in passes])
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
+    if sm90 is not None:  # the Hopper kernel takes the first pass; forward.py's second (if any) stays
+        (block_n, stages), first = sm90, passes[0]["PASS"]
+        sm90_args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E,
+                     head_group(causal, cdiv(n_q, hopper.BLOCK_M), z * h, q.device), var.kv_group, var.left,
+                     var.right, var.cap2)
+        sm90_meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, CAUSAL=causal, WINDOW=var.window, SOFTCAP=var.softcap, PASS=first,
+                         BLOCK_M=hopper.BLOCK_M, BLOCK_N=block_n, STAGES=stages, EVEN_N=n_k % block_n == 0, num_warps=4)
+        chunks = [(env_, [Launch(hopper.launcher(), (cdiv(n_q, hopper.BLOCK_M), *launches[0].grid[1:]),
+                                 hopper.POINTERS, sm90_args, sm90_meta), *launches[1:]]) for env_, launches in chunks]
+        descs = hopper.descriptors(block_n, d)
     # the interpreter emulates descriptors without scratch memory; host descriptors need none
     launch_chunks(chunks, key if aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs, plans=PLANS)
     return out, lse

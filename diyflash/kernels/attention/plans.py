@@ -131,14 +131,14 @@ def replay_with(plan: Plan, env: dict, args: list[tuple]) -> bool:
     return True
 
 
-def host_descriptor(t: torch.Tensor, block_rows: int, block_cols: int) -> TensorDescriptor:
+def host_descriptor(t: torch.Tensor, block_rows: int, block_cols: int, gluon: bool = False) -> TensorDescriptor:
     """A TMA descriptor over a whole (Z, H, N, D) tensor (a (Z*H, N, D) one as (Z*H, 1, N, D)) in
     (1, 1, block_rows, block_cols) blocks; the kernels load slice (z, h)'s tile at row r as [z, h, r, 0]
     (_desc_load4). Built once per launch on the host, where each program would otherwise build its
     slice's descriptor in global memory (tl.make_tensor_descriptor): D128 N1024 forward in a minimal
     kernel, 400 -> 424 TFLOPS on the H200. The hardware needs every stride 16-byte aligned: a size-1
     dimension's stride never moves the address, so it is given a dense one. Needs tma_ok and
-    host_descriptors_ok."""
+    host_descriptors_ok. gluon: Gluon's descriptor instead (hopper.descriptor: it carries its shared layout)."""
     if t.dim() == 3:
         (z, n, d), (sz, sn, _) = t.shape, t.stride()
         h, sh = 1, 0
@@ -147,6 +147,10 @@ def host_descriptor(t: torch.Tensor, block_rows: int, block_cols: int) -> Tensor
     sn = sn if n > 1 else d
     sh = sh if h > 1 else n * sn
     sz = sz if z > 1 else h * sh
+    if gluon:
+        from .hopper import descriptor  # only where the Hopper kernel runs
+
+        return descriptor(t, [z, h, n, d], [sz, sh, sn, 1], [1, 1, block_rows, block_cols])
     return TensorDescriptor(t, [z, h, n, d], [sz, sh, sn, 1], [1, 1, block_rows, block_cols])
 
 
@@ -166,4 +170,8 @@ def host_descriptors_ok(*tensors: torch.Tensor) -> bool:
 
 
 def _with_descriptors(env: dict, descs: tuple) -> dict:
-    return {**env, **{name: host_descriptor(env[name], rows, cols) for name, rows, cols in descs}}
+    """env with the descriptors of descs: (name, rows, cols) replaces tensor `name` by its descriptor;
+    (name, rows, cols, True) adds Gluon's as gluon_<name> beside it (the Hopper forward's second pass reads
+    the tensor)."""
+    return {**env, **{("gluon_" + spec[0] if spec[3:] == (True,) else spec[0]):
+                      host_descriptor(env[spec[0]], *spec[1:]) for spec in descs}}

@@ -1,0 +1,148 @@
+"""Where the Hopper forward (forward_sm90.py, a warp-specialized Gluon kernel) runs instead of the portable
+one, and its launch. attention_fwd asks `tiles` per call; the answer is None unless all of these hold:
+
+- the backend: DIYFLASH_ATTENTION_BACKEND (read at import; `use` sets it in a running process) is "auto"
+  (the default: the Hopper kernel where it measured faster, the head dims of AUTO_TILES), "hopper" (every
+  head dim it has tiles for, TILES: for tests and benchmarks) or "portable" (never);
+- the device: compute capability 9.0, a Triton whose Gluon Hopper API this kernel was checked with
+  (TESTED_TRITON; DIYFLASH_ATTENTION_BACKEND=hopper tries another), decided once per device (`status`);
+- the call: fp16 or bf16, D = Dv with tiles, no seq_lens or packed sequences, no ALiBi or sinks, no tiles
+  asked for, and inputs TMA reads in place (tma_ok, host_descriptors_ok). Every other call runs the
+  portable kernels, with the same semantics (tests/test_hopper.py checks which kernel each call ran).
+
+bf16 (and every dtype whose raw q.k can leave fp32's range: launch.overflow_passes) keeps the portable
+forward's second pass: the Hopper kernel marks its 64-row halves whose dot overflowed, and forward.py's
+PASS 2 redoes them on 64-row blocks (RESCUE_TILES)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .._runtime import clear_caches
+from ..attention_configs import AttnConfig
+
+BACKENDS = ("auto", "hopper", "portable")
+_backend = os.environ.get("DIYFLASH_ATTENTION_BACKEND", "auto").strip().lower()
+if _backend not in BACKENDS:
+    raise ValueError(f"DIYFLASH_ATTENTION_BACKEND={_backend!r}: expected one of {', '.join(BACKENDS)}")
+
+# Triton versions this kernel's Gluon API was checked with: 3.6 runs it on the H200 (the GPU suite), 3.9
+# compiles it for sm_90a (tests/test_hopper.py in CI). Gluon is experimental and moves between releases.
+TESTED_TRITON = ("3.6", "3.9")
+
+BLOCK_M = 128  # query rows a program computes: two consumer warpgroups of 64 (forward_sm90.CONSUMER_ROWS)
+# (BLOCK_N, STAGES) per head dim. H200, Triton 3.6, bench/results/attention_sm90_h200.jsonl (beside cuDNN in one
+# run): D128 with 128-key blocks in 3 slots 0.88-1.00x cuDNN where the portable kernel ran 0.84-0.91x (2 slots:
+# 0.86-0.99x), a causal window 4096 1.28x the portable kernel; D64 ran 0.90-0.91x (128, 3) and 0.75-0.82x
+# (256, 2), no faster than the portable kernel's 0.92-0.94x, so "auto" keeps the portable one there.
+TILES = {64: (128, 3), 128: (128, 3)}
+AUTO_TILES = (128,)
+# forward.py's second pass over this kernel's marks: 64-row blocks, as the consumers mark them
+RESCUE_TILES = AttnConfig(64, 64, 4, 1)
+
+
+def use(backend: str) -> None:
+    """Choose the attention forward's backend in this process ("auto", "hopper", "portable"), as
+    DIYFLASH_ATTENTION_BACKEND does at import. Forgets the kept launch plans, which bound the other's kernels."""
+    global _backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
+    _backend = backend
+    clear_caches()
+
+
+def backend() -> str:
+    return _backend
+
+
+@functools.cache
+def kernel_module():
+    """forward_sm90 where this Triton has the Gluon Hopper API it uses, else the reason it is not used (str)."""
+    try:
+        import triton
+
+        version = ".".join(triton.__version__.split(".")[:2])
+        if version not in TESTED_TRITON and _backend != "hopper":
+            return (f"Triton {triton.__version__} is not one the Hopper kernel was checked with "
+                    f"({', '.join(TESTED_TRITON)}); DIYFLASH_ATTENTION_BACKEND=hopper tries it")
+        from . import forward_sm90
+
+        return forward_sm90
+    except (ImportError, AttributeError) as e:
+        return f"Triton's Gluon Hopper API is missing here ({type(e).__name__}: {e})"
+
+
+@functools.cache
+def _device_status(index: int) -> tuple[bool, str]:
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) != (9, 0):
+        return False, f"the Hopper kernel needs compute capability 9.0; this GPU has {major}.{minor}"
+    module = kernel_module()
+    if isinstance(module, str):
+        return False, module
+    import triton
+
+    return True, f"Gluon, warp-specialized (Triton {triton.__version__})"
+
+
+def status(device: torch.device) -> tuple[bool, str]:
+    """(whether the Hopper forward can run on `device`, why or why not), for `python -m diyflash`."""
+    if _backend == "portable":
+        return False, "DIYFLASH_ATTENTION_BACKEND=portable"
+    if device.type != "cuda":
+        return False, "not a CUDA device"
+    return _device_status(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable: bool) -> tuple[int, int] | None:
+    """(BLOCK_N, STAGES) where this call runs the Hopper forward, else None (see the module's docstring).
+    q4, k4, v4: the (Z, H, N, D) views attention_fwd launches on; readable: host TMA descriptors can read
+    them in place (launch.tma_ok and plans.host_descriptors_ok)."""
+    if (_backend == "portable" or overrides or seq_lens is not None or packed is not None or alibi is not None
+            or sinks is not None or not q4.is_cuda or q4.dtype not in (torch.float16, torch.bfloat16)):
+        return None
+    d = q4.shape[-1]
+    if d != v4.shape[-1] or d not in (TILES if _backend == "hopper" else AUTO_TILES):
+        return None
+    if not readable or not status(q4.device)[0]:
+        return None
+    return TILES[d]
+
+
+@functools.cache
+def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], {torch.float16: gl.float16,
+                                                                     torch.bfloat16: gl.bfloat16}[dtype])
+
+
+def descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
+    """Gluon's host TMA descriptor over t with these (dense-where-size-1) shape and strides (plans.host_descriptor)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, shape, strides, block, _smem_layout(block[2], block[3], t.dtype))
+
+
+POINTERS = ("gluon_q", "gluon_k", "gluon_v", "out", "lse")  # the launch's leading arguments, by env name
+
+
+def descriptors(block_n: int, d: int) -> tuple:
+    """The host descriptors of a launch (plans.launch_chunks' descs): q, k and v, as gluon_q, gluon_k, gluon_v."""
+    return (("q", BLOCK_M // 2, d, True), ("k", block_n, d, True), ("v", block_n, d, True))
+
+
+def launcher():
+    """The DirectLauncher of the Hopper kernel, made once (its module is imported only where it runs)."""
+    global _LAUNCHER
+    if _LAUNCHER is None:
+        from .._launch import DirectLauncher
+
+        _LAUNCHER = DirectLauncher(kernel_module()._hopper_fwd_kernel)
+    return _LAUNCHER
+
+
+_LAUNCHER = None

@@ -1,0 +1,260 @@
+"""The Hopper forward (kernels/attention/forward_sm90.py, a warp-specialized Gluon kernel): where it runs, that
+it computes the portable kernels' semantics, and that everything else falls back to them.
+
+CPU (CI): the kernel compiles for sm_90a with this Triton (Gluon's API moves between releases), the
+fallback when Gluon is missing or untested, the backend switch. GPU (an H100/H200): every case on both
+backends under the 2x rule against the float64 oracle, which kernel each call ran, the overflow pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import diyflash
+from diyflash.kernels.attention import hopper
+from diyflash.kernels.contract import few_query_rows
+from diyflash.reference import attention_ref
+from diyflash.utils.validation import error_report
+from helpers import ON_GPU, make_qkv, sink_logits, slopes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Compiled in a fresh process without TRITON_INTERPRET (the suite's CPU run interprets): sm_90a, no GPU needed
+_COMPILE = r"""
+import json, sys, torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.jit import mangle_type
+from triton.experimental.gluon._runtime import GluonASTSource
+from diyflash.kernels.attention import hopper
+from diyflash.kernels.contract import few_query_rows
+from diyflash.kernels.attention.plans import host_descriptor
+
+def build(d, causal, window, softcap, dtype, pass_):
+    block_n, stages = hopper.TILES[d]
+    q = torch.empty(2, 4, 1000, d, dtype=dtype)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 1000)
+    descs = [host_descriptor(q, r, d, gluon=True) for r in (hopper.BLOCK_M // 2, block_n, block_n)]
+    fn = hopper.kernel_module()._hopper_fwd_kernel
+    values = [*descs, out, lse, *out.stride(), *lse.stride()[:2], 1000, 1000, 0.1, 3, 2, 7, 0, 0.5]
+    consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, PASS=pass_,
+                  BLOCK_M=hopper.BLOCK_M, BLOCK_N=block_n, STAGES=stages, EVEN_N=False)
+    sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else mangle_type(v)
+           for n, v in zip(fn.arg_names, values)}
+    sig.update({n: "constexpr" for n in consts})
+    src = GluonASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps,
+            "wgmma": kernel.asm["ptx"].count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in kernel.asm["ptx"]}
+
+print(json.dumps([build(*case) for case in [
+    (128, True, False, False, torch.bfloat16, 1), (64, False, True, True, torch.float16, 0)]]))
+"""
+
+
+def _triton_has_gluon_hopper() -> bool:
+    return not isinstance(hopper.kernel_module(), str)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU suite's check; the GPU suite runs the kernel itself")
+def test_kernel_compiles_for_sm90():
+    """The kernel compiles with this Triton (no GPU needed): Gluon is experimental, and a Triton release that
+    moves its API shows here, in CI, before a user's GPU meets it."""
+    if not _triton_has_gluon_hopper():
+        pytest.skip(f"this Triton has no usable Gluon Hopper API: {hopper.kernel_module()}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for kernel in json.loads(run.stdout.strip().splitlines()[-1]):
+        # 12 warps: two consumer warpgroups and the loader's (padded to one); two wgmma sites per key loop
+        assert kernel["warps"] == 12 and kernel["setmaxnreg"] and kernel["wgmma"] > 0, kernel
+        assert kernel["shared"] <= 232448, kernel  # the H100/H200 opt-in limit per block
+
+
+def test_fallback_without_gluon(monkeypatch):
+    """No Gluon Hopper API (an older Triton), or a Triton this kernel was not checked with: the module says
+    why, and no call routes to it."""
+    import triton
+
+    monkeypatch.setitem(sys.modules, "triton.experimental.gluon.language.nvidia.hopper", None)
+    monkeypatch.delitem(sys.modules, "diyflash.kernels.attention.forward_sm90", raising=False)
+    monkeypatch.delattr(diyflash.kernels.attention, "forward_sm90", raising=False)
+    hopper.kernel_module.cache_clear()
+    hopper._device_status.cache_clear()
+    try:
+        why = hopper.kernel_module()
+        assert isinstance(why, str) and "Gluon Hopper API is missing" in why, why
+        monkeypatch.undo()
+        hopper.kernel_module.cache_clear()
+        monkeypatch.setattr(triton, "__version__", "3.7.0")
+        why = hopper.kernel_module()
+        assert isinstance(why, str) and "3.7.0" in why and "DIYFLASH_ATTENTION_BACKEND=hopper" in why, why
+        if ON_GPU:  # the device's status carries the reason, and calls take the portable kernel
+            hopper._device_status.cache_clear()
+            assert hopper.status(torch.device("cuda")) == (False, why)
+            q, k, v = make_qkv(1, 2, 256, 256, 128, torch.bfloat16)
+            assert _kernels_run(lambda: diyflash.flash_attention(q, k, v)) == {"portable"}
+    finally:
+        monkeypatch.undo()
+        hopper.kernel_module.cache_clear()
+        hopper._device_status.cache_clear()
+        diyflash.clear_caches()
+
+
+def test_backend_switch():
+    with pytest.raises(ValueError, match="backend='cudnn'"):
+        hopper.use("cudnn")
+    before = hopper.backend()
+    try:
+        hopper.use("portable")
+        assert hopper.status(torch.device("cuda"))[1] == "DIYFLASH_ATTENTION_BACKEND=portable"
+        q, k, v = make_qkv(1, 2, 128, 128, 128)
+        assert hopper.tiles(q, k, v, None, None, None, None, False, True) is None
+    finally:
+        hopper.use(before)
+    env = dict(os.environ, DIYFLASH_ATTENTION_BACKEND="fast")
+    run = subprocess.run([sys.executable, "-c", "import diyflash.kernels.attention"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "DIYFLASH_ATTENTION_BACKEND='fast'" in run.stderr, run.stderr[-2000:]
+
+
+# -- the GPU suite --
+
+needs_hopper = pytest.mark.skipif(not ON_GPU or not hopper.status(torch.device("cuda"))[0],
+                                  reason="needs an sm_90 GPU with Triton's Gluon Hopper API")
+
+
+def _kernels_run(call) -> set[str]:
+    """Which forward kernels a call launched ({"hopper", "portable"}), from the profiler's kernel names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    diyflash.clear_caches()  # a fresh route, not a kept plan
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events()}
+    return ({"hopper"} if any("_hopper_fwd_kernel" in n for n in names) else set()) | (
+        {"portable"} if any("_attn_fwd_kernel" in n for n in names) else set())
+
+
+@pytest.fixture(params=["hopper", "portable"])
+def backend(request):
+    before = hopper.backend()
+    hopper.use(request.param)
+    yield request.param
+    hopper.use(before)
+
+
+CASES = [  # (B, H, H_kv, N_q, N_k, D, causal, window, softcap)
+    (2, 4, 2, 1000, 1000, 128, True, (-1, -1), 0.0),
+    (2, 4, 2, 1000, 1000, 128, False, (-1, -1), 0.0),
+    (1, 8, 1, 300, 1000, 128, True, (-1, -1), 0.0),  # N_q < N_k, GQA 8
+    (1, 2, 2, 1023, 300, 128, True, (-1, -1), 0.0),  # rows that see no key
+    (2, 4, 4, 113, 17, 64, True, (-1, -1), 0.0),
+    (2, 4, 1, 1024, 1024, 64, False, (-1, -1), 0.0),  # GQA 4
+    (1, 4, 1, 1500, 1500, 128, True, (256, 0), 30.0),  # a causal window with softcap
+    (1, 4, 1, 17, 113, 128, False, (20, 7), 0.0),
+    (1, 2, 2, 1, 1023, 128, False, (-1, -1), 0.0),
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+def test_both_backends_within_2x(backend, case, dtype):
+    b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
+    q = make_qkv(b, h, n_q, n_q, d, dtype, seed=1)[0]
+    k, v = make_qkv(b, h_kv, n_k, n_k, d, dtype, seed=2)[1:]
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    out, lse = diyflash.flash_attention(q, k, v, return_lse=True, **kw)
+    ref, ref_lse = attention_ref(q, k, v, **kw)
+    plain, plain_lse = attention_ref(q, k, v, upcast=False, **kw)
+    seen = torch.isfinite(ref_lse)  # rows that see no key: lse -inf (and out 0) on both sides
+    assert torch.equal(torch.isfinite(lse), seen) and (lse[~seen] == float("-inf")).all()
+    for report in (error_report("out", out, ref, plain), error_report("lse", lse[seen], ref_lse[seen], plain_lse[seen])):
+        assert report.ok, str(report)
+    ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v, **kw))
+    hopper_here = backend == "hopper" and not few_query_rows(q.shape, k.shape)  # few rows: the decode kernel
+    assert ("hopper" in ran) == hopper_here, ran
+
+
+@needs_hopper
+def test_bnhd_and_sliced_views(fresh_caches):
+    """Strided views read in place through the host descriptors, bitwise as contiguous copies; a tensor TMA
+    cannot read (its base not 16-byte aligned) takes the portable kernel."""
+    hopper.use("hopper")
+    try:
+        for layout in ("bnhd", "sliced"):
+            q, k, v = make_qkv(2, 4, 512, 512, 128, torch.bfloat16, layout=layout)
+            ref = diyflash.flash_attention(*(t.contiguous() for t in (q, k, v)), causal=True)
+            assert _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=True)) == {"hopper", "portable"}
+            assert torch.equal(diyflash.flash_attention(q, k, v, causal=True), ref), layout
+        q, k, v = make_qkv(1, 2, 256, 256, 128, torch.float16)
+        shifted = torch.empty(q.numel() + 8, dtype=q.dtype, device=q.device)[1:q.numel() + 1].view_as(q)
+        shifted.copy_(q)
+        assert _kernels_run(lambda: diyflash.flash_attention(shifted, k, v)) == {"portable"}
+    finally:
+        hopper.use("auto")
+
+
+@needs_hopper
+def test_what_falls_back_to_portable(fresh_caches):
+    """Calls the Hopper kernel does not take run the portable one, and only it."""
+    hopper.use("hopper")
+    try:
+        q, k, v = make_qkv(2, 4, 256, 256, 128, torch.bfloat16)
+        assert _kernels_run(lambda: diyflash.flash_attention(q, k, v)) == {"hopper", "portable"}  # + 2nd pass
+        q16, k16, v16 = (t.half() for t in (q, k, v))
+        assert _kernels_run(lambda: diyflash.flash_attention(q16, k16, v16)) == {"hopper"}
+        lens = torch.tensor([200, 256], dtype=torch.int32, device="cuda")
+        others = {
+            "seq_lens": lambda: diyflash.flash_attention(q, k, v, seq_lens=lens),
+            "alibi": lambda: diyflash.flash_attention(q, k, v, alibi_slopes=slopes(4, device="cuda")),
+            "sinks": lambda: diyflash.flash_attention(q, k, v, sinks=sink_logits(4, device="cuda")),
+            "fp32": lambda: diyflash.flash_attention(q.float(), k.float(), v.float()),
+            "head_dim 80": lambda: diyflash.flash_attention(q[..., :80].contiguous(), k[..., :80].contiguous(),
+                                                            v[..., :80].contiguous()),
+            "Dv != D": lambda: diyflash.flash_attention(q, k, v[..., :64].contiguous()),
+            "expanded k": lambda: diyflash.flash_attention(q, k[:, :1].expand(2, 4, 256, 128), v),
+        }
+        for name, call in others.items():
+            assert _kernels_run(call) == {"portable"}, name
+    finally:
+        hopper.use("auto")
+
+
+@needs_hopper
+def test_auto_takes_the_measured_head_dims(fresh_caches):
+    for d in (64, 128):
+        q, k, v = make_qkv(1, 2, 256, 256, d, torch.float16)
+        ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v))
+        assert ran == ({"hopper"} if d in hopper.AUTO_TILES else {"portable"}), (d, ran)
+
+
+@needs_hopper
+def test_overflowed_rows_are_redone(backend):
+    """bf16 scores whose raw q.k leaves fp32's range (scaled back into it by the scale): the Hopper kernel
+    marks their rows and the portable second pass redoes them; no NaN, within the 2x rule."""
+    q, k, v = make_qkv(1, 2, 300, 300, 128, torch.bfloat16, seed=3)
+    q, k = q * 2.0**64, k * 2.0**64  # q.k ~ 2^128 * 10: past fp32's range
+    q[:, :, 70:] /= 2.0**64  # rows from 70 on (the second half-block and later) stay in range
+    scale = 2.0**-128 / 128**0.5
+    out = diyflash.flash_attention(q, k, v, causal=True, sm_scale=scale)
+    ref = attention_ref(q, k, v, causal=True, scale=scale)[0]
+    assert not out.isnan().any()
+    # outputs are averages of v (|v| < 5): bf16's rounding of them is below 2^-8 * 5
+    torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=0)
+
+
+@needs_hopper
+def test_plan_replay_and_compile_are_bitwise(fresh_caches):
+    q, k, v = make_qkv(2, 4, 700, 700, 128, torch.bfloat16)
+    first = diyflash.flash_attention(q, k, v, causal=True)
+    again = diyflash.flash_attention(q, k, v, causal=True)  # the kept plan
+    compiled = torch.compile(lambda q, k, v: diyflash.flash_attention(q, k, v, causal=True), fullgraph=True)(q, k, v)
+    assert torch.equal(first, again) and torch.equal(first, compiled)
