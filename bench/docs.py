@@ -33,7 +33,20 @@ def _renderers() -> dict:
         "decode": (decode.table, "decode_h200.jsonl"),
         "matmul": (matmul.readme_table, "matmul_h200.jsonl"),
         "coldstart": (coldstart.readme_table, "coldstart_h200.jsonl"),
+        "attention-sm90": (_sm90_table, "attention_sm90_h200.jsonl"),
     }
+
+
+def _sm90_table(rows: list[dict]) -> str:
+    """The Hopper forward's rows (one per cell and run): TFLOPS of each provider and its ratio to cuDNN."""
+    lines = ["| run | cell | TFLOPS (ratio to cuDNN, or to the portable kernel where cuDNN has no window) |",
+             "|---|---|---|"]
+    for r in rows:
+        tf = r["tflops"]
+        base = tf.get("cudnn") or tf.get("portable") or tf.get("triton")
+        cells = ", ".join(f"{name} {v:.0f} ({v / base:.2f}x)" for name, v in tf.items())
+        lines.append(f"| {r['run']} | {r['cell']} | {cells} |")
+    return "\n".join(lines)
 
 
 def provenance(rows: list[dict], path: str) -> str:
