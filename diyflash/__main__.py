@@ -299,7 +299,8 @@ def main(argv=None) -> int:
 
         print_gpu_info()
         device = torch.device("cuda")
-        print(f"attention forward: {attention_backend(device)}")
+        if "attention" in args.parts:
+            print(f"attention forward: {attention_backend(device)}")
     else:
         print("no GPU: running the Triton kernels through the interpreter on small shapes")
         device = torch.device("cpu")

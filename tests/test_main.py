@@ -4,6 +4,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from helpers import ON_GPU
 
 
@@ -27,8 +30,6 @@ def test_main_help():
 
 def test_validation_fails_a_wrong_kernel(device):
     """The rule behind the main job's verdict catches a kernel that is slightly wrong (5% off in scale)."""
-    import torch
-
     from diyflash.utils.validation import attention_error_reports
     from helpers import make_qkv
 
@@ -51,6 +52,17 @@ def test_main_exits_1_when_a_kernel_is_wrong(monkeypatch, capsys):
     assert "FAIL" in out and "validation: FAILED" in out and "attention" not in out
     monkeypatch.setattr(diyflash, "triton_matmul", real)
     assert main(["--parts", "matmul", "--dtypes", "fp32", "--matmul-size", "20", "--skip-bench"]) == 0
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the backend line is printed for a GPU")
+def test_main_says_which_attention_backend_runs(capsys):
+    from diyflash.__main__ import main
+    from diyflash.ops.runtime import attention_backend
+
+    assert main(["--parts", "attention", "--dtypes", "fp16", "--head-dims", "32", "--seq-len", "64", "--causal", "true",
+                 "--skip-bench"]) == 0
+    out = capsys.readouterr().out
+    assert f"attention forward: {attention_backend(torch.device('cuda'))}" in out
 
 
 def test_cli_rejects_bad_values():
