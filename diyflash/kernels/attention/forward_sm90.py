@@ -8,7 +8,7 @@ A program computes 128 query rows of one (batch, head). Three partitions run sid
   runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap).
 The semantics are semantics.py's (_tile, _band, _scores, _visible, _online_softmax, _normalize), called
 from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
-module is imported only where Triton has Gluon's Hopper API (hopper.GLUON)."""
+module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
 
 from __future__ import annotations
 
@@ -61,20 +61,45 @@ def _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset, 
 
 
 @gluon.jit
-def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, lo, hi, offs_m, offs_n,
-             kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+def _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale,
+                   win_left, win_right, cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr):
+    """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
+    masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
+    causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90_h200.jsonl)."""
+    if MASKED:
+        if (start_n < full_lo) | (start_n >= full_hi):
+            p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
+                                                   qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=True,
+                                                   CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
+        else:
+            p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
+                                                   qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=False,
+                                                   CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False)
+    else:
+        p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
+                                               qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=False,
+                                               CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, lo, hi, full_lo, full_hi,
+             offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
              KEY_MASK: gl.constexpr):
-    """Key blocks [lo, hi) of a consumer's rows; i counts the blocks taken so far (slot and phase). Block j's
-    q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j
-    overlaps that p @ v; the range's last p @ v is finished before returning."""
+    """Key blocks [lo, hi) of a consumer's rows (i counts them: slot and phase). Block j's q.k^T is issued
+    before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps that p @ v;
+    the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns, FA3's ping-pong,
+    through an mbarrier pair measured 0-2 % slower on the H200: bench/results/attention_sm90_h200.jsonl.)"""
     STAGES: gl.constexpr = k_bufs.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = acc.type.layout
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     SUB_M: gl.constexpr = q.shape[0]
     zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)
+    i = 0
     if lo < hi:
         s_idx = i % STAGES
         ph = (i // STAGES) & 1
@@ -83,9 +108,9 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
         qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
         qk, _q0, _k0 = warpgroup_mma_wait(0, deps=(qk, q, k))
         mbarrier.arrive(k_empty.index(s_idx), count=1)
-        p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, lo, offs_m, offs_n, kv_len, causal_offset, qk_scale,
-                                           win_left, win_right, cap2, inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL,
-                                           WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, lo, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset,
+                                            qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=MASKED,
+                                            CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
         prev = s_idx
@@ -96,15 +121,16 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
             ph = (i // STAGES) & 1
             mbarrier.wait(k_ready.index(s_idx), ph)
             k = k_bufs.index(s_idx).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-            qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), prev_ph)
             v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
+            qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
             acc = warpgroup_mma(p16, v, acc, is_async=True)
             qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
             mbarrier.arrive(k_empty.index(s_idx), count=1)
-            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
-                                               qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=MASKED,
-                                               CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
+            p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_len,
+                                                causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+                                                MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
+                                                KEY_MASK=KEY_MASK)
             acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
             mbarrier.arrive(v_empty.index(prev), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -117,7 +143,7 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
         acc = warpgroup_mma(p16, v, acc, is_async=True)
         acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
         mbarrier.arrive(v_empty.index(prev), count=1)
-    return acc, m_i, l_i, i
+    return acc, m_i, l_i
 
 
 @gluon.jit
@@ -126,8 +152,8 @@ def _consumer(q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
               win_left, win_right, cap2, WHICH: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
               SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr, PASS: gl.constexpr):
-    """A consumer partition: rows start_m + WHICH * SUB_M onward, over the key ranges of _band (masked,
-    unmasked, masked, as forward.py), then the epilogue (_normalize) and the stores."""
+    """A consumer partition: rows start_m + WHICH * SUB_M onward, over the key blocks of _band (masks where
+    forward.py has them), then the epilogue (_normalize) and the stores."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
     q = q_bufs.index(WHICH).reshape([SUB_M, HEAD_DIM])
@@ -139,24 +165,11 @@ def _consumer(q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
     acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
     mbarrier.wait(q_bar, 0)
-    i = 0
-    if WINDOW:
-        acc, m_i, l_i, i = _consume(
-            q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, lo, full_lo, offs_m, offs_n,
-            seq_len_k, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, BLOCK_N=BLOCK_N,
-            HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=True, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-            KEY_MASK=not EVEN_N)
-    acc, m_i, l_i, i = _consume(
-        q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, full_lo, full_hi, offs_m, offs_n,
-        seq_len_k, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, BLOCK_N=BLOCK_N,
-        HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-        KEY_MASK=False)
-    if CAUSAL or WINDOW or not EVEN_N:
-        acc, m_i, l_i, i = _consume(
-            q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, full_hi, hi, offs_m, offs_n,
-            seq_len_k, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, BLOCK_N=BLOCK_N,
-            HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=True, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-            KEY_MASK=not EVEN_N)
+    acc, m_i, l_i = _consume(
+        q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, lo, hi, full_lo, full_hi, offs_m,
+        offs_n, seq_len_k, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, BLOCK_N=BLOCK_N,
+        HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N, CAUSAL=CAUSAL,
+        WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     m_o = gl.convert_layout(m_i, row_o)
     l_o = gl.convert_layout(l_i, row_o)
