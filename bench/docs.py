@@ -33,7 +33,7 @@ def _renderers() -> dict:
         "decode": (decode.table, "decode_h200.jsonl"),
         "matmul": (matmul.readme_table, "matmul_h200.jsonl"),
         "coldstart": (coldstart.readme_table, "coldstart_h200.jsonl"),
-        "attention-sm90": (_sm90_table, "attention_sm90_h200.jsonl"),
+        "attention-sm90": (_sm90_table, "attention_sm90.jsonl"),
     }
 
 

@@ -66,7 +66,7 @@ def _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_l
                    WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr):
     """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
     masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
-    causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90_h200.jsonl)."""
+    causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90.jsonl)."""
     if MASKED:
         if (start_n < full_lo) | (start_n >= full_hi):
             p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
@@ -92,7 +92,7 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
     """Key blocks [lo, hi) of a consumer's rows (i counts them: slot and phase). Block j's q.k^T is issued
     before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps that p @ v;
     the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns, FA3's ping-pong,
-    through an mbarrier pair measured 0-2 % slower on the H200: bench/results/attention_sm90_h200.jsonl.)"""
+    through an mbarrier pair measured 0-2 % slower on the H200: bench/results/attention_sm90.jsonl.)"""
     STAGES: gl.constexpr = k_bufs.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = acc.type.layout

@@ -34,8 +34,9 @@ if _backend not in BACKENDS:
 TESTED_TRITON = ("3.6", "3.9")
 
 BLOCK_M = 128  # query rows a program computes: two consumer warpgroups of 64 (forward_sm90.CONSUMER_ROWS)
-# (BLOCK_N, STAGES) per head dim. H200, Triton 3.6, bench/results/attention_sm90_h200.jsonl (its "final" run,
-# beside cuDNN): D128 with 128-key blocks in 2 slots 0.94-1.03x cuDNN where the portable kernel ran 0.83-0.91x;
+# (BLOCK_N, STAGES) per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run,
+# beside cuDNN): D128 with 128-key blocks in 2 slots 0.94-1.03x cuDNN where the portable kernel ran 0.83-0.91x
+# (H100: 0.93-1.00x against 0.80-0.92x);
 # 3 slots won one run and lost the next (within noise), so the smaller 2 stay. D64 ran 0.90-0.91x (128, 3) and
 # 0.75-0.82x (256, 2), no faster than the portable kernel's 0.92-0.94x: "auto" keeps the portable one there.
 TILES = {64: (128, 3), 128: (128, 2)}
