@@ -38,7 +38,7 @@ def build(d, causal, window, softcap, dtype, pass_):
     block_n, stages = hopper.TILES[d]
     q = torch.empty(2, 4, 1000, d, dtype=dtype)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 1000)
-    descs = [host_descriptor(q, r, d, gluon=True) for r in (hopper.BLOCK_M // 2, block_n, block_n)]
+    descs = [host_descriptor(q, r, d, gluon=True) for r in (hopper.CONSUMER_ROWS, block_n, block_n)]
     fn = hopper.kernel_module()._hopper_fwd_kernel
     values = [*descs, out, lse, *out.stride(), *lse.stride()[:2], 1000, 1000, 0.1, 3, 2, 7, 0, 0.5]
     consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, PASS=pass_,
@@ -114,7 +114,7 @@ def test_backend_switch():
         hopper.use("portable")
         assert hopper.status(torch.device("cuda"))[1] == "DIYFLASH_ATTENTION_BACKEND=portable"
         q, k, v = make_qkv(1, 2, 128, 128, 128)
-        assert hopper.tiles(q, k, v, None, None, None, None, False, True) is None
+        assert hopper.tiles(q, k, v, None, None, None, None, False, lambda: True) is None
     finally:
         hopper.use(before)
     env = dict(os.environ, DIYFLASH_ATTENTION_BACKEND="fast")

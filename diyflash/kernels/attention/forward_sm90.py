@@ -23,7 +23,6 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 CONSUMER_REGS = gl.constexpr(240)  # registers a consumer thread may hold (setmaxnreg); the loader's 24 free them
 LOADER_REGS = gl.constexpr(24)
-CONSUMER_ROWS = 64  # query rows a consumer warpgroup holds (one wgmma row tile): BLOCK_M is two of them
 
 
 @gluon.jit

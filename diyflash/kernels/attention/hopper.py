@@ -33,7 +33,8 @@ if _backend not in BACKENDS:
 # compiles it for sm_90a (tests/test_hopper.py in CI). Gluon is experimental and moves between releases.
 TESTED_TRITON = ("3.6", "3.9")
 
-BLOCK_M = 128  # query rows a program computes: two consumer warpgroups of 64 (forward_sm90.CONSUMER_ROWS)
+CONSUMER_ROWS = 64  # query rows a consumer warpgroup holds (one wgmma row tile), and the rows the kernel marks
+BLOCK_M = 2 * CONSUMER_ROWS  # query rows a program computes: two consumer warpgroups
 # (BLOCK_N, STAGES) per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run,
 # beside cuDNN): D128 with 128-key blocks in 2 slots 0.94-1.03x cuDNN where the portable kernel ran 0.83-0.91x
 # (H100: 0.93-1.00x against 0.80-0.92x);
@@ -41,17 +42,20 @@ BLOCK_M = 128  # query rows a program computes: two consumer warpgroups of 64 (f
 # 0.75-0.82x (256, 2), no faster than the portable kernel's 0.92-0.94x: "auto" keeps the portable one there.
 TILES = {64: (128, 3), 128: (128, 2)}
 AUTO_TILES = (128,)
-# forward.py's second pass over this kernel's marks: 64-row blocks, as the consumers mark them
-RESCUE_TILES = AttnConfig(64, 64, 4, 1)
+# forward.py's second pass over this kernel's marks: blocks of CONSUMER_ROWS rows, as the consumers mark them
+RESCUE_TILES = AttnConfig(CONSUMER_ROWS, 64, 4, 1)
 
 
 def use(backend: str) -> None:
     """Choose the attention forward's backend in this process ("auto", "hopper", "portable"), as
-    DIYFLASH_ATTENTION_BACKEND does at import. Forgets the kept launch plans, which bound the other's kernels."""
+    DIYFLASH_ATTENTION_BACKEND does at import. Forgets the kept launch plans, which bound the other's kernels,
+    and the devices' status, which depends on the choice ("hopper" tries untested Triton versions)."""
     global _backend
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
     _backend = backend
+    kernel_module.cache_clear()
+    _device_status.cache_clear()
     clear_caches()
 
 
@@ -98,17 +102,18 @@ def status(device: torch.device) -> tuple[bool, str]:
     return _device_status(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable: bool) -> tuple[int, int] | None:
+def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable) -> tuple[int, int] | None:
     """(BLOCK_N, STAGES) where this call runs the Hopper forward, else None (see the module's docstring).
-    q4, k4, v4: the (Z, H, N, D) views attention_fwd launches on; readable: host TMA descriptors can read
-    them in place (launch.tma_ok and plans.host_descriptors_ok)."""
+    q4, k4, v4: the (Z, H, N, D) views attention_fwd launches on; readable(): whether host TMA descriptors
+    can read them in place (launch.tma_ok and plans.host_descriptors_ok), asked last: every other GPU and
+    call is answered without it."""
     if (_backend == "portable" or overrides or seq_lens is not None or packed is not None or alibi is not None
             or sinks is not None or not q4.is_cuda or q4.dtype not in (torch.float16, torch.bfloat16)):
         return None
     d = q4.shape[-1]
     if d != v4.shape[-1] or d not in (TILES if _backend == "hopper" else AUTO_TILES):
         return None
-    if not readable or not status(q4.device)[0]:
+    if not status(q4.device)[0] or not readable():
         return None
     return TILES[d]
 
@@ -133,17 +138,16 @@ POINTERS = ("gluon_q", "gluon_k", "gluon_v", "out", "lse")  # the launch's leadi
 
 def descriptors(block_n: int, d: int) -> tuple:
     """The host descriptors of a launch (plans.launch_chunks' descs): q, k and v, as gluon_q, gluon_k, gluon_v."""
-    return (("q", BLOCK_M // 2, d, True), ("k", block_n, d, True), ("v", block_n, d, True))
+    return (("q", CONSUMER_ROWS, d, True), ("k", block_n, d, True), ("v", block_n, d, True))
+
+
+LAUNCHERS: list = []  # the Hopper kernel's DirectLauncher once made (launch.py keeps count of its bound kernels)
 
 
 def launcher():
     """The DirectLauncher of the Hopper kernel, made once (its module is imported only where it runs)."""
-    global _LAUNCHER
-    if _LAUNCHER is None:
+    if not LAUNCHERS:
         from .._launch import DirectLauncher
 
-        _LAUNCHER = DirectLauncher(kernel_module()._hopper_fwd_kernel)
-    return _LAUNCHER
-
-
-_LAUNCHER = None
+        LAUNCHERS.append(DirectLauncher(kernel_module()._hopper_fwd_kernel))
+    return LAUNCHERS[0]

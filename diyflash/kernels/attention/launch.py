@@ -44,7 +44,7 @@ PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by plan_key
 
 
 keep("attention plans", lambda: (PLANS,))
-keep("attention bound kernels", lambda: [lc._compiled for lc in _LAUNCHERS])
+keep("attention bound kernels", lambda: [lc._compiled for lc in (*_LAUNCHERS, *hopper.LAUNCHERS)])
 
 
 def plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
@@ -298,7 +298,7 @@ def attention_fwd(
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
     sm90 = hopper.tiles(q4, k4, v4, seq_lens, packed, alibi_slopes, sinks, config is not None or group is not None,
-                        q.is_cuda and tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4))
+                        lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4))
     if config is not None:
         cfg = config
     elif sm90 is not None:  # the Hopper kernel runs the call; these tiles only redo its overflowed rows
