@@ -5,12 +5,17 @@ kernel module is imported, so the real Triton kernels run through Triton's inter
 DIYFLASH_TEST_DEVICE=cuda (the GPU machine): the same test files on CUDA tensors, compiled kernels.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # The matmul tuner's disk cache (kernels/tuning_cache.py): a fresh one per test session, so that no test
-# reads choices a user's earlier runs left in ~/.cache/diyflash (subprocesses inherit it)
-os.environ.setdefault("DIYFLASH_CACHE_DIR", tempfile.mkdtemp(prefix="diyflash-test-cache-"))
+# reads choices a user's earlier runs left in ~/.cache/diyflash (subprocesses inherit it). The process that
+# made it removes it at exit (tests/test_packaging.py checks that a session leaves nothing behind).
+if "DIYFLASH_CACHE_DIR" not in os.environ:
+    os.environ["DIYFLASH_CACHE_DIR"] = tempfile.mkdtemp(prefix="diyflash-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["DIYFLASH_CACHE_DIR"], ignore_errors=True)
 
 DEVICE = os.environ.get("DIYFLASH_TEST_DEVICE", "cpu")
 if DEVICE not in ("cpu", "cuda"):

@@ -59,3 +59,17 @@ def test_ci_runs_the_readme_commands_verbatim():
     assert commands == ["pip install -e . && python -m diyflash", 'pip install -e ".[test,transformers]" && python -m pytest']
     assert "(pip install -e . && python -m diyflash)" in ci and 'pip install -e ".[test,transformers]" && python -m pytest' in ci
     assert "python -m venv" in ci and "--system-site-packages" not in ci and "validation: PASSED" in ci
+
+
+def test_test_session_leaves_no_cache_dir(tmp_path):
+    # conftest makes a fresh tuner cache per session (DIYFLASH_CACHE_DIR); the session must remove it, or
+    # every run of the suite leaves a directory in the temp folder
+    env = {k: v for k, v in os.environ.items() if k != "DIYFLASH_CACHE_DIR"}
+    env["TMPDIR"] = str(tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+         str(ROOT / "tests" / "test_layering.py")],
+        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert list(tmp_path.iterdir()) == []
