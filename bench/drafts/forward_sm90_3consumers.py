@@ -1,0 +1,260 @@
+"""The Hopper (sm_90) forward: a warp-specialized Gluon kernel in the manner of FlashAttention-3.
+
+A program computes 128 query rows of one (batch, head). Three partitions run side by side:
+- a loader warp streams the key and value blocks through TMA into STAGES shared-memory slots (an mbarrier
+  pair per slot and tensor: ready when its copy lands, empty when both consumers are done with it);
+- two consumer warpgroups (64 rows each, 240 registers a thread) run the online softmax with asynchronous
+  wgmma: block j's q.k^T is issued before block j-1's p @ v and waited for first, so the softmax of block j
+  runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap).
+The semantics are semantics.py's (_tile, _band, _scores, _visible, _online_softmax, _normalize), called
+from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
+module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from diyflash.kernels.attention.semantics import _band, _inv, _normalize, _online_softmax, _scores, _tile, _visible
+
+# TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+CONSUMER_REGS = gl.constexpr(240)  # registers a consumer thread may hold (setmaxnreg); the loader's 24 free them
+LOADER_REGS = gl.constexpr(24)
+
+
+@gluon.jit
+def _loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, off_z, off_hk, lo, hi,
+            BLOCK_N: gl.constexpr):
+    """The loader partition: key and value blocks [lo, hi) into the slots, in the consumers' order."""
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    i = 0
+    for start_n in range(lo, hi, BLOCK_N):
+        s = i % STAGES
+        ph = (i // STAGES) & 1
+        mbarrier.wait(k_empty.index(s), ph ^ 1)
+        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [off_z, off_hk, start_n, 0], k_ready.index(s), k_bufs.index(s))
+        mbarrier.wait(v_empty.index(s), ph ^ 1)
+        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+        _tma_load(v_desc, [off_z, off_hk, start_n, 0], v_ready.index(s), v_bufs.index(s))
+        i += 1
+
+
+@gluon.jit
+def _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
+                  inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                  KEY_MASK: gl.constexpr):
+    """One key block of the online softmax from its raw q.k^T tile (forward.py's loop body, same helpers)."""
+    cols = start_n + offs_n
+    s, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
+                   SOFTCAP=SOFTCAP, ALIBI=False)
+    if MASKED:
+        vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
+                       KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
+        s = gl.where(vis, s, float("-inf"))
+    p, alpha, grew, m_i, l_i = _online_softmax(s, m_i, l_i, MASKED=MASKED, LAZY=False)
+    return p, alpha, m_i, l_i
+
+
+@gluon.jit
+def _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale,
+                   win_left, win_right, cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr):
+    """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
+    masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
+    causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90.jsonl)."""
+    if MASKED:
+        if (start_n < full_lo) | (start_n >= full_hi):
+            p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
+                                                   qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=True,
+                                                   CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
+        else:
+            p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
+                                                   qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=False,
+                                                   CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False)
+    else:
+        p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
+                                               qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=False,
+                                               CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, lo, hi, full_lo, full_hi,
+             offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+             MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+             KEY_MASK: gl.constexpr):
+    """Key blocks [lo, hi) of a consumer's rows (i counts them: slot and phase). Block j's q.k^T is issued
+    before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps that p @ v;
+    the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns, FA3's ping-pong,
+    through an mbarrier pair measured 0-2 % slower on the H200: bench/results/attention_sm90.jsonl.)"""
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = acc.type.layout
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    SUB_M: gl.constexpr = q.shape[0]
+    zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)
+    i = 0
+    if lo < hi:
+        s_idx = i % STAGES
+        ph = (i // STAGES) & 1
+        mbarrier.wait(k_ready.index(s_idx), ph)
+        k = k_bufs.index(s_idx).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
+        qk, _q0, _k0 = warpgroup_mma_wait(0, deps=(qk, q, k))
+        mbarrier.arrive(k_empty.index(s_idx), count=1)
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, lo, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset,
+                                            qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=MASKED,
+                                            CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+        prev = s_idx
+        prev_ph = ph
+        i += 1
+        for start_n in range(lo + BLOCK_N, hi, BLOCK_N):
+            s_idx = i % STAGES
+            ph = (i // STAGES) & 1
+            mbarrier.wait(k_ready.index(s_idx), ph)
+            k = k_bufs.index(s_idx).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+            mbarrier.wait(v_ready.index(prev), prev_ph)
+            v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
+            qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p16, v, acc, is_async=True)
+            qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
+            mbarrier.arrive(k_empty.index(s_idx), count=1)
+            p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_len,
+                                                causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+                                                MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
+                                                KEY_MASK=KEY_MASK)
+            acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+            prev = s_idx
+            prev_ph = ph
+            i += 1
+        mbarrier.wait(v_ready.index(prev), prev_ph)
+        v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
+        acc = warpgroup_mma(p16, v, acc, is_async=True)
+        acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer(q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
+              stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset, qk_scale,
+              win_left, win_right, cap2, WHICH: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+              SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr, PASS: gl.constexpr):
+    """A consumer partition: rows start_m + WHICH * SUB_M onward, over the key blocks of _band (masks where
+    forward.py has them), then the epilogue (_normalize) and the stores."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
+    q = q_bufs.index(WHICH).reshape([SUB_M, HEAD_DIM])
+    row0 = start_m + WHICH * SUB_M
+    offs_m = row0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
+    inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
+    mbarrier.wait(q_bar, 0)
+    acc, m_i, l_i = _consume(
+        q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, lo, hi, full_lo, full_hi, offs_m,
+        offs_n, seq_len_k, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, BLOCK_N=BLOCK_N,
+        HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N, CAUSAL=CAUSAL,
+        WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_o = gl.convert_layout(m_i, row_o)
+    l_o = gl.convert_layout(l_i, row_o)
+    out, lse = _normalize(acc, m_o, l_o, l_o > 0)
+    if PASS == 1:  # as forward.py's first pass: mark rows whose raw q.k left fp32's range (all 64 of them)
+        overflow = gl.max(((l_o != l_o) | (m_o == float("-inf"))).to(gl.int32), 0)
+        lse = gl.where(overflow > 0, float("nan"), lse)
+    rows = row0 + gl.arange(0, SUB_M, layout=row_o)
+    cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
+    row_in = rows < seq_len_q
+    o_ptrs = out_ptr + o_off + rows.to(gl.int64)[:, None] * stride_om + cols[None, :] * stride_od
+    gl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None])
+    gl.store(lse_ptr + l_off + rows, lse, mask=row_in)
+
+
+@gluon.jit(do_not_specialize=["head_group"])
+def _hopper_fwd_kernel(
+    q_desc, k_desc, v_desc, out_ptr, lse_ptr,
+    stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh,
+    seq_len_q, seq_len_k, qk_scale, head_group, kv_group, win_left, win_right, cap2,
+    # semantics: what is computed
+    HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+    SOFTCAP: gl.constexpr, PASS: gl.constexpr,
+    # tiles: how
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS_: gl.constexpr,
+):
+    """q_desc, k_desc, v_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D) and
+    (1, 1, BLOCK_N, D) blocks (hopper.descriptor); out and lse by pointers and strides. The semantics are the
+    portable forward's (forward.py) for causal, WINDOW, SOFTCAP and GQA (kv_group) without seq_lens; PASS 1
+    marks a consumer's 64 rows with a NaN lse where a raw q.k left fp32's range, for forward.py's second pass
+    (run on 64-row blocks) to redo. EVEN_N: every key block is full."""
+    SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+    pid_m, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
+    off_hk = off_h // kv_group
+    start_m = pid_m * BLOCK_M
+    causal_offset = seq_len_k - seq_len_q
+    lo, full_lo, full_hi, hi = _band(
+        start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        CAUSAL=CAUSAL, HAS_SEQ_LENS=False, EVEN_N=EVEN_N, WINDOW=WINDOW)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=CONSUMERS)
+        mbarrier.init(v_empty.index(s), count=CONSUMERS)
+    mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        _tma_load(q_desc, [off_z, off_h, start_m + c * SUB_M, 0], q_bar, q_bufs.index(c))
+    o_off = off_z.to(gl.int64) * stride_oz + off_h.to(gl.int64) * stride_oh
+    l_off = off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
+                     stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset,
+                     qk_scale, win_left, win_right, cap2, 0, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW,
+                     SOFTCAP, EVEN_N, PASS)),
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
+                     stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset,
+                     qk_scale, win_left, win_right, cap2, 1, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW,
+                     SOFTCAP, EVEN_N, PASS)),
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
+                     stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset,
+                     qk_scale, win_left, win_right, cap2, 2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW,
+                     SOFTCAP, EVEN_N, PASS)),
+            (_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, off_z, off_hk, lo, hi,
+                   BLOCK_N)),
+        ], [4, 4, 1], [CONSUMER_REGS_, CONSUMER_REGS_, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
+                     stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset,
+                     qk_scale, win_left, win_right, cap2, 0, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW,
+                     SOFTCAP, EVEN_N, PASS)),
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
+                     stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset,
+                     qk_scale, win_left, win_right, cap2, 1, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW,
+                     SOFTCAP, EVEN_N, PASS)),
+            (_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, off_z, off_hk, lo, hi,
+                   BLOCK_N)),
+        ], [4, 1], [CONSUMER_REGS_, LOADER_REGS])
