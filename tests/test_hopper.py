@@ -35,20 +35,20 @@ from diyflash.kernels.contract import few_query_rows
 from diyflash.kernels.attention.plans import host_descriptor
 
 def build(d, causal, window, softcap, dtype, pass_):
-    block_n, stages = hopper.TILES[d]
+    tiles = hopper.TILES[d]
     q = torch.empty(2, 4, 1000, d, dtype=dtype)
     out, lse = torch.empty_like(q), torch.empty(2, 4, 1000)
-    descs = [host_descriptor(q, r, d, gluon=True) for r in (hopper.CONSUMER_ROWS, block_n, block_n)]
+    descs = [host_descriptor(q, r, d, gluon=True) for r in (hopper.CONSUMER_ROWS, tiles.block_n, tiles.block_n)]
     fn = hopper.kernel_module()._hopper_fwd_kernel
     values = [*descs, out, lse, *out.stride(), *lse.stride()[:2], 1000, 1000, 0.1, 3, 2, 7, 0, 0.5]
     consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, PASS=pass_,
-                  BLOCK_M=hopper.BLOCK_M, BLOCK_N=block_n, STAGES=stages, EVEN_N=False)
+                  **tiles.meta(1000))
     sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else mangle_type(v)
            for n, v in zip(fn.arg_names, values)}
     sig.update({n: "constexpr" for n in consts})
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps,
+    return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "consumers": tiles.consumers,
             "wgmma": kernel.asm["ptx"].count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in kernel.asm["ptx"]}
 
 print(json.dumps([build(*case) for case in [
@@ -71,8 +71,9 @@ def test_kernel_compiles_for_sm90():
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     for kernel in json.loads(run.stdout.strip().splitlines()[-1]):
-        # 12 warps: two consumer warpgroups and the loader's (padded to one); two wgmma sites per key loop
-        assert kernel["warps"] == 12 and kernel["setmaxnreg"] and kernel["wgmma"] > 0, kernel
+        # a warpgroup per consumer and the loader's (padded to one): 12 or 16 warps; wgmma sites in the key loop
+        assert kernel["warps"] == 4 * (kernel["consumers"] + 1), kernel
+        assert kernel["setmaxnreg"] and kernel["wgmma"] > 0, kernel
         assert kernel["shared"] <= 232448, kernel  # the H100/H200 opt-in limit per block
 
 
@@ -157,6 +158,7 @@ CASES = [  # (B, H, H_kv, N_q, N_k, D, causal, window, softcap)
     (1, 2, 2, 1023, 300, 128, True, (-1, -1), 0.0),  # rows that see no key
     (2, 4, 4, 113, 17, 64, True, (-1, -1), 0.0),
     (2, 4, 1, 1024, 1024, 64, False, (-1, -1), 0.0),  # GQA 4
+    (1, 4, 2, 1000, 1000, 64, True, (300, 0), 30.0),  # D64's three consumers: a window, softcap, a partial block
     (1, 4, 1, 1500, 1500, 128, True, (256, 0), 30.0),  # a causal window with softcap
     (1, 4, 1, 17, 113, 128, False, (20, 7), 0.0),
     (1, 2, 2, 1, 1023, 128, False, (-1, -1), 0.0),
@@ -231,19 +233,37 @@ def test_what_falls_back_to_portable(fresh_caches):
 @needs_hopper
 def test_auto_takes_the_measured_head_dims(fresh_caches):
     for d in (64, 128):
-        q, k, v = make_qkv(1, 2, 256, 256, d, torch.float16)
+        q, k, v = make_qkv(1, 2, 4096, 4096, d, torch.float16)  # work 2^32 at D128: plans.HOST_DESC_MIN_WORK
         ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v))
         assert ran == ({"hopper"} if d in hopper.AUTO_TILES else {"portable"}), (d, ran)
 
 
 @needs_hopper
-def test_overflowed_rows_are_redone(backend):
+def test_auto_leaves_short_calls_to_portable(fresh_caches):
+    """A call with less work than plans.HOST_DESC_MIN_WORK runs the portable kernel under "auto" (its host
+    time decides, and the Hopper kernel's host descriptors cost it), the Hopper kernel under "hopper"; the
+    same result within the 2x rule either way."""
+    q, k, v = make_qkv(1, 32, 128, 128, 128, torch.bfloat16)
+    ref, plain = attention_ref(q, k, v, causal=True)[0], attention_ref(q, k, v, causal=True, upcast=False)[0]
+    for backend, kernels in (("auto", {"portable"}), ("hopper", {"hopper", "portable"})):  # bf16: + the 2nd pass
+        hopper.use(backend)
+        try:
+            assert _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=True)) == kernels, backend
+            report = error_report("out", diyflash.flash_attention(q, k, v, causal=True), ref, plain)
+            assert report.ok, str(report)
+        finally:
+            hopper.use("auto")
+
+
+@needs_hopper
+@pytest.mark.parametrize("d", [64, 128])
+def test_overflowed_rows_are_redone(backend, d):
     """bf16 scores whose raw q.k leaves fp32's range (scaled back into it by the scale): the Hopper kernel
     marks their rows and the portable second pass redoes them; no NaN, within the 2x rule."""
-    q, k, v = make_qkv(1, 2, 300, 300, 128, torch.bfloat16, seed=3)
+    q, k, v = make_qkv(1, 2, 300, 300, d, torch.bfloat16, seed=3)
     q, k = q * 2.0**64, k * 2.0**64  # q.k ~ 2^128 * 10: past fp32's range
-    q[:, :, 70:] /= 2.0**64  # rows from 70 on (the second half-block and later) stay in range
-    scale = 2.0**-128 / 128**0.5
+    q[:, :, 70:] /= 2.0**64  # rows from 70 on (the second 64-row block and later) stay in range
+    scale = 2.0**-128 / d**0.5
     out = diyflash.flash_attention(q, k, v, causal=True, sm_scale=scale)
     ref = attention_ref(q, k, v, causal=True, scale=scale)[0]
     assert not out.isnan().any()

@@ -1,11 +1,12 @@
 """The Hopper (sm_90) forward: a warp-specialized Gluon kernel in the manner of FlashAttention-3.
 
-A program computes 128 query rows of one (batch, head). Three partitions run side by side:
+A program computes 64 query rows per consumer warpgroup (two, or three for D64: hopper.TILES) of one
+(batch, head). The partitions run side by side:
 - a loader warp streams the key and value blocks through TMA into STAGES shared-memory slots (an mbarrier
-  pair per slot and tensor: ready when its copy lands, empty when both consumers are done with it);
-- two consumer warpgroups (64 rows each, 240 registers a thread) run the online softmax with asynchronous
-  wgmma: block j's q.k^T is issued before block j-1's p @ v and waited for first, so the softmax of block j
-  runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap).
+  pair per slot and tensor: ready when its copy lands, empty when every consumer is done with it);
+- the consumer warpgroups (64 rows each, 240 registers a thread for two, 160 for three) run the online
+  softmax with asynchronous wgmma: block j's q.k^T is issued before block j-1's p @ v and waited for first,
+  so the softmax of block j runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap).
 The semantics are semantics.py's (_tile, _band, _scores, _visible, _online_softmax, _normalize), called
 from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
 module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
@@ -21,8 +22,7 @@ from .semantics import _band, _inv, _normalize, _online_softmax, _scores, _tile,
 # TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-CONSUMER_REGS = gl.constexpr(240)  # registers a consumer thread may hold (setmaxnreg); the loader's 24 free them
-LOADER_REGS = gl.constexpr(24)
+LOADER_REGS = gl.constexpr(24)  # the loader's registers a thread (setmaxnreg): the rest go to the consumers
 
 
 @gluon.jit
@@ -148,9 +148,9 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
 @gluon.jit
 def _consumer(q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
               stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset, qk_scale,
-              win_left, win_right, cap2, WHICH: gl.constexpr, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-              SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr, PASS: gl.constexpr):
+              win_left, win_right, cap2, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+              HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+              EVEN_N: gl.constexpr, PASS: gl.constexpr, WHICH: gl.constexpr):
     """A consumer partition: rows start_m + WHICH * SUB_M onward, over the key blocks of _band (masks where
     forward.py has them), then the epilogue (_normalize) and the stores."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -194,13 +194,15 @@ def _hopper_fwd_kernel(
     SOFTCAP: gl.constexpr, PASS: gl.constexpr,
     # tiles: how
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
     """q_desc, k_desc, v_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D) and
     (1, 1, BLOCK_N, D) blocks (hopper.descriptor); out and lse by pointers and strides. The semantics are the
     portable forward's (forward.py) for causal, WINDOW, SOFTCAP and GQA (kv_group) without seq_lens; PASS 1
     marks a consumer's 64 rows with a NaN lse where a raw q.k left fp32's range, for forward.py's second pass
-    (run on 64-row blocks) to redo. EVEN_N: every key block is full."""
-    SUB_M: gl.constexpr = BLOCK_M // 2
+    (run on 64-row blocks) to redo. EVEN_N: every key block is full. CONSUMERS (2 or 3) warpgroups of
+    BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES)."""
+    SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
     pid_m, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
     off_hk = off_h // kv_group
     start_m = pid_m * BLOCK_M
@@ -208,7 +210,7 @@ def _hopper_fwd_kernel(
     lo, full_lo, full_hi, hi = _band(
         start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
         CAUSAL=CAUSAL, HAS_SEQ_LENS=False, EVEN_N=EVEN_N, WINDOW=WINDOW)
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -220,22 +222,41 @@ def _hopper_fwd_kernel(
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)
-        mbarrier.init(v_empty.index(s), count=2)
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [off_z, off_h, start_m, 0], q_bar, q_bufs.index(0))
-    _tma_load(q_desc, [off_z, off_h, start_m + SUB_M, 0], q_bar, q_bufs.index(1))
+        mbarrier.init(k_empty.index(s), count=CONSUMERS)
+        mbarrier.init(v_empty.index(s), count=CONSUMERS)
+    mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        _tma_load(q_desc, [off_z, off_h, start_m + c * SUB_M, 0], q_bar, q_bufs.index(c))
     o_off = off_z.to(gl.int64) * stride_oz + off_h.to(gl.int64) * stride_oh
     l_off = off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
-    gl.warp_specialize([
-        (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
-                     stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset,
-                     qk_scale, win_left, win_right, cap2, 0, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW,
-                     SOFTCAP, EVEN_N, PASS)),
-        (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
-                     stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset,
-                     qk_scale, win_left, win_right, cap2, 1, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW,
-                     SOFTCAP, EVEN_N, PASS)),
-        (_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, off_z, off_hk, lo, hi,
-                   BLOCK_N)),
-    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    # (the partitions' argument lists are written out: a tuple of them, concatenated, loses the constexprs)
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
+                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
+                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
+                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 0)),
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
+                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
+                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
+                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 1)),
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
+                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
+                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
+                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 2)),
+            (_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, off_z, off_hk, lo, hi,
+                       BLOCK_N)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
+                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
+                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
+                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 0)),
+            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
+                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
+                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
+                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 1)),
+            (_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, off_z, off_hk, lo, hi,
+                       BLOCK_N)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

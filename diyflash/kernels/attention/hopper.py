@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -34,16 +35,40 @@ if _backend not in BACKENDS:
 TESTED_TRITON = ("3.6", "3.9")
 
 CONSUMER_ROWS = 64  # query rows a consumer warpgroup holds (one wgmma row tile), and the rows the kernel marks
-BLOCK_M = 2 * CONSUMER_ROWS  # query rows a program computes: two consumer warpgroups
-# (BLOCK_N, STAGES) per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run,
-# beside cuDNN): D128 with 128-key blocks in 2 slots 0.94-1.03x cuDNN where the portable kernel ran 0.83-0.91x
+
+
+class Tiles(NamedTuple):
+    """A head dim's tiles: BLOCK_N keys a block in STAGES shared-memory slots, CONSUMERS warpgroups of
+    CONSUMER_ROWS query rows each (a program's BLOCK_M rows)."""
+
+    block_n: int
+    stages: int
+    consumers: int = 2
+
+    @property
+    def block_m(self) -> int:
+        return self.consumers * CONSUMER_ROWS
+
+    def meta(self, n_k: int) -> dict:
+        """The kernel's tile constexprs for N_k keys: the consumers share the register file (setmaxnreg;
+        the loader warp keeps 24), 240 a thread for two, 160 for three."""
+        return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages, EVEN_N=n_k % self.block_n == 0,
+                    CONSUMERS=self.consumers, CONSUMER_REGS={2: 240, 3: 160}[self.consumers])
+
+
+# Tiles per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run, beside cuDNN):
+# D128 with 128-key blocks in 2 slots 0.94-1.03x cuDNN where the portable kernel ran 0.83-0.91x
 # (H100: 0.93-1.00x against 0.80-0.92x);
-# 3 slots won one run and lost the next (within noise), so the smaller 2 stay. D64 ran 0.90-0.91x (128, 3) and
-# 0.75-0.82x (256, 2), no faster than the portable kernel's 0.92-0.94x: "auto" keeps the portable one there.
-TILES = {64: (128, 3), 128: (128, 2)}
+# 3 slots won one run and lost the next (within noise), so the smaller 2 stay. D64 with three consumers (192
+# rows a program, as FA3 tiles D64): 0.95-0.97x cuDNN at B2 H16 N8192 fp16 where two ran 0.88-0.91x and the
+# portable kernel 0.93-0.95x, but 0.78-0.79x at GQA bf16 N4096 and at B16 N1024 (portable 0.90x): "auto"
+# keeps the portable kernel for D64 (the "three consumers" run of attention_sm90.jsonl).
+TILES = {64: Tiles(128, 3, 3), 128: Tiles(128, 2)}
 AUTO_TILES = (128,)
-# forward.py's second pass over this kernel's marks: blocks of CONSUMER_ROWS rows, as the consumers mark them
-RESCUE_TILES = AttnConfig(CONSUMER_ROWS, 64, 4, 1)
+# "auto" leaves short calls (less work than plans.HOST_DESC_MIN_WORK, Z*H*N_q*N_k*D) to the portable kernel,
+# which builds no host descriptors for them: the Hopper kernel's three (Gluon's TensorDescriptor, then
+# Triton's encoding at each launch) made a B1 H32 N128 D128 bf16 forward cost 69 us a call in a loop against
+# the portable route's 36 us, whose GPU time is 15 us (H200, bench/results/hopper_threshold_h200.jsonl).
 
 
 def use(backend: str) -> None:
@@ -102,17 +127,20 @@ def status(device: torch.device) -> tuple[bool, str]:
     return _device_status(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable) -> tuple[int, int] | None:
-    """(BLOCK_N, STAGES) where this call runs the Hopper forward, else None (see the module's docstring).
+def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable, short: bool = False) -> Tiles | None:
+    """The Tiles where this call runs the Hopper forward, else None (see the module's docstring).
     q4, k4, v4: the (Z, H, N, D) views attention_fwd launches on; readable(): whether host TMA descriptors
     can read them in place (launch.tma_ok and plans.host_descriptors_ok), asked last: every other GPU and
-    call is answered without it."""
+    call is answered without it. short: less work than plans.HOST_DESC_MIN_WORK ("auto" leaves it to the
+    portable kernel)."""
     if (_backend == "portable" or overrides or seq_lens is not None or packed is not None or alibi is not None
             or sinks is not None or not q4.is_cuda or q4.dtype not in (torch.float16, torch.bfloat16)):
         return None
     d = q4.shape[-1]
     if d != v4.shape[-1] or d not in (TILES if _backend == "hopper" else AUTO_TILES):
         return None
+    if short and _backend == "auto":
+        return None  # its host time decides, and the host descriptors cost it (AUTO_TILES' comment)
     if not status(q4.device)[0] or not readable():
         return None
     return TILES[d]
