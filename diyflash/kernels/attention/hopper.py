@@ -69,6 +69,8 @@ AUTO_TILES = (128,)
 # which builds no host descriptors for them: the Hopper kernel's three (Gluon's TensorDescriptor, then
 # Triton's encoding at each launch) made a B1 H32 N128 D128 bf16 forward cost 69 us a call in a loop against
 # the portable route's 36 us, whose GPU time is 15 us (H200, bench/results/hopper_threshold_h200.jsonl).
+# forward.py's second pass over this kernel's marks: blocks of CONSUMER_ROWS rows, as the consumers mark them
+RESCUE_TILES = AttnConfig(CONSUMER_ROWS, 64, 4, 1)
 
 
 def use(backend: str) -> None:
