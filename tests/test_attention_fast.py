@@ -8,6 +8,7 @@ import torch
 
 import diyflash
 import diyflash.api as api
+from diyflash.kernels import value_checks
 from helpers import ON_GPU, make_qkv
 
 CASES = [  # (b, h, h_kv, n_q, n_k, d, d_v, dtype, layout, kwargs)
@@ -160,6 +161,8 @@ def test_kv_fast_path_is_bit_identical(case, fresh_caches, monkeypatch):
         raise AssertionError("the ordinary path ran")
 
     monkeypatch.setattr(api, "kvcache_error", refuse)
+    # the value check (validate=True) replays its bound launch: the per-call check_kvcache does not run
+    monkeypatch.setattr(value_checks, "check_kvcache", refuse)
     second = diyflash.flash_attention_with_kvcache(q, kc, vc, lens, **kwargs)
     for a, b in zip(first if isinstance(first, tuple) else (first,), second if isinstance(second, tuple) else (second,)):
         assert torch.equal(a, b)
@@ -172,33 +175,46 @@ def test_kv_fast_path_is_bit_identical(case, fresh_caches, monkeypatch):
         assert torch.equal(a, b)
 
 
+_BAD_ON_THE_FAST_PATH = {  # (the call's setup, the bad value written after two good calls, the rule's words)
+    "lengths": ("c = torch.randn(2, 4, 128, 64, device='cuda', dtype=torch.float16)\n"
+                "lens = torch.tensor([100, 90], dtype=torch.int32, device='cuda')\n"
+                "call = lambda: diyflash.flash_attention_with_kvcache(q, c, c, lens)\n",
+                "lens[1] = 500", "cache_seqlens must be >= 0"),
+    "pages": ("c = torch.randn(8, 4, 32, 64, device='cuda', dtype=torch.float16)\n"
+              "lens = torch.tensor([100, 90], dtype=torch.int32, device='cuda')\n"
+              "table = torch.arange(8, dtype=torch.int32, device='cuda').view(2, 4)\n"
+              "call = lambda: diyflash.flash_attention_with_kvcache(q, c, c, lens, block_table=table)\n",
+              "table[1, 0] = 8", "a block_table entry in use is not a page"),
+}
+
+
 @pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
-def test_kv_fast_path_keeps_the_value_check(tmp_path):
-    """validate=True on the fast path still queues the device-side check: a bad length stops the program
-    (in a child process: the assert ends its CUDA context)."""
+@pytest.mark.parametrize("bad", sorted(_BAD_ON_THE_FAST_PATH))
+def test_kv_fast_path_keeps_the_value_check(tmp_path, bad):
+    """validate=True on the fast path still queues the device-side check (its bound launch): a bad length
+    or page stops the program (in a child process: the assert ends its CUDA context)."""
     import os
     import subprocess
     import sys
 
+    setup, poison, rule = _BAD_ON_THE_FAST_PATH[bad]
     script = tmp_path / "bad.py"
     script.write_text(
         "import torch, diyflash\n"
-        "q = torch.randn(1, 4, 1, 64, device='cuda', dtype=torch.float16)\n"
-        "c = torch.randn(1, 4, 128, 64, device='cuda', dtype=torch.float16)\n"
-        "lens = torch.tensor([100], dtype=torch.int32, device='cuda')\n"
-        "diyflash.flash_attention_with_kvcache(q, c, c, lens)\n"
-        "diyflash.flash_attention_with_kvcache(q, c, c, lens)\n"
+        "q = torch.randn(2, 4, 1, 64, device='cuda', dtype=torch.float16)\n"
+        + setup +
+        "call(); call()\n"
         "torch.cuda.synchronize()\n"
-        "lens.fill_(500)\n"
+        + poison + "\n"
         "try:\n"
-        "    diyflash.flash_attention_with_kvcache(q, c, c, lens)\n"
+        "    call()\n"
         "    torch.cuda.synchronize()\n"
         "except RuntimeError as e:\n"
         "    print('RAISED', str(e).splitlines()[0])\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert "RAISED" in done.stdout and "device-side assert" in done.stdout, done.stdout + done.stderr[-2000:]
-    assert "cache_seqlens must be >= 0" in done.stderr
+    assert rule in done.stderr, done.stderr[-2000:]
 
 
 def test_fast_keys_refuse_what_the_ordinary_path_must_see(device):

@@ -78,7 +78,7 @@ def _cu_seqlens_kernel(cu_ptr, stride, batch, total, max_seqlen, BLOCK: tl.const
 
 
 @triton.jit(debug=True)
-def _kvcache_kernel(lens_ptr, lens_stride, pad_ptr, pad_stride, table_ptr, table_stride_b, table_stride_p,
+def _kvcache_kernel(lens_ptr, pad_ptr, table_ptr, lens_stride, pad_stride, table_stride_b, table_stride_p,
                     n_new, capacity, page_size, max_pages, num_pages,
                     HAS_PAD: tl.constexpr, PAGED: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
@@ -117,14 +117,44 @@ def check_cu_seqlens(cu: torch.Tensor, total: int, max_seqlen: int) -> None:
 def check_kvcache(cache_seqlens: torch.Tensor, n_new: int, capacity: int, block_table: torch.Tensor | None,
                   num_pages: int, cache_leftpad: torch.Tensor | None) -> None:
     """Queue the check of a KV-cache call's positions and pages: one program per batch row."""
+    launch = _kvcache_launch(cache_seqlens, n_new, capacity, block_table, num_pages, cache_leftpad)
+    if launch is not None:
+        grid, pointers, args, meta = launch
+        _KVCACHE(grid, *pointers, *args, **meta)
+
+
+def bound_kvcache_check(cache_seqlens: torch.Tensor, n_new: int, capacity: int, block_table: torch.Tensor | None,
+                        num_pages: int, cache_leftpad: torch.Tensor | None):
+    """check_kvcache for later calls of these index tensors' layouts (shapes, strides, dtypes, 16-byte
+    alignment; the caller's key guarantees them) and this cache geometry, bound to its compiled kernel:
+    `check(cache_seqlens, block_table, cache_leftpad)` queues it for that call's tensors at the cost of the
+    launch alone, no signature computed (a decode step's default check: ops/attention_fast.py). None where
+    check_kvcache has not compiled it yet, or there is nothing to check."""
+    launch = _kvcache_launch(cache_seqlens, n_new, capacity, block_table, num_pages, cache_leftpad)
+    if launch is None:
+        return None
+    grid, pointers, args, meta = launch
+    bound = _KVCACHE.bind(grid, pointers, args, meta)
+    if bound is None:
+        return None
+    paged, has_pad = meta["PAGED"], meta["HAS_PAD"]
+
+    def check(cache_seqlens, block_table, cache_leftpad):
+        bound(cache_seqlens, cache_leftpad if has_pad else cache_seqlens, block_table if paged else cache_seqlens)
+
+    return check
+
+
+def _kvcache_launch(cache_seqlens, n_new, capacity, block_table, num_pages, cache_leftpad):
+    """(grid, pointers, args, meta) of the KV-cache check, None for an empty batch."""
     batch = cache_seqlens.shape[0]
     if batch == 0:
-        return
+        return None
     paged = block_table is not None and block_table.numel() > 0
     table = block_table if paged else cache_seqlens
     max_pages = block_table.shape[1] if paged else 0
     pad = cache_leftpad if cache_leftpad is not None else cache_seqlens
-    _KVCACHE((batch,), cache_seqlens, cache_seqlens.stride(0), pad, pad.stride(0), table,
-             table.stride(0), table.stride(-1) if paged else 0, n_new, capacity,
-             capacity // max_pages if paged else 0, max_pages, num_pages,
-             HAS_PAD=cache_leftpad is not None, PAGED=paged, BLOCK=BLOCK, num_warps=1)
+    args = (cache_seqlens.stride(0), pad.stride(0), table.stride(0), table.stride(-1) if paged else 0, n_new, capacity,
+            capacity // max_pages if paged else 0, max_pages, num_pages)
+    meta = dict(HAS_PAD=cache_leftpad is not None, PAGED=paged, BLOCK=BLOCK, num_warps=1)
+    return (batch,), (cache_seqlens, pad, table), args, meta

@@ -21,6 +21,8 @@ takes the ordinary path, which dispatches the op. Results are bit-identical to t
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.autograd.forward_ad as forward_ad
 
@@ -31,7 +33,7 @@ from .eager import PLAIN_TYPES, dispatcher_free
 from .runtime import value_checks
 
 _FAST: dict = {}  # fast_key -> (FastForward, causal, sm_scale, left, right, softcap, return_lse), or None: no plan
-_FAST_KV: dict = {}  # kv_fast_key -> (FastKV, whether validate=True queues the value check), or None
+_FAST_KV: dict = {}  # kv_fast_key -> (FastKV, the value check validate=True queues, else None), or None
 keep("attention fast calls", lambda: (_FAST, _FAST_KV))
 
 
@@ -166,8 +168,8 @@ def call_kv_fast(key: tuple, q, k_cache, v_cache, cache_seqlens, block_table, ca
     if entry is None or not dispatcher_free(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
         return None
     fast, check = entry
-    if check:
-        value_checks().check_kvcache(cache_seqlens, 0, fast.capacity, block_table, fast.num_pages, cache_leftpad)
+    if check is not None:
+        check(cache_seqlens, block_table, cache_leftpad)
     result = fast(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad)
     if result is None:
         return None
@@ -185,4 +187,14 @@ def remember_kv_fast(key: tuple, q, k_cache, v_cache, cache_seqlens, block_table
         fast = kernels_module().fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal,
                                              resolve_scale(sm_scale, q.shape[-1]), (left, right), softcap, num_splits,
                                              return_lse)
-    remember(_FAST_KV, key, None if fast is None else (fast, validate))
+    check = None
+    if fast is not None and validate:  # the ordinary path just queued it (the API's arguments): bound to its kernel
+        checks, num_pages = value_checks(), k_cache.shape[0]
+        check = checks.bound_kvcache_check(cache_seqlens, 0, fast.capacity, block_table, num_pages, cache_leftpad)
+        if check is None and cache_seqlens.shape[0]:
+            check = functools.partial(_unbound_kv_check, checks, fast.capacity, num_pages)
+    remember(_FAST_KV, key, None if fast is None else (fast, check))
+
+
+def _unbound_kv_check(checks, capacity, num_pages, cache_seqlens, block_table, cache_leftpad):
+    checks.check_kvcache(cache_seqlens, 0, capacity, block_table, num_pages, cache_leftpad)

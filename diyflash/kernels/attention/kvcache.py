@@ -163,14 +163,14 @@ class FastKV:
     exact layouts (ops/attention_fast.py, the API's fast path for a decode step without new keys): calling
     it allocates out (and lse, or takes kept buffers as the API's eager calls do) and replays the plan.
     Returns (out, lse or None), or None where the plan cannot run now (another current device, changed JIT
-    knobs, an unaligned buffer). capacity and num_pages: the cache's, for the caller's value check."""
+    knobs, an unaligned buffer). capacity: the cache's, for the caller's value check."""
 
-    __slots__ = ("plan", "args", "splits", "dv", "need_lse", "device", "runtime", "capacity", "num_pages")
+    __slots__ = ("plan", "args", "splits", "dv", "need_lse", "device", "runtime", "capacity")
 
     def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime):
         self.plan, self.args, self.splits, self.dv = plan, call.args, call.splits, dv
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
-        self.capacity, self.num_pages = call.capacity, call.num_pages
+        self.capacity = call.capacity
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
         if not replayable_here(self.device, self.runtime):
