@@ -137,12 +137,19 @@ def bound_kvcache_check(cache_seqlens: torch.Tensor, n_new: int, capacity: int, 
     bound = _KVCACHE.bind(grid, pointers, args, meta)
     if bound is None:
         return None
-    paged, has_pad = meta["PAGED"], meta["HAS_PAD"]
+    paged = meta["PAGED"]
 
     def check(cache_seqlens, block_table, cache_leftpad):
-        bound(cache_seqlens, cache_leftpad if has_pad else cache_seqlens, block_table if paged else cache_seqlens)
+        bound(*_kvcache_pointers(cache_seqlens, block_table, cache_leftpad, paged))
 
     return check
+
+
+def _kvcache_pointers(cache_seqlens, block_table, cache_leftpad, paged: bool) -> tuple:
+    """The check kernel's pointers: the lengths, the left padding (the lengths stand in without it) and the
+    page table (the lengths stand in for a contiguous cache)."""
+    return (cache_seqlens, cache_leftpad if cache_leftpad is not None else cache_seqlens,
+            block_table if paged else cache_seqlens)
 
 
 def _kvcache_launch(cache_seqlens, n_new, capacity, block_table, num_pages, cache_leftpad):
@@ -151,10 +158,10 @@ def _kvcache_launch(cache_seqlens, n_new, capacity, block_table, num_pages, cach
     if batch == 0:
         return None
     paged = block_table is not None and block_table.numel() > 0
-    table = block_table if paged else cache_seqlens
     max_pages = block_table.shape[1] if paged else 0
-    pad = cache_leftpad if cache_leftpad is not None else cache_seqlens
+    pointers = _kvcache_pointers(cache_seqlens, block_table, cache_leftpad, paged)
+    _, pad, table = pointers
     args = (cache_seqlens.stride(0), pad.stride(0), table.stride(0), table.stride(-1) if paged else 0, n_new, capacity,
             capacity // max_pages if paged else 0, max_pages, num_pages)
     meta = dict(HAS_PAD=cache_leftpad is not None, PAGED=paged, BLOCK=BLOCK, num_warps=1)
-    return (batch,), (cache_seqlens, pad, table), args, meta
+    return (batch,), pointers, args, meta

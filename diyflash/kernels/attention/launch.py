@@ -297,9 +297,9 @@ def attention_fwd(
     if packed is not None:
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
+    short = z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK  # its host time decides: no host descriptors
     sm90 = hopper.tiles(q4, k4, v4, seq_lens, packed, alibi_slopes, sinks, config is not None or group is not None,
-                        lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4),
-                        short=z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK)
+                        lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4), short=short)
     if config is not None:
         cfg = config
     elif sm90 is not None:  # the Hopper kernel runs the call; these tiles only redo its overflowed rows
@@ -311,8 +311,7 @@ def attention_fwd(
     tma = cfg.tma and tma_ok(q4, k4, v4)
     # descriptors built on the host where one per tensor serves every program: not with seq_lens, whose
     # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
-    host_desc = (tma and seq_lens is None and z * h * n_q * n_k * d_pad >= HOST_DESC_MIN_WORK
-                 and host_descriptors_ok(q4, k4, v4))
+    host_desc = tma and seq_lens is None and not short and host_descriptors_ok(q4, k4, v4)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes, "sinks": sinks}
     group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
