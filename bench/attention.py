@@ -6,7 +6,7 @@ in the same run.
     python -m bench.attention --short ...     (B = 16, N = 128, 256, 384, 512: host cost matters here)
     python -m bench.attention --from-jsonl results.jsonl --plot a.png     (no GPU needed)
 
-Providers: diyflash, SDPA's flash (FlashAttention-2) and cuDNN backends, FlexAttention (torch.compile'd,
+Providers: diyflash (diyflash-det: deterministic=True, timed in the backward only), SDPA's flash (FlashAttention-2) and cuDNN backends, FlexAttention (torch.compile'd,
 a causal block mask when causal) where it runs, and the seed's Triton tutorial where its seed file is
 present (bench/tutorial.py; fp16, and its backward causal only).
 
@@ -45,6 +45,8 @@ def _providers():
 
     providers = {
         "diyflash": lambda q, k, v, causal: diyflash.flash_attention(q, k, v, causal=causal),
+        # the backward bitwise reproducible (the default adds dq up with atomics); the forward is the same
+        "diyflash-det": lambda q, k, v, causal: diyflash.flash_attention(q, k, v, causal=causal, deterministic=True),
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     }
@@ -154,7 +156,8 @@ def main(argv=None) -> int:
         b, h, d = (int(x) for x in shape.split("x"))
         q, k, v = _inputs(b, h, args.kv_heads or h, n, d, DTYPES[dname], args.layout)
         for mode in args.modes:
-            for name, (med, p20, p80) in measure_cell(providers, q, k, v, causal, mode, tqdm.write).items():
+            these = {name: fn for name, fn in providers.items() if mode == "bwd" or name != "diyflash-det"}
+            for name, (med, p20, p80) in measure_cell(these, q, k, v, causal, mode, tqdm.write).items():
                 tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
                 rows.append(dict(prov, provider=name, b=b, h=h, hkv=args.kv_heads or h, layout=args.layout, d=d,
                                  n=n, dtype=dname, causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,
@@ -176,8 +179,8 @@ def print_table(rows) -> None:
         key = (r["b"], f'{r["h"]}/{r.get("hkv", r["h"])}', r["d"], r["dtype"], r["causal"], r["mode"], r["n"])
         cells.setdefault(key, {})[r["provider"]] = r["tflops"]
     print("| B H/Hkv D | dtype | causal | pass | N | diyflash | sdpa-flash | sdpa-cudnn | flex | tutorial | vs flash "
-          "| vs cudnn | vs tutorial |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| vs cudnn | vs tutorial | deterministic | det. vs cudnn |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(cells, key=lambda k: (k[2], k[0], k[1], k[3], k[4], k[5], k[6])):
         b, h, d, dt, causal, mode, n = key
         c = cells[key]
@@ -186,12 +189,13 @@ def print_table(rows) -> None:
         def fmt(x):
             return f"{x:.0f}" if x is not None else "-"
 
-        def ratio(base):
-            return f"{mine / c[base]:.2f}x" if mine and c.get(base) else "-"
+        def ratio(base, of="diyflash"):
+            return f"{c[of] / c[base]:.2f}x" if c.get(of) and c.get(base) else "-"
 
         print(f"| {b} {h} {d} | {dt} | {causal} | {mode} | {n} | {fmt(mine)} | {fmt(c.get('sdpa-flash'))} | "
               f"{fmt(c.get('sdpa-cudnn'))} | {fmt(c.get('flex'))} | {fmt(c.get('tutorial'))} | {ratio('sdpa-flash')} | "
-              f"{ratio('sdpa-cudnn')} | {ratio('tutorial')} |")
+              f"{ratio('sdpa-cudnn')} | {ratio('tutorial')} | {fmt(c.get('diyflash-det'))} | "
+              f"{ratio('sdpa-cudnn', 'diyflash-det')} |")
 
 
 def readme_table(rows) -> str:

@@ -110,6 +110,12 @@ def _check_bool(name: str, value) -> bool:
     return value
 
 
+def _check_deterministic(value) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"deterministic must be a bool or None, got {type(value).__name__} {value!r}")
+    return value
+
+
 def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -124,6 +130,7 @@ def flash_attention(
     sinks: torch.Tensor | None = None,
     return_lse: bool = False,
     validate: bool | str = True,
+    deterministic: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact attention softmax(scores) v with O(N) memory, differentiable in q, k, v (and sinks).
 
@@ -162,6 +169,12 @@ def flash_attention(
             the host. "sync": on the host, a ValueError naming the index and the value, at the cost of
             one device sync (skipped while a CUDA graph is captured). False: not checked. Never while
             compiling or exporting.
+        deterministic: the backward's mode, as PyTorch's SDPA and flash-attn have it. True: bitwise
+            reproducible gradients. False: the faster of the two backwards may run, one of which adds dq
+            up with fp32 atomics (dq may then differ by a few ulps from run to run); today the two-kernel,
+            reproducible one is the faster in every measured cell, so it runs in either mode. None
+            (default): True where torch.use_deterministic_algorithms(True) is in force when the backward
+            runs, else False. The forward is deterministic either way (docs/api.md, "Determinism").
 
     Returns:
         The output (..., seq_len_q, head_dim_v) in q's dtype (fp16/bf16 computed natively with fp32
@@ -180,7 +193,7 @@ def flash_attention(
     key = None
     if seq_lens is None and alibi_slopes is None and sinks is None and validate is True and not _tracing():
         # a call of a layout seen before goes to its plan directly (ops/attention_fast.py)
-        key = fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse)
+        key = fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse, deterministic)
         if key is not None:
             out = call_fast(key, q, k, v)
             if out is not None:
@@ -188,10 +201,11 @@ def flash_attention(
     causal, sm_scale, left, right, softcap = attention_arguments(q, k, v, causal, sm_scale, window_size, softcap,
                                                                  alibi_slopes, sinks, seq_lens=seq_lens,
                                                                  validate=validate)
+    deterministic = _check_deterministic(deterministic)
     out = call_attention(q, k, v, causal, sm_scale, seq_lens, left, right, softcap, alibi_slopes, sinks,
-                         _check_bool("return_lse", return_lse))
+                         _check_bool("return_lse", return_lse), deterministic)
     if key is not None:
-        remember_fast(key, q, k, v, causal, sm_scale, left, right, softcap, return_lse)
+        remember_fast(key, q, k, v, causal, sm_scale, left, right, softcap, return_lse, deterministic)
     return tuple(out) if return_lse else out
 
 
@@ -267,9 +281,10 @@ def flash_attention_varlen(
     sinks: torch.Tensor | None = None,
     return_lse: bool = False,
     validate: bool | str = True,
+    deterministic: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over packed sequences (flash-attn's flash_attn_varlen_func), differentiable in q, k, v
-    (and sinks), with deterministic gradients.
+    (and sinks).
 
     Args:
         q: (total_q, heads, head_dim); k: (total_k, kv_heads, head_dim); v: (total_k, kv_heads,
@@ -284,6 +299,7 @@ def flash_attention_varlen(
             sequence, aligned bottom-right to the sequence's own lengths. alibi_slopes may be (heads,) or
             (B, heads).
         return_lse: also return lse (heads, total_q) fp32, flash-attn's varlen layout.
+        deterministic: the backward's mode, as flash_attention's.
 
     validate: how the values of cu_seqlens are checked: cu[0] = 0, non-decreasing, cu[-1] = the token
         count, no sequence longer than max_seqlen. True: on CUDA by a small kernel per cu_seqlens queued
@@ -320,7 +336,7 @@ def flash_attention_varlen(
                 raise ValueError(error)
     out = call_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                 _check_bool("causal", causal), sm_scale, left, right, softcap, alibi_slopes, sinks,
-                                _check_bool("return_lse", return_lse))
+                                _check_bool("return_lse", return_lse), _check_deterministic(deterministic))
     return tuple(out) if return_lse else out
 
 

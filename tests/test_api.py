@@ -318,3 +318,13 @@ def test_seq_lens_call_can_be_captured_in_a_cuda_graph(device):
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(static_out, eager, rtol=0, atol=0)
+
+
+def test_deterministic_must_be_a_bool_or_none(device):
+    q, k, v = make_qkv(1, 2, 8, 8, 16, torch.float32, device)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    with pytest.raises(TypeError, match="deterministic must be a bool or None, got str 'no'"):
+        flash_attention(q, k, v, deterministic="no")
+    with pytest.raises(TypeError, match="deterministic must be a bool or None, got int 1"):
+        diyflash.flash_attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu,
+                                        8, 8, deterministic=1)

@@ -127,15 +127,84 @@ def test_zero_stride_grad(device):
         torch.testing.assert_close(a, t.grad, rtol=1e-5, atol=1e-6)
 
 
+class _Spy:
+    """A launcher that logs its name in `log` when it launches or binds (a plan), then does so."""
+
+    def __init__(self, launcher, name: str, log: list):
+        self.launcher, self.name, self.log = launcher, name, log
+
+    def __call__(self, *args, **kwargs):
+        self.log.append(self.name)
+        return self.launcher(*args, **kwargs)
+
+    def bind(self, *args, **kwargs):
+        self.log.append(self.name)
+        return self.launcher.bind(*args, **kwargs)
+
+
+def _spy_dq_launchers(monkeypatch) -> list:
+    from diyflash.kernels.attention import launch as ka
+
+    log = []
+    for name in ("_BWD_DQ", "_BWD_DQ_CONVERT"):
+        monkeypatch.setattr(ka, name, _Spy(getattr(ka, name), name, log))
+    return log
+
+
+@pytest.mark.parametrize("how", ["argument", "torch"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_is_deterministic(device, causal):
+def test_backward_is_deterministic(device, causal, how, monkeypatch, fresh_caches):
+    """deterministic=True, or torch.use_deterministic_algorithms(True) with the argument left at None: the
+    two-kernel backward (its dq kernel, no atomic adds) even where the one-pass one is the default
+    (launch.ONE_PASS), gradients bitwise equal call after call."""
+    from diyflash.kernels.attention import launch as ka
+
+    monkeypatch.setattr(ka, "ONE_PASS", True)
+    launched = _spy_dq_launchers(monkeypatch)
     q, k, v = make_qkv(2, 2, 77, 90, 32, torch.float16, device, requires_grad=True)
+    g = random_like(q)
+
+    def grads():
+        out = torch.ops.diyflash.attention(q, k, v, causal=causal, deterministic=True if how == "argument" else None)
+        return torch.autograd.grad(out, (q, k, v), g)
+
+    if how == "torch":
+        monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    first = grads()
+    for a, b in zip(first, grads()):
+        assert torch.equal(a, b)
+    assert set(launched) == {"_BWD_DQ"}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_one_pass_backward(device, causal, monkeypatch, fresh_caches):
+    """The one-pass backward (the dk/dv kernel adds dq up in fp32, a row pass converts it; no dq kernel),
+    where launch.ONE_PASS makes it the default of calls that allow it: dk and dv bitwise equal to the
+    two-kernel backward's (the same dots), dq within a few ulps of its dq. Not with deterministic=True, nor
+    above head_dim 128 (ValueError where asked for)."""
+    from diyflash.kernels.attention import launch as ka
+
+    launched = _spy_dq_launchers(monkeypatch)
+    q, k, v = make_qkv(2, 2, 77, 90, 32, torch.float16, device, requires_grad=True)
+    g = random_like(q)
+    det = torch.autograd.grad(torch.ops.diyflash.attention(q, k, v, causal=causal), (q, k, v), g)
+    assert set(launched) == {"_BWD_DQ"}  # ONE_PASS is off: the two-kernel backward serves every call
+    launched.clear()
+    monkeypatch.setattr(ka, "ONE_PASS", True)
     out = torch.ops.diyflash.attention(q, k, v, causal=causal)
-    g = random_like(out)
     first = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
     second = torch.autograd.grad(out, (q, k, v), g)
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
+    assert set(launched) == {"_BWD_DQ_CONVERT"}
+    assert torch.equal(first[1], second[1]) and torch.equal(first[2], second[2])
+    torch.testing.assert_close(first[0], det[0], rtol=2e-3, atol=2e-3)
+    assert torch.equal(first[1], det[1]) and torch.equal(first[2], det[2])
+    out, lse = ka.attention_fwd(q.detach(), k.detach(), v.detach(), causal, 0.25, None)
+    with pytest.raises(ValueError, match="cannot be deterministic"):
+        ka.attention_bwd(out, None, q, k, v, out, lse, causal, 0.25, None, deterministic=True, one_pass=True)
+    wide = make_qkv(1, 1, 9, 9, 160, torch.float16, device)
+    out, lse = ka.attention_fwd(*wide, causal, 0.25, None)
+    with pytest.raises(ValueError, match="head_dim <= 128 only, got a padded 256"):
+        ka.attention_bwd(out, None, *wide, out, lse, causal, 0.25, None, deterministic=False, one_pass=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -33,15 +33,16 @@ def make(b, h, h_kv, n_q, n_k, d, dv=None, dtype=torch.float16, device="cpu", la
 
 
 def check(q, k, v, causal=False, scale=None, seq_lens=None, window=(-1, -1), softcap=0.0, alibi=None,
-          sinks=None, what=("out", "lse")):
+          sinks=None, what=("out", "lse"), deterministic=None):
     """diyflash.flash_attention against attention_ref: out with dq, dk, dv (and dsinks), then lse with a
-    loss on lse alone (its gradients through dlse), each under the 2x rule."""
+    loss on lse alone (its gradients through dlse), each under the 2x rule. deterministic: flash_attention's."""
     kw = dict(window_size=window, softcap=softcap, alibi_slopes=alibi)
     inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
     names = ("dq", "dk", "dv", "dsinks")[:len(inputs)]
 
     def ours(q, k, v, s=None):
-        return diyflash.flash_attention(q, k, v, causal, scale, seq_lens, sinks=s, return_lse=True, **kw)
+        return diyflash.flash_attention(q, k, v, causal, scale, seq_lens, sinks=s, return_lse=True,
+                                        deterministic=deterministic, **kw)
 
     def ref(q, k, v, s=None, upcast=True):
         return attention_ref(q, k, v, causal, scale, seq_lens, upcast, sinks=s, **kw)
@@ -255,7 +256,7 @@ def test_gqa_gradients_are_deterministic_and_not_copied(device):
 
     def grads():
         leaves = [t.detach().requires_grad_() for t in (q, k, v, sinks)]
-        out = diyflash.flash_attention(*leaves[:3], True, window_size=(40, -1), sinks=leaves[3])
+        out = diyflash.flash_attention(*leaves[:3], True, window_size=(40, -1), sinks=leaves[3], deterministic=True)
         return torch.autograd.grad(out, leaves, dout)
 
     first = grads()
@@ -264,6 +265,24 @@ def test_gqa_gradients_are_deterministic_and_not_copied(device):
     assert first[1].shape == k.shape and first[2].shape == v.shape
     assert not copies_of(grads, k, v)  # k and v are never repeated across the group
 
+
+@pytest.mark.parametrize("case", [
+    # (b, h, h_kv, n_q, n_k, d, dv, causal, window, softcap, alibi, sinks, seq_lens)
+    (2, 8, 2, 113, 47, 80, 80, True, (-1, -1), 0.0, False, True, None),  # GQA 4, sinks, tails, N_q != N_k
+    (1, 4, 1, 70, 113, 32, 16, False, (20, 5), 5.0, False, False, None),  # MQA, window, softcap, Dv != D
+    (2, 2, 2, 64, 100, 32, 32, True, (-1, -1), 0.0, True, False, (100, 17)),  # ALiBi, seq_lens
+])
+def test_one_pass_backward_variants(device, case, monkeypatch, fresh_caches):
+    """The one-pass backward (launch.ONE_PASS; dq added up with atomics) under the 2x rule with the
+    variants, as the two-kernel backward is in every other test of this file."""
+    from diyflash.kernels.attention import launch as ka
+
+    monkeypatch.setattr(ka, "ONE_PASS", True)
+    b, h, h_kv, n_q, n_k, d, dv, causal, window, softcap, alibi, sinks, seq_lens = case
+    q, k, v = make(b, h, h_kv, n_q, n_k, d, dv, device=device)
+    lens = None if seq_lens is None else torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    check(q, k, v, causal, seq_lens=lens, window=window, softcap=softcap,
+          alibi=slopes(h, device=device) if alibi else None, sinks=sink_logits(h, device) if sinks else None)
 
 @pytest.mark.parametrize("parts", [2, 4])
 @pytest.mark.parametrize("case", [
@@ -289,7 +308,7 @@ def test_gqa_backward_split_over_programs(device, monkeypatch, parts, case, fres
 
     def grads():
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = diyflash.flash_attention(*leaves, causal, window_size=window, softcap=softcap)
+        out = diyflash.flash_attention(*leaves, causal, window_size=window, softcap=softcap, deterministic=True)
         return torch.autograd.grad(out, leaves, dout)
 
     first = grads()

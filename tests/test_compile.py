@@ -95,3 +95,37 @@ def test_training_step_graph_holds_only_diyflash_attention(device):
     assert "diyflash.attention_fwd" not in graphs["bw"], "the backward must not rerun the forward"
     for forbidden in ("aten._softmax", "aten.exp.", "aten.logsumexp"):
         assert forbidden not in graphs["fw"] + graphs["bw"]
+
+
+@pytest.mark.parametrize("deterministic", [None, True, False])
+def test_deterministic_reaches_the_compiled_backward(device, deterministic):
+    """flash_attention's deterministic argument is an argument of the ops in the compiled graphs (None stays
+    None: the backward reads torch.use_deterministic_algorithms when it runs), with zero graph breaks, and
+    the compiled gradients match eager's."""
+    graphs = {}
+
+    def capture(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    q, k, v = (torch.randn(1, 2, 40, 16, device=device, requires_grad=True) for _ in range(3))
+
+    def f(q, k, v):
+        return diyflash.flash_attention(q, k, v, causal=True, deterministic=deterministic)
+
+    backend = aot_autograd(fw_compiler=capture("fw"), bw_compiler=capture("bw"))
+    counter = CompileCounterWithBackend(backend)
+    out = torch.compile(f, fullgraph=True, backend=counter)(q, k, v)
+    g = random_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    assert counter.frame_count == 1
+    (node,) = [n for n in graphs["bw"].graph.nodes if n.target is torch.ops.diyflash.attention_bwd.default]
+    schema_args = torch.ops.diyflash.attention_bwd.default._schema.arguments
+    given = dict(zip((a.name for a in schema_args), node.args)) | dict(node.kwargs)
+    assert given.get("deterministic") is deterministic
+    want = torch.autograd.grad(f(q, k, v), (q, k, v), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

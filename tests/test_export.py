@@ -68,3 +68,18 @@ def test_save_load_in_fresh_process(device, tmp_path):
     failed = _run_loader(tmp_path, "", pt2, x_path, tmp_path / "never.pt")
     assert failed.returncode != 0
     assert "diyflash" in failed.stderr and "attention" in failed.stderr, failed.stderr[-2000:]
+
+
+def test_export_keeps_deterministic(device):
+    """An exported program keeps the op's deterministic argument."""
+
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v):
+            return torch.ops.diyflash.attention(q, k, v, causal=True, deterministic=True)
+
+    q, k, v = (torch.randn(1, 2, 24, 16, device=device) for _ in range(3))
+    ep = torch.export.export(Block(), (q, k, v))
+    (node,) = [n for n in ep.graph.nodes if n.target is torch.ops.diyflash.attention.default]
+    names = (a.name for a in torch.ops.diyflash.attention.default._schema.arguments)
+    assert (dict(zip(names, node.args)) | dict(node.kwargs)).get("deterministic") is True
+    torch.testing.assert_close(ep.module()(q, k, v), torch.ops.diyflash.attention(q, k, v, causal=True))

@@ -117,7 +117,8 @@ def prepare_variants(alibi_slopes, sinks):
 
 @custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
 def attention_fwd(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
-                  alibi_slopes=None, sinks=None, diagonal_offset=0):
+                  alibi_slopes=None, sinks=None, diagonal_offset=0, deterministic=None):
+    # deterministic: the backward's mode (setup_context keeps it); the forward is deterministic anyway
     _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
                diagonal_offset)
     return attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
@@ -131,7 +132,7 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
-                        alibi_slopes=None, sinks=None, diagonal_offset=0):
+                        alibi_slopes=None, sinks=None, diagonal_offset=0, deterministic=None):
     _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
                diagonal_offset)
     # the launchers' allocation list, nothing else
@@ -168,17 +169,24 @@ def no_sinks_grad(q: torch.Tensor) -> torch.Tensor:
     return q.new_empty((0,), dtype=lse_dtype(q.dtype))
 
 
+def resolve_deterministic(deterministic: bool | None) -> bool:
+    """A backward's mode: the argument, or where it is None PyTorch's switch
+    (torch.use_deterministic_algorithms), read when the backward runs, as PyTorch's own kernels do."""
+    return torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
+
+
 def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
-                        softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0):
+                        softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0, deterministic=None):
     """What attention_bwd computes on a real device: its CUDA/CPU kernel, and the autograd formula's
-    eager shortcut."""
+    eager shortcut. The PyTorch path is deterministic in either mode."""
     scale = resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
     var = variant_kwargs(window_left, window_right, softcap, alibi_slopes, diagonal_offset)
     if uses_triton(q):
         with device_guard(q):
-            dq, dk, dv = kernels_module().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, **var)
+            dq, dk, dv = kernels_module().attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens,
+                                                        deterministic=resolve_deterministic(deterministic), **var)
     else:
         dq, dk, dv = attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, **var)
     dsinks = no_sinks_grad(q) if sinks is None else sinks_grad(sinks, out, dout, lse, dlse)
@@ -187,16 +195,16 @@ def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, 
 
 @custom_op(_BWD.qualname, mutates_args=(), schema=_BWD.signature)
 def attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
-                  softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0):
+                  softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0, deterministic=None):
     _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
                diagonal_offset)
     return _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left, window_right,
-                               softcap, alibi_slopes, sinks, diagonal_offset)
+                               softcap, alibi_slopes, sinks, diagonal_offset, deterministic)
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,
-                        softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0):
+                        softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0, deterministic=None):
     _check_bwd(dout, dlse, q, k, v, out, lse, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
                diagonal_offset)
     dsinks = no_sinks_grad(q) if sinks is None else torch.empty_like(sinks)
@@ -204,7 +212,8 @@ def _attention_bwd_fake(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, 
 
 
 def setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks, diagonal_offset = inputs
+    (q, k, v, causal, scale, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks, diagonal_offset,
+     deterministic) = inputs
     out, lse = output
     # every gradient needs all of q, k, v, out and lse (p = exp(s - lse) and ds = p * (dp - delta))
     ctx.save_for_backward(q, k, v, out, lse, seq_lens, alibi_slopes, sinks)
@@ -213,6 +222,7 @@ def setup_context(ctx, inputs, output):
     ctx.window = (window_left, window_right)
     ctx.softcap = softcap
     ctx.offset = diagonal_offset
+    ctx.deterministic = deterministic  # None: resolved when the backward runs (resolve_deterministic)
     # An output the loss does not use arrives as None instead of a zero tensor. The usual case is an
     # unused lse: its zeros cost an allocation, a fill and a read per backward call.
     ctx.set_materialize_grads(False)
@@ -220,12 +230,12 @@ def setup_context(ctx, inputs, output):
 
 def attention_backward(ctx, dout, dlse):
     if dout is None and dlse is None:
-        return (None,) * 12
+        return (None,) * 13
     q, k, v, out, lse, seq_lens, alibi_slopes, sinks = ctx.saved_tensors
     if dout is None:  # only lse feeds the loss: a stride-0 zero dout, read in place by the kernels
         dout = out.new_zeros(()).expand_as(out)
     args = (dout, dlse, q, k, v, out, lse, ctx.causal, ctx.scale, seq_lens, *ctx.window, ctx.softcap,
-            alibi_slopes, sinks, ctx.offset)
+            alibi_slopes, sinks, ctx.offset, ctx.deterministic)
     # Eager backward with nothing to observe the op (ops/eager.py; autograd's own checks already gave
     # dout and dlse their outputs' shapes): the implementation itself, ~25-35 us less host time per
     # call. Compiled autograd, export, modes, the profiler and double backward see the op.
@@ -233,7 +243,7 @@ def attention_backward(ctx, dout, dlse):
         dq, dk, dv, dsinks = _attention_bwd_impl(*args)
     else:
         dq, dk, dv, dsinks = torch.ops.diyflash.attention_bwd(*args)
-    return dq, dk, dv, None, None, None, None, None, None, None, (dsinks if sinks is not None else None), None
+    return dq, dk, dv, None, None, None, None, None, None, None, (dsinks if sinks is not None else None), None, None
 
 
 attention_fwd.register_autograd(attention_backward, setup_context=setup_context)
@@ -253,7 +263,8 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, seq_lens, *variants):
-        out, lse = attention_fwd_impl(q, k, v, causal, scale, seq_lens, *variants)
+        # variants: attention_fwd's arguments after seq_lens, the last (deterministic) for the backward only
+        out, lse = attention_fwd_impl(q, k, v, causal, scale, seq_lens, *variants[:-1])
         setup_context(ctx, (q, k, v, causal, scale, seq_lens, *variants), (out, lse))
         return out, lse
 
@@ -268,17 +279,17 @@ _lib.define(_ATTN.schema)
 
 
 def _attention_composite(q, k, v, causal=False, scale=None, seq_lens=None, window_left=-1, window_right=-1,
-                         softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0):
+                         softcap=0.0, alibi_slopes=None, sinks=None, diagonal_offset=0, deterministic=None):
     refuse_forward_ad("attention", q, k, v, sinks)
     return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
-                                            alibi_slopes, sinks, diagonal_offset)[0]
+                                            alibi_slopes, sinks, diagonal_offset, deterministic)[0]
 
 
 _lib.impl(_ATTN.name, _attention_composite, "CompositeImplicitAutograd")
 
 
 def call_attention(q, k, v, causal=False, scale=None, seq_lens=None, window_left=-1, window_right=-1, softcap=0.0,
-                   alibi_slopes=None, sinks=None, return_lse=False):
+                   alibi_slopes=None, sinks=None, return_lse=False, deterministic=None):
     """diyflash::attention (or, with return_lse, diyflash::attention_fwd) for the Python API, by the
     shortest path nothing can tell apart from the op (ops/eager.py): the forward implementation itself
     when no tracer, mode, subclass or autograd could see it; with autograd, _EagerAttention (the autograd
@@ -292,11 +303,11 @@ def call_attention(q, k, v, causal=False, scale=None, seq_lens=None, window_left
                                       alibi_slopes, sinks, need_lse=return_lse, keep_scratch=True)
     elif dispatcher_free(*tensors, autograd=True):
         out, lse = _EagerAttention.apply(q, k, v, causal, scale, seq_lens, window_left, window_right, softcap,
-                                         alibi_slopes, sinks, 0)
+                                         alibi_slopes, sinks, 0, deterministic)
     elif return_lse:
-        return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens, *variants)
+        return torch.ops.diyflash.attention_fwd(q, k, v, causal, scale, seq_lens, *variants, 0, deterministic)
     else:
         return torch.ops.diyflash.attention(q, k, v, causal=causal, scale=scale, seq_lens=seq_lens,
                                             window_left=window_left, window_right=window_right, softcap=softcap,
-                                            alibi_slopes=alibi_slopes, sinks=sinks)
+                                            alibi_slopes=alibi_slopes, sinks=sinks, deterministic=deterministic)
     return (out, lse) if return_lse else out

@@ -28,11 +28,13 @@ import torch.autograd.forward_ad as forward_ad
 
 from ..kernels._runtime import PLAIN, keep, remember
 from ..kernels.contract import few_query_rows
-from .attention import attention_fwd_impl, attention_backward, setup_context, kernels_module, resolve_scale
+from .attention import (attention_backward, attention_fwd_impl, kernels_module, resolve_deterministic, resolve_scale,
+                        setup_context)
 from .eager import PLAIN_TYPES, dispatcher_free
 from .runtime import value_checks
 
-_FAST: dict = {}  # fast_key -> (FastForward, causal, sm_scale, left, right, softcap, return_lse), or None: no plan
+_FAST: dict = {}  # fast_key -> (FastForward, causal, sm_scale, left, right, softcap, return_lse, deterministic),
+# or None: no plan
 _FAST_KV: dict = {}  # kv_fast_key -> (FastKV, the value check validate=True queues, else None), or None
 keep("attention fast calls", lambda: (_FAST, _FAST_KV))
 
@@ -57,17 +59,18 @@ def _keyable(causal, sm_scale, window_size, softcap, return_lse, tensors: tuple,
     return True
 
 
-def fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse) -> tuple | None:
+def fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse, deterministic=None) -> tuple | None:
     """The key of a flash_attention call without seq_lens, ALiBi or sinks: everything its checks and its
     plan depend on. None where the call may not take the fast path (_keyable), or takes the decode route."""
-    if not _keyable(causal, sm_scale, window_size, softcap, return_lse, (q, k, v)):
+    if (not (deterministic is None or deterministic is True or deterministic is False)
+            or not _keyable(causal, sm_scale, window_size, softcap, return_lse, (q, k, v))):
         return None
     try:
         if few_query_rows(q.shape, k.shape):
             return None  # the decode route: no dense plan to replay (and a growing cache makes every key new)
         return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                 q.device, k.device, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0,
-                causal, sm_scale, window_size, softcap, return_lse)
+                causal, sm_scale, window_size, softcap, return_lse, deterministic)
     except RuntimeError:  # a tensor without strides or data (nested, ...): the ordinary path explains
         return None
 
@@ -78,11 +81,11 @@ def call_fast(key: tuple, q, k, v):
     entry = _FAST.get(key)
     if entry is None:
         return None
-    fast, causal, sm_scale, left, right, softcap, return_lse = entry
+    fast, causal, sm_scale, left, right, softcap, return_lse, deterministic = entry
     if dispatcher_free(q, k, v):
         result = fast(q, k, v)
     elif dispatcher_free(q, k, v, autograd=True):
-        result = _FastEagerAttention.apply(fast, q, k, v, causal, sm_scale, left, right, softcap)
+        result = _FastEagerAttention.apply(fast, q, k, v, causal, sm_scale, left, right, softcap, deterministic)
     else:
         return None
     if result is None:
@@ -91,7 +94,7 @@ def call_fast(key: tuple, q, k, v):
 
 
 def remember_fast(key: tuple, q, k, v, causal: bool, sm_scale: float | None, left: int, right: int,
-                  softcap: float, return_lse: bool) -> None:
+                  softcap: float, return_lse: bool, deterministic: bool | None = None) -> None:
     """After the ordinary path ran a call of this key (its checks passed): keep its plan for the next
     call of the key, or None where it has none (so that later calls do not look again)."""
     if key in _FAST:
@@ -100,7 +103,8 @@ def remember_fast(key: tuple, q, k, v, causal: bool, sm_scale: float | None, lef
     if q.is_cuda:
         fast = kernels_module().fast_forward(q, k, v, causal, resolve_scale(sm_scale, q.shape[-1]), (left, right),
                                              softcap)
-    remember(_FAST, key, None if fast is None else (fast, causal, sm_scale, left, right, softcap, return_lse))
+    remember(_FAST, key, None if fast is None else (fast, causal, sm_scale, left, right, softcap, return_lse,
+                                                    deterministic))
 
 
 class _FastEagerAttention(torch.autograd.Function):
@@ -110,11 +114,12 @@ class _FastEagerAttention(torch.autograd.Function):
     is None (lse not in the loss) and nothing could see the op (ops/eager.py)."""
 
     @staticmethod
-    def forward(ctx, fast, q, k, v, causal, sm_scale, left, right, softcap):
+    def forward(ctx, fast, q, k, v, causal, sm_scale, left, right, softcap, deterministic):
         result = fast(q, k, v)
         out, lse = result if result is not None else attention_fwd_impl(q, k, v, causal, sm_scale, None, left,
                                                                          right, softcap)
-        setup_context(ctx, (q, k, v, causal, sm_scale, None, left, right, softcap, None, None, 0), (out, lse))
+        setup_context(ctx, (q, k, v, causal, sm_scale, None, left, right, softcap, None, None, 0, deterministic),
+                      (out, lse))
         ctx.fast = fast
         return out, lse
 
@@ -122,20 +127,22 @@ class _FastEagerAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         layout = None
         if dlse is None and type(dout) in PLAIN_TYPES:  # (a subclass may have no data pointer)
-            layout = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16 == 0)
+            deterministic = resolve_deterministic(ctx.deterministic)
+            layout = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16 == 0, deterministic)
             replay = ctx.fast.backwards.get(layout)
             if replay is not None:
                 q, k, v, out, lse = ctx.saved_tensors[:5]
                 if dispatcher_free(dout, q, k, v, out, lse):
                     grads = replay(dout, q, k, v, out, lse)
                     if grads is not None:
-                        return None, *grads, None, None, None, None, None
+                        return None, *grads, None, None, None, None, None, None
         dq, dk, dv = attention_backward(ctx, dout, dlse)[:3]
         if layout is not None and layout not in ctx.fast.backwards:
             q, k, v, out, lse = ctx.saved_tensors[:5]
             remember(ctx.fast.backwards, layout, kernels_module().fast_backward(
-                dout, q, k, v, out, lse, ctx.causal, resolve_scale(ctx.scale, q.shape[-1]), ctx.window, ctx.softcap))
-        return None, dq, dk, dv, None, None, None, None, None
+                dout, q, k, v, out, lse, ctx.causal, resolve_scale(ctx.scale, q.shape[-1]), ctx.window, ctx.softcap,
+                deterministic))
+        return None, dq, dk, dv, None, None, None, None, None, None
 
 
 def _index_layout(t):

@@ -14,8 +14,8 @@ from torch.library import Library, custom_op
 from ..kernels import device_guard, uses_triton
 from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, sinks_grad
 from ..kernels.contract import empty_out
-from .attention import (kernels_module, lse_dtype, no_sinks_grad, prepare_variants, resolve_scale, variant_kwargs,
-                        check_saved)
+from .attention import (check_saved, kernels_module, lse_dtype, no_sinks_grad, prepare_variants,
+                        resolve_deterministic, resolve_scale, variant_kwargs)
 from .autocast import register_autocast
 from .checks import check_dtype, check_variants, check_varlen, one_device
 from .eager import dispatcher_free
@@ -58,7 +58,9 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1, 
 
 @custom_op(_FWD.qualname, mutates_args=(), schema=_FWD.signature)
 def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                         window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
+                         window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None,
+                         deterministic=None):
+    # deterministic: the backward's mode (_setup_context keeps it)
     _check("attention_varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
            window_right, softcap, alibi_slopes, sinks)
     return _fwd_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
@@ -67,7 +69,7 @@ def attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 
 @attention_varlen_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left=-1,
-              window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
+              window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None):
     _check("attention_varlen_fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
            window_right, softcap, alibi_slopes, sinks)
     return empty_out(q, v.shape[-1]), q.new_empty((q.shape[1], q.shape[0]), dtype=lse_dtype(q.dtype))
@@ -81,7 +83,7 @@ def _check_bwd(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, window_l
 
 
 def _bwd_impl(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1,
-              window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
+              window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None):
     scale = resolve_scale(scale, q.shape[-1])
     cu_q, cu_k = for_kernels(cu_q), for_kernels(cu_k)
     alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
@@ -90,7 +92,8 @@ def _bwd_impl(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, s
         with device_guard(q):
             kernels = kernels_module()
             dq, dk, dv = kernels.attention_bwd(dout, dlse, q, k, v, out, lse, causal, scale, cu_q,
-                                               packed=kernels.Packed(*_packed(cu_k, max_q, max_k)), **var)
+                                               packed=kernels.Packed(*_packed(cu_k, max_q, max_k)),
+                                               deterministic=resolve_deterministic(deterministic), **var)
     else:
         dq, dk, dv = attention_bwd_blocked(dout, dlse, q, k, v, out, lse, causal, scale, cu_q,
                                            packed=_packed(cu_k, max_q, max_k), **var)
@@ -104,16 +107,17 @@ def _bwd_impl(dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, s
 
 @custom_op(_BWD.qualname, mutates_args=(), schema=_BWD.signature)
 def attention_varlen_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         causal, scale, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
+                         causal, scale, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None,
+                         deterministic=None):
     _check_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
                window_right, softcap, alibi_slopes, sinks)
     return _bwd_impl(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-                     scale, window_left, window_right, softcap, alibi_slopes, sinks)
+                     scale, window_left, window_right, softcap, alibi_slopes, sinks, deterministic)
 
 
 @attention_varlen_bwd.register_fake
 def _bwd_fake(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-              window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None):
+              window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, deterministic=None):
     _check_bwd(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left,
                window_right, softcap, alibi_slopes, sinks)
     dsinks = no_sinks_grad(q) if sinks is None else torch.empty_like(sinks)
@@ -122,29 +126,30 @@ def _bwd_fake(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
 
 def _setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left, window_right, softcap, alibi_slopes,
-     sinks) = inputs
+     sinks, deterministic) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi_slopes, sinks)
     ctx.args = (max_q, max_k, causal, scale)
     ctx.variants = (window_left, window_right, softcap)
+    ctx.deterministic = deterministic
     ctx.set_materialize_grads(False)  # an unused lse arrives as None: no zeros to allocate and read
 
 
 def _backward(ctx, dout, dlse):
     if dout is None and dlse is None:
-        return (None,) * 14
+        return (None,) * 15
     q, k, v, out, lse, cu_q, cu_k, alibi_slopes, sinks = ctx.saved_tensors
     max_q, max_k, causal, scale = ctx.args
     if dout is None:  # only lse feeds the loss: a stride-0 zero dout
         dout = out.new_zeros(()).expand_as(out)
     args = (dout, dlse, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, *ctx.variants, alibi_slopes,
-            sinks)
+            sinks, ctx.deterministic)
     if dispatcher_free(dout, dlse, q, k, v, out, lse, cu_q, cu_k, alibi_slopes, sinks):
         dq, dk, dv, dsinks = _bwd_impl(*args)
     else:
         dq, dk, dv, dsinks = torch.ops.diyflash.attention_varlen_bwd(*args)
     return (dq, dk, dv, None, None, None, None, None, None, None, None, None, None,
-            dsinks if sinks is not None else None)
+            dsinks if sinks is not None else None, None)
 
 
 attention_varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -159,18 +164,19 @@ _lib.define(_ATTN.schema)
 
 def _attention_varlen_composite(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
                                 scale=None, window_left=-1, window_right=-1, softcap=0.0, alibi_slopes=None,
-                                sinks=None):
+                                sinks=None, deterministic=None):
     refuse_forward_ad("attention_varlen", q, k, v, sinks)
     return torch.ops.diyflash.attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                    causal, scale, window_left, window_right, softcap, alibi_slopes,
-                                                   sinks)[0]
+                                                   sinks, deterministic)[0]
 
 
 _lib.impl(_ATTN.name, _attention_varlen_composite, "CompositeImplicitAutograd")
 
 
 def call_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale=None, window_left=-1,
-                          window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False):
+                          window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False,
+                          deterministic=None):
     """diyflash::attention_varlen (attention_varlen_fwd with return_lse) for the Python API: the forward
     implementation itself where nothing (tracer, mode, subclass, autograd) could tell it from the op."""
     refuse_forward_ad("attention_varlen", q, k, v, sinks)
@@ -178,7 +184,8 @@ def call_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale
         out, lse = _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left, window_right, softcap,
                              alibi_slopes, sinks)
         return (out, lse) if return_lse else out
-    args = (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left, window_right, softcap, alibi_slopes, sinks)
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left, window_right, softcap, alibi_slopes, sinks,
+            deterministic)
     if return_lse:
         return tuple(torch.ops.diyflash.attention_varlen_fwd(*args))
     return torch.ops.diyflash.attention_varlen(*args)

@@ -1,7 +1,13 @@
-"""The backward kernels: delta = rowsum(dout * out) - dlse, then a dk/dv kernel (one program per key
-block; GQA on a small grid: per key block and part of the query-head group, then a sum of the parts)
-and a dq kernel (one program per query block). Each output element is written by exactly one
-program in a fixed loop order: no atomics, so gradients are bitwise deterministic."""
+"""The backward's main kernels, after the preprocess (backward_rows.py: delta = rowsum(dout * out) - dlse):
+a dk/dv kernel (one program per key block; GQA on a small grid: per key block and part of the query-head
+group, then a sum of the parts) and either
+
+- a dq kernel (one program per query block): each output element is written by exactly one program in a
+  fixed loop order, no atomics, so gradients are bitwise deterministic (7 dots a tile pair: the dq kernel
+  recomputes the scores and dp); or
+- (DQ_ATOMIC, the default unless determinism is asked for) dq from the dk/dv kernel itself: each tile pair
+  adds ds . k to an fp32 accumulator with atomic adds (5 dots a tile pair), and a row pass converts it
+  (backward_rows.py). The order of the adds varies from run to run, so dq may differ by a few ulps."""
 
 from __future__ import annotations
 
@@ -10,71 +16,38 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import (LOG2E, _band, _inv, _prescaled, _probs, _query_band, _scores, _sequence, _slope,  # noqa: E402
-                        _tile, _visible)
+from .semantics import (_band, _inv, _prescaled, _probs, _query_band, _scores, _sequence, _slope,  # noqa: E402
+                        _tile, _unprescale, _visible)
 from .tiles import _desc_load, _load, _rows, _stepped, _streamed  # noqa: E402
-
-
-@triton.jit
-def _attn_bwd_preprocess_kernel(
-    out_ptr, dout_ptr, lse_ptr, dlse_ptr, delta_ptr, lse2_ptr,
-    stride_oz, stride_oh, stride_om, stride_od,
-    stride_gz, stride_gh, stride_gm, stride_gd,
-    stride_lz, stride_lh, stride_lm,
-    stride_dlz, stride_dlh, stride_dlm,
-    num_heads, seq_len_q,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-    HAS_DLSE: tl.constexpr,
-):
-    off_h = tl.program_id(1)
-    off_z = tl.program_id(2)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    row_in = offs_m < seq_len_q
-    mask = row_in[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o = tl.load(out_ptr + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-                + offs_m.to(tl.int64)[:, None] * stride_om + offs_d[None, :] * stride_od, mask=mask, other=0.0)
-    do = tl.load(dout_ptr + off_z.to(tl.int64) * stride_gz + off_h.to(tl.int64) * stride_gh
-                 + offs_m.to(tl.int64)[:, None] * stride_gm + offs_d[None, :] * stride_gd, mask=mask, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    # lse and dlse may have any strides: torch.ops.diyflash.attention_bwd takes them from its caller
-    if HAS_DLSE:
-        # d lse_i / d s_ij = p_ij, so a gradient on lse joins delta with the opposite sign
-        dlse = tl.load(dlse_ptr + off_z.to(tl.int64) * stride_dlz + off_h.to(tl.int64) * stride_dlh
-                       + offs_m.to(tl.int64) * stride_dlm, mask=row_in, other=0.0)
-        delta -= dlse.to(tl.float32)
-    # the backward needs lse in base 2; a row that saw no key (lse = -inf) gets +inf so that
-    # p = exp2(s - lse2) = 0 for it everywhere, masked block or not
-    lse = tl.load(lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
-                  + offs_m.to(tl.int64) * stride_lm, mask=row_in, other=float("-inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    row_off = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q + offs_m
-    tl.store(delta_ptr + row_off, delta, mask=row_in)
-    tl.store(lse2_ptr + row_off, lse2, mask=row_in)
 
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
     dk, dv, k, v,
-    q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, step_q, step_do,
+    q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, dq_ptrs, step_q, step_do,
     offs_m, offs_n, d_mask, dv_mask,
-    lo, hi, q_len, kv_len, causal_offset, qk_scale,
+    lo, hi, q_len, kv_len, causal_offset, qk_scale, dq_unscale,
     win_left, win_right, cap2, inv_cap2, slope2,
-    BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr,
     TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
 ):
     """Accumulate dk, dv of one key block over the query blocks [lo, hi). Works transposed
     (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
-    two this pass accumulates (a split pass skips the other's dots and loads). TMA: q_ptrs and
-    do_ptrs are tensor descriptors. ROWOFF: as in _attn_fwd_inner."""
+    two this pass accumulates (a split pass skips the other's dots and loads). DQ_ATOMIC (with DO_DK):
+    also add each query block's share of dq, ds . k times dq_unscale (k is held prescaled), to the fp32
+    rows at dq_ptrs (HEAD_DIM wide). TMA: q_ptrs and do_ptrs are tensor descriptors. ROWOFF: as in
+    _attn_fwd_inner."""
     if not TMA and not ROWOFF:
         q_ptrs += tl.cast(lo, tl.int64) * step_q
         do_ptrs += tl.cast(lo, tl.int64) * step_do
     lse2_ptrs += lo
     delta_ptrs += lo
+    if DQ_ATOMIC:
+        dq_ptrs += tl.cast(lo, tl.int64) * HEAD_DIM
     for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WS):
         rows = start_m + offs_m
         if MASKED:
@@ -117,28 +90,38 @@ def _attn_bwd_dkdv_inner(
             ds_t = p_t * (dp_t - delta[None, :])
             if SOFTCAP:  # d(cap * tanh(x / cap)) / dx = 1 - tanh^2
                 ds_t = ds_t * (1.0 - t_t * t_t)
-            dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
+            ds_t = ds_t.to(q.dtype)
+            dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+            if DQ_ATOMIC:
+                dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * dq_unscale
+                if MASKED:
+                    dq_mask = row_mask[:, None] & d_mask[None, :]
+                else:
+                    dq_mask = None if EVEN_D else d_mask[None, :]
+                tl.atomic_add(dq_ptrs, dq, mask=dq_mask, sem="relaxed")
         if not TMA and not ROWOFF:
             q_ptrs += BLOCK_M * step_q
             do_ptrs += BLOCK_M * step_do
         lse2_ptrs += BLOCK_M
         delta_ptrs += BLOCK_M
+        if DQ_ATOMIC:
+            dq_ptrs += BLOCK_M * HEAD_DIM
     return dk, dv
 
 
 @triton.jit
 def _attn_bwd_dkdv_head(
-    dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr,
+    dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_acc_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_gz, stride_gh, stride_gm, stride_gd,
     off_z, off_h, num_heads, seq_len_q, q_start, q_len, kv_len, causal_offset, start_n,
     offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask,
-    qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
+    qk_scale, dq_unscale, win_left, win_right, cap2, inv_cap2, slope2,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
-    TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """Add query head off_h's contribution to one key block's dk and dv: the query rows that see the
@@ -163,40 +146,45 @@ def _attn_bwd_dkdv_head(
         row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
     lse2_ptrs = lse2_ptr + row_base + offs_m
     delta_ptrs = delta_ptr + row_base + offs_m
+    if DQ_ATOMIC:  # the fp32 accumulator's rows are the statistics' rows, HEAD_DIM wide
+        dq_ptrs = dq_acc_ptr + (row_base + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
+    else:
+        dq_ptrs = lse2_ptrs  # unused
 
     lo, mid, full_end, hi = _query_band(
         start_n, q_len, kv_len, causal_offset, win_left, win_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
         WINDOW=WINDOW,
     )
+    # the three loops differ in their query range and masking only
+    args = (k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, dq_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
+            dv_mask)
+    scalars = (q_len, kv_len, causal_offset, qk_scale, dq_unscale, win_left, win_right, cap2, inv_cap2, slope2)
     if CAUSAL or WINDOW or not EVEN_N:  # else lo = mid = 0: nothing to mask before the unmasked loop
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
-            dv_mask, lo, tl.minimum(mid, hi), q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
-            inv_cap2, slope2, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
-            DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, TMA=TMA, WS=False, ROWOFF=ROWOFF,
-            ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+            dk, dv, *args, lo, tl.minimum(mid, hi), *scalars, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, MASKED=True,
+            CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK,
+            DO_DV=DO_DV, DQ_ATOMIC=DQ_ATOMIC, TMA=TMA, WS=False, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW,
+            SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
     dk, dv = _attn_bwd_dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask, dv_mask,
-        mid, full_end, q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, slope2,
-        BLOCK_M=BLOCK_M, MASKED=False, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION,
-        UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW,
-        SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+        dk, dv, *args, mid, full_end, *scalars, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, MASKED=False, CAUSAL=CAUSAL,
+        EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV,
+        DQ_ATOMIC=DQ_ATOMIC, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
     )
     if WINDOW or not EVEN_M:  # else full_end = hi = q_len: no tail
         dk, dv = _attn_bwd_dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse2_ptrs, delta_ptrs, stride_qm, stride_gm, offs_m, offs_n, d_mask,
-            dv_mask, tl.maximum(mid, full_end), hi, q_len, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
-            inv_cap2, slope2, BLOCK_M=BLOCK_M, MASKED=True, CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV,
-            DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, TMA=TMA, WS=False, ROWOFF=ROWOFF,
-            ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+            dk, dv, *args, tl.maximum(mid, full_end), hi, *scalars, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, MASKED=True,
+            CAUSAL=CAUSAL, EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK,
+            DO_DV=DO_DV, DQ_ATOMIC=DQ_ATOMIC, TMA=TMA, WS=False, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW,
+            SOFTCAP=SOFTCAP, ALIBI=ALIBI,
         )
     return dk, dv
 
 
 @triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
 def _attn_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, seq_lens_ptr, cu_k_ptr, alibi_ptr,
+    q_ptr, k_ptr, v_ptr, dout_ptr, lse2_ptr, delta_ptr, dk_ptr, dv_ptr, dq_acc_ptr, seq_lens_ptr, cu_k_ptr,
+    alibi_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
@@ -211,6 +199,7 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, GQA: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, VARLEN: tl.constexpr, DO_DK: tl.constexpr, DO_DV: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr,
     # numerics of the dtype
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     # tiles: how (the tuned config and layout facts of the call)
@@ -227,7 +216,9 @@ def _attn_bwd_dkdv_kernel(
     TMA: the streamed q and dout tiles come through tensor descriptors. WS: the unmasked query loop is
     warp-specialized. EVEN_M / EVEN_N: as in the forward; full query blocks leave no masked tail loop,
     full key blocks of a non-causal kernel no masked first loop. WINDOW, SOFTCAP, ALIBI: semantics.py.
-    VARLEN: packed sequences as in the forward; a program writes only its own sequence's keys."""
+    VARLEN: packed sequences as in the forward; a program writes only its own sequence's keys.
+    DQ_ATOMIC (with DO_DK): the one-pass backward; the program also adds its key block's share of dq, unscaled,
+    to dq_acc_ptr (fp32, contiguous (Z, H, N_q, HEAD_DIM), zeroed by the preprocess) with atomic adds."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
     pid_n, off_hs, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)  # causal: the first key blocks see the most queries
@@ -271,7 +262,8 @@ def _attn_bwd_dkdv_kernel(
         )
     else:
         v = k
-    k, qk_scale = _prescaled(k, qk_scale)  # k enters only the score dots here (dk reads q and ds)
+    dq_unscale = _unprescale(k, qk_scale)  # (the one-pass backward's dq reads k too)
+    k, qk_scale = _prescaled(k, qk_scale)  # k enters the score dots (dk reads q and ds)
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
@@ -283,26 +275,26 @@ def _attn_bwd_dkdv_kernel(
             off_h = off_hk * kv_group + g
             slope2 = _slope(alibi_ptr, off_z, stride_az, off_h, ALIBI=ALIBI)
             dk, dv = _attn_bwd_dkdv_head(
-                dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr, stride_qz, stride_qh, stride_qm, stride_qd,
-                stride_gz, stride_gh, stride_gm, stride_gd, off_z, off_h, num_heads, seq_len_q, q_start, q_len,
-                kv_len, causal_offset, start_n, offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left,
-                win_right, cap2, inv_cap2, slope2, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD,
+                dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_acc_ptr, stride_qz, stride_qh, stride_qm,
+                stride_qd, stride_gz, stride_gh, stride_gm, stride_gd, off_z, off_h, num_heads, seq_len_q, q_start, q_len,
+                kv_len, causal_offset, start_n, offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, dq_unscale,
+                win_left, win_right, cap2, inv_cap2, slope2, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD,
                 HEAD_DIM_V=HEAD_DIM_V, HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL,
                 EVEN_D=EVEN_D, EVEN_DV=EVEN_DV, EVEN_M=EVEN_M, EVEN_N=EVEN_N, DOT_PRECISION=DOT_PRECISION,
-                UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW,
-                SOFTCAP=SOFTCAP, ALIBI=ALIBI, VARLEN=VARLEN,
+                UPCAST=UPCAST, DO_DK=DO_DK, DO_DV=DO_DV, DQ_ATOMIC=DQ_ATOMIC, TMA=TMA, WS=WS, ROWOFF=ROWOFF,
+                ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI, VARLEN=VARLEN,
             )
     else:
         slope2 = _slope(alibi_ptr, off_z, stride_az, off_hk, ALIBI=ALIBI)
         dk, dv = _attn_bwd_dkdv_head(
-            dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr, stride_qz, stride_qh, stride_qm, stride_qd, stride_gz,
-            stride_gh, stride_gm, stride_gd, off_z, off_hk, num_heads, seq_len_q, q_start, q_len, kv_len,
-            causal_offset, start_n, offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, win_left, win_right,
-            cap2, inv_cap2, slope2, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V=HEAD_DIM_V,
+            dk, dv, k, v, q_ptr, dout_ptr, lse2_ptr, delta_ptr, dq_acc_ptr, stride_qz, stride_qh, stride_qm, stride_qd,
+            stride_gz, stride_gh, stride_gm, stride_gd, off_z, off_hk, num_heads, seq_len_q, q_start, q_len, kv_len,
+            causal_offset, start_n, offs_m, offs_n, offs_d, offs_dv, d_mask, dv_mask, qk_scale, dq_unscale, win_left,
+            win_right, cap2, inv_cap2, slope2, HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V=HEAD_DIM_V,
             HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, EVEN_D=EVEN_D,
             EVEN_DV=EVEN_DV, EVEN_M=EVEN_M, EVEN_N=EVEN_N, DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, DO_DK=DO_DK,
-            DO_DV=DO_DV, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-            VARLEN=VARLEN,
+            DO_DV=DO_DV, DQ_ATOMIC=DQ_ATOMIC, TMA=TMA, WS=WS, ROWOFF=ROWOFF, ROW32=ROW32, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
+            ALIBI=ALIBI, VARLEN=VARLEN,
         )
 
     if VARLEN:  # only this sequence's keys: the next ones belong to the next sequence
@@ -326,41 +318,6 @@ def _attn_bwd_dkdv_kernel(
             tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=vd_mask)
         else:
             tl.store(dv_ptrs, dv.to(dv_ptr.dtype.element_ty), mask=key_in & dv_mask[None, :])
-
-
-@triton.jit
-def _attn_bwd_group_sum_kernel(
-    dk_part_ptr, dv_part_ptr, dk_ptr, dv_ptr,
-    stride_dkz, stride_dkh, stride_dkn, stride_dkd,
-    stride_dvz, stride_dvh, stride_dvn, stride_dvd,
-    num_kv_heads, seq_len_k, head_split,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """dk and dv of one key block of one kv head where the dk/dv kernel split the head's query group over
-    head_split programs: the sum of their fp32 partials (contiguous (Z, H_kv * head_split, N_k, D) and
-    (..., D_v)), part after part in a fixed order, so the result is deterministic. Grid (key blocks,
-    kv heads, batch)."""
-    off_hk = tl.program_id(1)
-    off_z = tl.program_id(2)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
-    key_in = (offs_n < seq_len_k)[:, None]
-    k_mask = key_in & (offs_d < HEAD_DIM)[None, :]
-    v_mask = key_in & (offs_dv < HEAD_DIM_V)[None, :]
-    first = (off_z * num_kv_heads + off_hk).to(tl.int64) * head_split  # the kv head's part 0
-    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM_V_PAD], dtype=tl.float32)
-    for part in range(0, head_split):
-        part_rows = ((first + part) * seq_len_k + offs_n)[:, None]  # 64-bit (seq_len_k may be a constant 1)
-        dk += tl.load(dk_part_ptr + part_rows * HEAD_DIM + offs_d[None, :], mask=k_mask, other=0.0)
-        dv += tl.load(dv_part_ptr + part_rows * HEAD_DIM_V + offs_dv[None, :], mask=v_mask, other=0.0)
-    rows = offs_n.to(tl.int64)[:, None]
-    tl.store(dk_ptr + off_z.to(tl.int64) * stride_dkz + off_hk.to(tl.int64) * stride_dkh + rows * stride_dkn
-             + offs_d[None, :] * stride_dkd, dk.to(dk_ptr.dtype.element_ty), mask=k_mask)
-    tl.store(dv_ptr + off_z.to(tl.int64) * stride_dvz + off_hk.to(tl.int64) * stride_dvh + rows * stride_dvn
-             + offs_dv[None, :] * stride_dvd, dv.to(dv_ptr.dtype.element_ty), mask=v_mask)
 
 
 @triton.jit

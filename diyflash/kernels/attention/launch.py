@@ -15,8 +15,9 @@ from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_conf
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 
 from .._launch import DirectLauncher, cdiv, runtime_key  # noqa: E402
-from .backward import (_attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
-                       _attn_bwd_preprocess_kernel)
+from .backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel  # noqa: E402
+from .backward_rows import (_attn_bwd_dq_convert_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
+                            _attn_bwd_preprocess_kernel)
 from . import hopper, kvcache  # noqa: E402  (the decode route; kvcache shares launch_args and plans, not this module)
 from .forward import _attn_fwd_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad, variant_meta  # noqa: E402
@@ -36,10 +37,11 @@ _BWD_PRE = DirectLauncher(_attn_bwd_preprocess_kernel)
 _BWD_DKDV = DirectLauncher(_attn_bwd_dkdv_kernel)
 _BWD_DQ = DirectLauncher(_attn_bwd_dq_kernel)
 _BWD_SUM = DirectLauncher(_attn_bwd_group_sum_kernel)
+_BWD_DQ_CONVERT = DirectLauncher(_attn_bwd_dq_convert_kernel)
 assert INTERPRETED == _FWD.interpreted  # launch_args decides it as Triton decorated these kernels
 
 
-_LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM)
+_LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM, _BWD_DQ_CONVERT)
 PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by plan_key
 
 
@@ -409,7 +411,8 @@ class FastBackward:
         delta = q.new_empty(q.shape[:-1], dtype=torch.float32)
         lse2 = torch.empty_like(delta)
         env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": None, "delta": delta,
-               "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None}
+               "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None,
+               "dq_acc": None}
         if self.plan.scratch:
             env.update(scratch_buffers(self.plan.scratch, q.device))
         if not aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in self.plan.scratch)):
@@ -419,12 +422,31 @@ class FastBackward:
 
 
 def fast_backward(dout, q, k, v, out, lse, causal: bool, scale: float, window: tuple[int, int],
-                  softcap: float) -> FastBackward | None:
+                  softcap: float, deterministic: bool) -> FastBackward | None:
     """The plan attention_bwd made for this call (just run, without dlse, seq_lens or ALiBi) as a
     FastBackward; None where it made none."""
     plan = _dense_plan("bwd", (q, k, v, out, dout, lse, None, None, None, None), q, k, causal, scale, window,
-                       softcap, (None, None, None))
+                       softcap, (None, None, None, deterministic, None))
     return None if plan is None else FastBackward(plan, q.get_device(), runtime_key())
+
+
+# The one-pass backward (dq added up with fp32 atomic adds by the dk/dv kernel: 5 dots a tile pair against 7)
+# measured slower than the two-kernel backward in every cell on the H200 (bench/results/bwd_one_pass_h200.jsonl:
+# 0.62-0.99x of it with the tuned and six other dk/dv tiles; the atomics' traffic, and at head_dim 128 the
+# dk, dv and dq tiles together spill registers), so calls that allow either run the two-kernel one.
+ONE_PASS = False
+ONE_PASS_MAX_HEAD_DIM = 128  # above it the dk/dv tiles leave no shared memory for dq's share
+
+
+def one_pass_backward(deterministic: bool, one_pass: bool | None, head_dim_pad: int) -> bool:
+    """Whether attention_bwd runs the one-pass backward (its deterministic and one_pass arguments)."""
+    if one_pass and deterministic:
+        raise ValueError("one_pass=True adds dq up with atomics: it cannot be deterministic")
+    if one_pass and head_dim_pad > ONE_PASS_MAX_HEAD_DIM:
+        raise ValueError(f"one_pass=True runs head_dim <= {ONE_PASS_MAX_HEAD_DIM} only, got a padded {head_dim_pad}")
+    if one_pass is None:
+        return ONE_PASS and not deterministic and head_dim_pad <= ONE_PASS_MAX_HEAD_DIM
+    return one_pass
 
 
 def attention_bwd(
@@ -447,14 +469,18 @@ def attention_bwd(
     alibi_slopes: torch.Tensor | None = None,
     packed: Packed | None = None,
     split: int | None = None,
+    deterministic: bool = True,
+    one_pass: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
-    Returns (dq, dk, dv) allocated with empty_like(q/k/v). The variants as in attention_fwd (sinks need
-    nothing here: the saved lse includes them; their gradient is attention_torch.sinks_grad). config
-    and group (the head group of both kernels, see head_group) override the tuned choices, for benchmarks.
-    packed: packed sequences as in attention_fwd (lse and dlse (H, T_q)). split: over how many programs
-    the dk/dv kernel splits a kv head's query-head group (a divisor of it; see head_split), for tests
-    and benchmarks."""
+    Returns (dq, dk, dv) allocated with empty_like(q/k/v). deterministic: bitwise reproducible gradients
+    (dq from the dq kernel). one_pass: the one-pass backward, dq added up with atomics by the dk/dv kernel
+    (backward.py; not with deterministic, and head_dim <= 128 only); None: where ONE_PASS says it is the
+    faster one and deterministic is False. The variants as in attention_fwd (sinks need nothing here: the
+    saved lse includes them; their gradient is attention_torch.sinks_grad). config and group (the head
+    group of both kernels, see head_group) override the tuned choices, for benchmarks. packed: packed
+    sequences as in attention_fwd (lse and dlse (H, T_q)). split: over how many programs the dk/dv kernel
+    splits a kv head's query-head group (a divisor of it; see head_split), for tests and benchmarks."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if packed is None:
         n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], _heads(q), _heads(k), None, ()
@@ -469,9 +495,10 @@ def attention_bwd(
     var = variant(causal, window, softcap, n_q, n_k, h_q, h_k, offset)
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
-           "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes}
+           "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes,
+           "dq_acc": None}  # (scratch buffers join it by name: dq_acc where deterministic is False)
     key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
-                    (config, group, split, *extra))
+                    (config, group, split, deterministic, one_pass, *extra))
     plan = PLANS.get(key) if key is not None else None
     if plan is not None:
         env.update(scratch_buffers(plan.scratch, q.device))
@@ -501,16 +528,18 @@ def attention_bwd(
     q_tma = q_cfg.tma and tma_ok(k4, v4)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3, "delta": delta3,
            "lse2": lse23, "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "cu_k": cu_k,
-           "alibi": alibi_slopes}
+           "alibi": alibi_slopes, "dq_acc": None}
     common = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, CAUSAL=causal,
                   HAS_SEQ_LENS=seq_lens is not None, DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast(q.dtype),
                   VARLEN=packed is not None, **variant_meta(var, alibi_slopes))
     var_args = (var.left, var.right, var.cap2)
+    atomic = one_pass_backward(deterministic, one_pass, max(d_pad, dv_pad))  # dq from the dk/dv kernel
     pre_block = 64
     pre_args = (*_strides(o4), *_strides(g4), *_strides(lse3),
                 *(_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
                 h, len_q)
-    pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None)
+    pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None,
+                    ZERO_DQ=atomic, HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d_pad)
     # GQA on a small grid: the dk/dv programs write fp32 partial sums over parts of the query-head group
     # (heads h_kv * parts of scratch laid out as dk4, dv4), and a last launch adds them (head_split)
     parts = split or head_split(var.kv_group, cdiv(n_k, cfg.dkdv.block_n) * h_kv * z, z * h * n_q * n_k * d,
@@ -522,8 +551,10 @@ def attention_bwd(
     if parts > 1:
         scratch = (("dk_part", (z_pre, h_kv * parts, len_k, d), torch.float32),
                    ("dv_part", (z_pre, h_kv * parts, len_k, dv_), torch.float32))
-        env.update(scratch_buffers(scratch, q.device))
         kv_out = ("dk_part", "dv_part")
+    if atomic:
+        scratch += (("dq_acc", (z_pre, h, len_q, d), torch.float32),)
+    env.update(scratch_buffers(scratch, q.device))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk_out, dv_out)
     kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk_out), *_strides(dv_out),
@@ -533,8 +564,8 @@ def attention_bwd(
          (*kv_strides, h, len_q, len_k, scale * LOG2E, scale,
           group or head_group(causal, cdiv(n_k, kv_cfg.block_n), z * h_kv * parts, q.device), var.kv_group, parts,
           *var_args),
-         dict(DO_DK=do_dk, DO_DV=do_dv, GQA=var.kv_group > 1, **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32),
-              **common))
+         dict(DO_DK=do_dk, DO_DV=do_dv, DQ_ATOMIC=atomic and do_dk, GQA=var.kv_group > 1,
+              **_tile_meta(kv_cfg, tma, seq_lens, n_q, n_k, row32), **common))
         for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
     ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
@@ -546,17 +577,20 @@ def attention_bwd(
     sum_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, BLOCK_N=sum_block,
                     num_warps=4)
 
+    convert_args = (*_strides(dq4), h, len_q, scale)
+    convert_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block)
+
     def launches(zc: int) -> list[Launch]:
+        rows = (cdiv(len_q, pre_block), h, z_pre if packed is not None else zc)  # the row passes' grid
         return [
-            Launch(_BWD_PRE, (cdiv(len_q, pre_block), h, z_pre if packed is not None else zc),
-                    ("out", "dout", "lse", "dlse", "delta", "lse2"),
-                    pre_args, pre_meta),
+            Launch(_BWD_PRE, rows, ("out", "dout", "lse", "dlse", "delta", "lse2", "dq_acc"), pre_args, pre_meta),
             *(Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv * parts, zc),
-                      ("q", "k", "v", "dout", "lse2", "delta", *kv_out, "seq_lens", "cu_k", "alibi"), kv_args,
+                      ("q", "k", "v", "dout", "lse2", "delta", *kv_out, "dq_acc", "seq_lens", "cu_k", "alibi"), kv_args,
                       kv_meta)
               for kv_cfg, kv_args, kv_meta in kv_launches),
             *([Launch(_BWD_SUM, (cdiv(len_k, sum_block), h_kv, z_pre if packed is not None else zc),
                        ("dk_part", "dv_part", "dk", "dv"), sum_args, sum_meta)] if parts > 1 else []),
+            Launch(_BWD_DQ_CONVERT, rows, ("dq_acc", "dq"), convert_args, convert_meta) if atomic else
             Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
                     ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "cu_k", "alibi"), q_args, q_meta),
         ]

@@ -127,11 +127,28 @@ def _prescaled(x, qk_scale):
     if x.dtype == tl.float16:
         return x, qk_scale
     else:
-        bits = tl.cast(qk_scale, tl.float32).to(tl.int32, bitcast=True)
-        e = tl.minimum(tl.maximum((bits >> 23) & 0xFF, 63), 127)  # biased exponent of p2
-        p2 = (e << 23).to(tl.float32, bitcast=True)
-        inv_p2 = ((254 - e) << 23).to(tl.float32, bitcast=True)
+        p2, inv_p2 = _prescale_powers(qk_scale)
         return (x * p2).to(x.dtype), qk_scale * inv_p2
+
+
+@triton.jit
+def _prescale_powers(qk_scale):
+    """(p2, 1 / p2) of _prescaled, both exact powers of two."""
+    bits = tl.cast(qk_scale, tl.float32).to(tl.int32, bitcast=True)
+    e = tl.minimum(tl.maximum((bits >> 23) & 0xFF, 63), 127)  # biased exponent of p2
+    p2 = (e << 23).to(tl.float32, bitcast=True)
+    inv_p2 = ((254 - e) << 23).to(tl.float32, bitcast=True)
+    return p2, inv_p2
+
+
+@triton.jit
+def _unprescale(x, qk_scale):
+    """What undoes _prescaled(x, qk_scale) on x: 1 / p2 (1 for fp16 x), for a dot that reads the prescaled
+    operand for another purpose than the scores (the one-pass backward's ds . k)."""
+    if x.dtype == tl.float16:
+        return 1.0
+    else:
+        return _prescale_powers(qk_scale)[1]
 
 
 # -- Exact scores. Every kernel rounds the scaled score on its own (_mul_exact) before any
