@@ -170,11 +170,11 @@ def flash_attention(
             one device sync (skipped while a CUDA graph is captured). False: not checked. Never while
             compiling or exporting.
         deterministic: the backward's mode, as PyTorch's SDPA and flash-attn have it. True: bitwise
-            reproducible gradients. False: the faster of the two backwards may run, one of which adds dq
-            up with fp32 atomics (dq may then differ by a few ulps from run to run); today the two-kernel,
-            reproducible one is the faster in every measured cell, so it runs in either mode. None
-            (default): True where torch.use_deterministic_algorithms(True) is in force when the backward
-            runs, else False. The forward is deterministic either way (docs/api.md, "Determinism").
+            reproducible gradients. False: the faster of two backwards runs; where that is the one-pass
+            backward (head_dim 64 from 4096 rows, fp16/bf16, on Hopper), dq is added up with fp32 atomics
+            and may differ by a few ulps from run to run (dk and dv never do). None (default): True where
+            torch.use_deterministic_algorithms(True) is in force when the backward runs, else False. The
+            forward is deterministic either way (docs/api.md, "Determinism").
 
     Returns:
         The output (..., seq_len_q, head_dim_v) in q's dtype (fp16/bf16 computed natively with fp32

@@ -159,7 +159,7 @@ def test_backward_is_deterministic(device, causal, how, monkeypatch, fresh_cache
     (launch.ONE_PASS), gradients bitwise equal call after call."""
     from diyflash.kernels.attention import launch as ka
 
-    monkeypatch.setattr(ka, "ONE_PASS", True)
+    monkeypatch.setattr(ka, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
     launched = _spy_dq_launchers(monkeypatch)
     q, k, v = make_qkv(2, 2, 77, 90, 32, torch.float16, device, requires_grad=True)
     g = random_like(q)
@@ -188,9 +188,9 @@ def test_one_pass_backward(device, causal, monkeypatch, fresh_caches):
     q, k, v = make_qkv(2, 2, 77, 90, 32, torch.float16, device, requires_grad=True)
     g = random_like(q)
     det = torch.autograd.grad(torch.ops.diyflash.attention(q, k, v, causal=causal), (q, k, v), g)
-    assert set(launched) == {"_BWD_DQ"}  # ONE_PASS is off: the two-kernel backward serves every call
+    assert set(launched) == {"_BWD_DQ"}  # D32 and 90 keys: not a ONE_PASS cell, the two-kernel backward runs
     launched.clear()
-    monkeypatch.setattr(ka, "ONE_PASS", True)
+    monkeypatch.setattr(ka, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
     out = torch.ops.diyflash.attention(q, k, v, causal=causal)
     first = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
     second = torch.autograd.grad(out, (q, k, v), g)
@@ -201,6 +201,20 @@ def test_one_pass_backward(device, causal, monkeypatch, fresh_caches):
     out, lse = ka.attention_fwd(q.detach(), k.detach(), v.detach(), causal, 0.25, None)
     with pytest.raises(ValueError, match="cannot be deterministic"):
         ka.attention_bwd(out, None, q, k, v, out, lse, causal, 0.25, None, deterministic=True, one_pass=True)
+    if ON_GPU:  # the tiles' TMA path adds each tile with one bulk reduce: a padded head_dim, tails, seq_lens
+        from diyflash.kernels.attention_configs import AttnConfig, BwdConfig, bwd_config
+
+        q2, k2, v2 = make_qkv(2, 3, 113, 70, 80, torch.bfloat16, device)
+        lens = torch.tensor([70, 31], dtype=torch.int32, device=device)
+        out2, lse2 = ka.attention_fwd(q2, k2, v2, causal, 80 ** -0.5, lens)
+        dout2 = random_like(out2)
+        tuned = bwd_config(128, q2.dtype, q2.device, causal, False)
+        for tiles in (AttnConfig(64, 64, 4, 3, tma=True), AttnConfig(64, 64, 4, 3)):
+            args = (dout2, None, q2, k2, v2, out2, lse2, causal, 80 ** -0.5, lens)
+            two = ka.attention_bwd(*args, config=BwdConfig(tiles, tuned.dq))
+            one = ka.attention_bwd(*args, config=BwdConfig(tiles, tuned.dq), deterministic=False, one_pass=True)
+            torch.testing.assert_close(one[0], two[0], rtol=1e-2, atol=1e-2)
+            assert torch.equal(one[1], two[1]) and torch.equal(one[2], two[2]), tiles
     wide = make_qkv(1, 1, 9, 9, 160, torch.float16, device)
     out, lse = ka.attention_fwd(*wide, causal, 0.25, None)
     with pytest.raises(ValueError, match="head_dim <= 128 only, got a padded 256"):

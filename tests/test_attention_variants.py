@@ -277,7 +277,7 @@ def test_one_pass_backward_variants(device, case, monkeypatch, fresh_caches):
     variants, as the two-kernel backward is in every other test of this file."""
     from diyflash.kernels.attention import launch as ka
 
-    monkeypatch.setattr(ka, "ONE_PASS", True)
+    monkeypatch.setattr(ka, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
     b, h, h_kv, n_q, n_k, d, dv, causal, window, softcap, alibi, sinks, seq_lens = case
     q, k, v = make(b, h, h_kv, n_q, n_k, d, dv, device=device)
     lens = None if seq_lens is None else torch.tensor(seq_lens, dtype=torch.int32, device=device)

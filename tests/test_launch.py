@@ -367,3 +367,22 @@ def test_attention_plans_keep_explicit_tiles_apart():
     tiles = {key[-2:]: plan.launches[0][0].grid[0] for key, plan in ka.PLANS.items() if key[0] == "fwd"}
     assert tiles == {(None, None): 256 // fwd.block_m, (other, None): 256 // other.block_m, (None, 2): 256 // fwd.block_m}
 
+
+
+def test_one_pass_rule():
+    """Which calls the one-pass backward serves (launch.ONE_PASS: D64, 4096 rows or more, fp16/bf16, a GPU
+    with TMA) where the call allows it, and what one_pass=True refuses."""
+    from diyflash.kernels.attention.launch import one_pass_backward
+
+    f16, bf16 = torch.float16, torch.bfloat16
+    assert one_pass_backward(False, None, 64, 4096, f16) and one_pass_backward(False, None, 64, 8192, bf16)
+    assert not one_pass_backward(True, None, 64, 8192, f16)  # deterministic
+    assert not one_pass_backward(False, None, 64, 1024, f16)  # short: measured slower
+    assert not one_pass_backward(False, None, 128, 8192, f16)  # D128: measured slower
+    assert not one_pass_backward(False, None, 64, 8192, torch.float32)
+    assert not one_pass_backward(False, None, 64, 8192, f16, tma=False)  # its tiles' bulk reduce needs TMA
+    assert one_pass_backward(False, True, 128, 16, torch.float32) and not one_pass_backward(False, False, 64, 8192, f16)
+    with pytest.raises(ValueError, match="cannot be deterministic"):
+        one_pass_backward(True, True, 64, 8192, f16)
+    with pytest.raises(ValueError, match="head_dim <= 128 only"):
+        one_pass_backward(False, True, 256, 8192, f16)

@@ -18,7 +18,7 @@ import triton.language as tl  # noqa: E402  (after the friendly import check abo
 
 from .semantics import (_band, _inv, _prescaled, _probs, _query_band, _scores, _sequence, _slope,  # noqa: E402
                         _tile, _unprescale, _visible)
-from .tiles import _desc_load, _load, _rows, _stepped, _streamed  # noqa: E402
+from .tiles import _desc_load, _load, _rows, _rows_desc, _stepped, _streamed  # noqa: E402
 
 
 @triton.jit
@@ -39,14 +39,15 @@ def _attn_bwd_dkdv_inner(
     (keys x queries) so that p^T and ds^T come straight out of the dots. DO_DK / DO_DV: which of the
     two this pass accumulates (a split pass skips the other's dots and loads). DQ_ATOMIC (with DO_DK):
     also add each query block's share of dq, ds . k times dq_unscale (k is held prescaled), to the fp32
-    rows at dq_ptrs (HEAD_DIM wide). TMA: q_ptrs and do_ptrs are tensor descriptors. ROWOFF: as in
+    rows at dq_ptrs (HEAD_DIM wide). TMA: q_ptrs and do_ptrs are tensor descriptors, and so is dq_ptrs
+    (a bulk reduce a tile instead of an atomic add an element). ROWOFF: as in
     _attn_fwd_inner."""
     if not TMA and not ROWOFF:
         q_ptrs += tl.cast(lo, tl.int64) * step_q
         do_ptrs += tl.cast(lo, tl.int64) * step_do
     lse2_ptrs += lo
     delta_ptrs += lo
-    if DQ_ATOMIC:
+    if DQ_ATOMIC and not TMA:
         dq_ptrs += tl.cast(lo, tl.int64) * HEAD_DIM
     for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WS):
         rows = start_m + offs_m
@@ -94,17 +95,20 @@ def _attn_bwd_dkdv_inner(
             dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
             if DQ_ATOMIC:
                 dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * dq_unscale
-                if MASKED:
-                    dq_mask = row_mask[:, None] & d_mask[None, :]
+                if TMA:  # one bulk reduce of the tile (rows past q_len and columns past HEAD_DIM clipped)
+                    dq_ptrs.atomic_add([start_m, 0], dq)
                 else:
-                    dq_mask = None if EVEN_D else d_mask[None, :]
-                tl.atomic_add(dq_ptrs, dq, mask=dq_mask, sem="relaxed")
+                    if MASKED:
+                        dq_mask = row_mask[:, None] & d_mask[None, :]
+                    else:
+                        dq_mask = None if EVEN_D else d_mask[None, :]
+                    tl.atomic_add(dq_ptrs, dq, mask=dq_mask, sem="relaxed")
         if not TMA and not ROWOFF:
             q_ptrs += BLOCK_M * step_q
             do_ptrs += BLOCK_M * step_do
         lse2_ptrs += BLOCK_M
         delta_ptrs += BLOCK_M
-        if DQ_ATOMIC:
+        if DQ_ATOMIC and not TMA:
             dq_ptrs += BLOCK_M * HEAD_DIM
     return dk, dv
 
@@ -146,7 +150,10 @@ def _attn_bwd_dkdv_head(
         row_base = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q
     lse2_ptrs = lse2_ptr + row_base + offs_m
     delta_ptrs = delta_ptr + row_base + offs_m
-    if DQ_ATOMIC:  # the fp32 accumulator's rows are the statistics' rows, HEAD_DIM wide
+    if DQ_ATOMIC and TMA:  # the fp32 accumulator's rows are the statistics' rows, HEAD_DIM wide
+        dq_ptrs = _rows_desc(dq_acc_ptr + row_base * HEAD_DIM, q_len, HEAD_DIM, HEAD_DIM=HEAD_DIM, BLOCK=BLOCK_M,
+                             HEAD_DIM_PAD=HEAD_DIM_PAD)
+    elif DQ_ATOMIC:
         dq_ptrs = dq_acc_ptr + (row_base + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
     else:
         dq_ptrs = lse2_ptrs  # unused

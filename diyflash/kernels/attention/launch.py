@@ -425,28 +425,41 @@ def fast_backward(dout, q, k, v, out, lse, causal: bool, scale: float, window: t
                   softcap: float, deterministic: bool) -> FastBackward | None:
     """The plan attention_bwd made for this call (just run, without dlse, seq_lens or ALiBi) as a
     FastBackward; None where it made none."""
+    atomic = _one_pass_of(q, v, q.shape[-2], k.shape[-2], deterministic, None)
     plan = _dense_plan("bwd", (q, k, v, out, dout, lse, None, None, None, None), q, k, causal, scale, window,
-                       softcap, (None, None, None, deterministic, None))
+                       softcap, (None, None, None, atomic))
     return None if plan is None else FastBackward(plan, q.get_device(), runtime_key())
 
 
-# The one-pass backward (dq added up with fp32 atomic adds by the dk/dv kernel: 5 dots a tile pair against 7)
-# measured slower than the two-kernel backward in every cell on the H200 (bench/results/bwd_one_pass_h200.jsonl:
-# 0.62-0.99x of it with the tuned and six other dk/dv tiles; the atomics' traffic, and at head_dim 128 the
-# dk, dv and dq tiles together spill registers), so calls that allow either run the two-kernel one.
-ONE_PASS = False
+# The one-pass backward (dq added up with fp32 atomic adds by the dk/dv kernel: 5 dots a tile pair against the
+# two-kernel backward's 7) where it measured faster than the two-kernel one on the H200, with its own dk/dv
+# tiles: padded head_dim -> (the shortest sequence it serves, the tiles). bench/results/bwd_one_pass_h200.jsonl:
+# at D64, 64x64 tiles, 4 warps, 3 stages, TMA (a tile's share of dq is one bulk reduce) run 1.04-1.07x the
+# two-kernel backward at N4096-8192 (MHA fp16, GQA bf16, causal or not) but 0.87x at B16 N1024; at D128 the
+# dk, dv and dq tiles together spill registers (at most 1.01x with the best of seven tiles), D32 ties.
+ONE_PASS: dict[int, tuple[int, AttnConfig | None]] = {64: (4096, AttnConfig(64, 64, 4, 3, tma=True))}
 ONE_PASS_MAX_HEAD_DIM = 128  # above it the dk/dv tiles leave no shared memory for dq's share
 
 
-def one_pass_backward(deterministic: bool, one_pass: bool | None, head_dim_pad: int) -> bool:
-    """Whether attention_bwd runs the one-pass backward (its deterministic and one_pass arguments)."""
+def one_pass_backward(deterministic: bool, one_pass: bool | None, head_dim_pad: int, seq_len: int,
+                      dtype: torch.dtype, tma: bool = True) -> bool:
+    """Whether attention_bwd runs the one-pass backward (its deterministic and one_pass arguments; None: by
+    ONE_PASS, for fp16 and bf16, where the device has TMA if the rule's tiles read through it)."""
     if one_pass and deterministic:
         raise ValueError("one_pass=True adds dq up with atomics: it cannot be deterministic")
     if one_pass and head_dim_pad > ONE_PASS_MAX_HEAD_DIM:
         raise ValueError(f"one_pass=True runs head_dim <= {ONE_PASS_MAX_HEAD_DIM} only, got a padded {head_dim_pad}")
     if one_pass is None:
-        return ONE_PASS and not deterministic and head_dim_pad <= ONE_PASS_MAX_HEAD_DIM
+        rule = ONE_PASS.get(head_dim_pad)
+        return (not deterministic and rule is not None and seq_len >= rule[0]
+                and dtype in (torch.float16, torch.bfloat16) and (tma or rule[1] is None or not rule[1].tma))
     return one_pass
+
+
+def _one_pass_of(q, v, n_q: int, n_k: int, deterministic: bool, one_pass: bool | None) -> bool:
+    d = q.shape[-1]
+    return one_pass_backward(deterministic, one_pass, max(head_dim_pad(d), v_pad(d, v.shape[-1])), max(n_q, n_k),
+                             q.dtype, q.is_cuda and device_limits(q.device).tma)
 
 
 def attention_bwd(
@@ -475,8 +488,8 @@ def attention_bwd(
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
     Returns (dq, dk, dv) allocated with empty_like(q/k/v). deterministic: bitwise reproducible gradients
     (dq from the dq kernel). one_pass: the one-pass backward, dq added up with atomics by the dk/dv kernel
-    (backward.py; not with deterministic, and head_dim <= 128 only); None: where ONE_PASS says it is the
-    faster one and deterministic is False. The variants as in attention_fwd (sinks need nothing here: the
+    (backward.py; not with deterministic, and head_dim <= 128 only; its own dk/dv tiles where ONE_PASS has
+    them); None: where ONE_PASS says it is the faster one and deterministic is False. The variants as in attention_fwd (sinks need nothing here: the
     saved lse includes them; their gradient is attention_torch.sinks_grad). config and group (the head
     group of both kernels, see head_group) override the tuned choices, for benchmarks. packed: packed
     sequences as in attention_fwd (lse and dlse (H, T_q)). split: over how many programs the dk/dv kernel
@@ -497,8 +510,9 @@ def attention_bwd(
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes,
            "dq_acc": None}  # (scratch buffers join it by name: dq_acc where deterministic is False)
+    atomic = _one_pass_of(q, v, n_q, n_k, deterministic, one_pass)  # dq from the dk/dv kernel
     key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
-                    (config, group, split, deterministic, one_pass, *extra))
+                    (config, group, split, atomic, *extra))
     plan = PLANS.get(key) if key is not None else None
     if plan is not None:
         env.update(scratch_buffers(plan.scratch, q.device))
@@ -518,6 +532,9 @@ def attention_bwd(
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv_)
     cfg = config or bwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
+    one_pass_tiles = ONE_PASS.get(max(d_pad, dv_pad), (0, None))[1]
+    if atomic and config is None and not INTERPRETED and one_pass_tiles is not None:
+        cfg = cfg._replace(dkdv=one_pass_tiles)
     if any(c is not None and c.lazy for c in cfg):
         raise ValueError(f"{cfg}: lazy (rescaling) is a forward flag; the backward keeps no running max")
     q_cfg = cfg.dq
@@ -533,7 +550,6 @@ def attention_bwd(
                   HAS_SEQ_LENS=seq_lens is not None, DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast(q.dtype),
                   VARLEN=packed is not None, **variant_meta(var, alibi_slopes))
     var_args = (var.left, var.right, var.cap2)
-    atomic = one_pass_backward(deterministic, one_pass, max(d_pad, dv_pad))  # dq from the dk/dv kernel
     pre_block = 64
     pre_args = (*_strides(o4), *_strides(g4), *_strides(lse3),
                 *(_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
