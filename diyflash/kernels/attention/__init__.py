@@ -35,14 +35,16 @@ Package layout (each file one part of the structure; the kernels know nothing of
 - launch_args.py: what every launcher derives from a call alike (the variant, dtype switches, widths);
 - plans.py: the host-speed machinery (launches remembered as plans bound to compiled kernels, host TMA
   descriptors);
-- launch.py: the launchers (attention_fwd, attention_bwd) and their plan keys;
+- launch.py: the launchers (attention_fwd, attention_bwd) and their plan keys; fast.py: their plans as the
+  API's fast path replays them (FastForward, FastBackward);
 - decode.py, kvcache.py: KV-cache attention (cache append, split-KV decode, combine) and its launcher.
 """
 
 from ..attention_configs import MAX_BLOCK_ROWS
 from .kvcache import FastKV, attention_kvcache, fast_kvcache, num_splits_for
-from .launch import (GROUP_TILES_PER_SM, FastBackward, FastForward, Packed, attention_bwd, attention_fwd, fast_backward,
-                     fast_forward, head_group, rows_fit_int32, tma_ok, vote_rows)
+from .fast import FastBackward, FastForward, fast_backward, fast_forward
+from .launch import (GROUP_TILES_PER_SM, Packed, attention_bwd, attention_fwd, head_group, rows_fit_int32, tma_ok,
+                     vote_rows)
 from ..contract import LOG2E
 from .launch_args import INTERPRETED
 from .plans import HOST_DESC_MIN_WORK, MAX_GRID_Z, host_descriptor, host_descriptors_ok

@@ -23,7 +23,7 @@ from .forward import _attn_fwd_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad, variant_meta  # noqa: E402
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, aligned, launch_chunks, Launch, layout_key, Plan,  # noqa: E402
-                    replay, replayable_here, scratch_buffers, host_descriptors_ok)
+                    replay, scratch_buffers, host_descriptors_ok)
 
 
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
@@ -91,7 +91,7 @@ def _stats_shape(q: torch.Tensor, packed: Packed | None) -> tuple[int, ...]:
     return (q.shape[1], q.shape[0]) if packed is not None else tuple(q.shape[:-1])
 
 
-def _heads(t: torch.Tensor) -> int:
+def heads_of(t: torch.Tensor) -> int:
     return t.shape[1] if t.dim() == 4 else 1
 
 
@@ -278,7 +278,7 @@ def attention_fwd(
     if out.numel() == 0:
         return out, lse
     if packed is None:
-        n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], _heads(q), _heads(k), None, ()
+        n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], heads_of(q), heads_of(k), None, ()
     else:
         n_q, n_k, h_q, h_k, cu_k, extra = packed.max_q, packed.max_k, q.shape[1], k.shape[1], packed.cu_k, (
             packed.max_q, packed.max_k)
@@ -347,90 +347,6 @@ def attention_fwd(
     return out, lse
 
 
-class FastForward:
-    """A dense forward's plan, held by the caller that keys it on its own arguments (ops/attention_fast.py:
-    the API's fast path): calling it with tensors of the layout the plan was made for allocates out and lse
-    and replays the plan, and nothing else (no tiles, variant or plan key are derived again). Returns
-    (out, lse), or None where the plan cannot run now (another current device, changed JIT knobs, an
-    unaligned output), which the caller answers by the ordinary path."""
-
-    __slots__ = ("plan", "dv", "device", "runtime", "backwards")
-
-    def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple):
-        self.plan, self.dv, self.device, self.runtime = plan, dv, device, runtime
-        self.backwards: dict = {}  # the caller's: its FastBackwards by dout's layout
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        if not replayable_here(self.device, self.runtime):
-            return None
-        out = empty_out(q, self.dv)
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # (~2 us less host time than torch.empty's device=)
-        if not aligned(out, lse):
-            return None
-        replay(self.plan, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None,
-                           "alibi": None, "sinks": None})
-        return out, lse
-
-
-def _dense_plan(kind: str, inputs: tuple, q, k, causal: bool, scale: float, window: tuple[int, int],
-                softcap: float, overrides: tuple) -> Plan | None:
-    """The plan attention_fwd / attention_bwd keeps for these inputs (plan_key with this kind, inputs and
-    overrides), where it runs on the current device; else None."""
-    if q.get_device() != torch.cuda.current_device():
-        return None
-    var = variant(causal, window, softcap, q.shape[-2], k.shape[-2], _heads(q), _heads(k))
-    key = plan_key(kind, inputs, var, scale, overrides)
-    return PLANS.get(key) if key is not None else None
-
-
-def fast_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
-                 window: tuple[int, int], softcap: float) -> FastForward | None:
-    """The plan attention_fwd made for this call (just run, without seq_lens, ALiBi or sinks) as a
-    FastForward; None where it made none (the decode route, the interpreter, a batch of several grids,
-    an empty call) or runs on another device than the current one."""
-    if decode_route(q, k, None, None, None, None):
-        return None
-    plan = _dense_plan("fwd", (q, k, v, None, None, None, None), q, k, causal, scale, window, softcap, (None, None))
-    return None if plan is None else FastForward(plan, v.shape[-1], q.get_device(), runtime_key())
-
-
-class FastBackward:
-    """A dense backward's plan (without dlse), held by the caller beside the forward's FastForward:
-    calling it with tensors of the layout the plan was made for allocates dq, dk, dv and the row
-    statistics and replays the plan. Returns (dq, dk, dv), or None where the plan cannot run now."""
-
-    __slots__ = ("plan", "device", "runtime")
-
-    def __init__(self, plan: Plan, device: int, runtime: tuple):
-        self.plan, self.device, self.runtime = plan, device, runtime
-
-    def __call__(self, dout, q, k, v, out, lse):
-        if not replayable_here(self.device, self.runtime):
-            return None
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        delta = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        lse2 = torch.empty_like(delta)
-        env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": None, "delta": delta,
-               "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None,
-               "dq_acc": None}
-        if self.plan.scratch:
-            env.update(scratch_buffers(self.plan.scratch, q.device))
-        if not aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in self.plan.scratch)):
-            return None
-        replay(self.plan, env)
-        return dq, dk, dv
-
-
-def fast_backward(dout, q, k, v, out, lse, causal: bool, scale: float, window: tuple[int, int],
-                  softcap: float, deterministic: bool) -> FastBackward | None:
-    """The plan attention_bwd made for this call (just run, without dlse, seq_lens or ALiBi) as a
-    FastBackward; None where it made none."""
-    atomic = _one_pass_of(q, v, q.shape[-2], k.shape[-2], deterministic, None)
-    plan = _dense_plan("bwd", (q, k, v, out, dout, lse, None, None, None, None), q, k, causal, scale, window,
-                       softcap, (None, None, None, atomic))
-    return None if plan is None else FastBackward(plan, q.get_device(), runtime_key())
-
-
 # The one-pass backward (dq added up with fp32 atomic adds by the dk/dv kernel: 5 dots a tile pair against the
 # two-kernel backward's 7) where it measured faster than the two-kernel one on the H200, with its own dk/dv
 # tiles: padded head_dim -> (the shortest sequence it serves, the tiles). bench/results/bwd_one_pass_h200.jsonl:
@@ -456,7 +372,7 @@ def one_pass_backward(deterministic: bool, one_pass: bool | None, head_dim_pad: 
     return one_pass
 
 
-def _one_pass_of(q, v, n_q: int, n_k: int, deterministic: bool, one_pass: bool | None) -> bool:
+def one_pass_of(q, v, n_q: int, n_k: int, deterministic: bool, one_pass: bool | None) -> bool:
     d = q.shape[-1]
     return one_pass_backward(deterministic, one_pass, max(head_dim_pad(d), v_pad(d, v.shape[-1])), max(n_q, n_k),
                              q.dtype, q.is_cuda and device_limits(q.device).tma)
@@ -496,7 +412,7 @@ def attention_bwd(
     splits a kv head's query-head group (a divisor of it; see head_split), for tests and benchmarks."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if packed is None:
-        n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], _heads(q), _heads(k), None, ()
+        n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], heads_of(q), heads_of(k), None, ()
     else:
         n_q, n_k, h_q, h_k, cu_k, extra = packed.max_q, packed.max_k, q.shape[1], k.shape[1], packed.cu_k, (
             packed.max_q, packed.max_k)
@@ -510,7 +426,7 @@ def attention_bwd(
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes,
            "dq_acc": None}  # (scratch buffers join it by name: dq_acc where deterministic is False)
-    atomic = _one_pass_of(q, v, n_q, n_k, deterministic, one_pass)  # dq from the dk/dv kernel
+    atomic = one_pass_of(q, v, n_q, n_k, deterministic, one_pass)  # dq from the dk/dv kernel
     key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
                     (config, group, split, atomic, *extra))
     plan = PLANS.get(key) if key is not None else None

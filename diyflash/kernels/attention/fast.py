@@ -1,0 +1,95 @@
+"""The API's fast path into the launchers' plans: a dense call's plan (launch.PLANS), found once for a
+call of a known layout and then replayed by the caller (ops/attention_fast.py) with nothing derived again."""
+
+from __future__ import annotations
+
+import torch
+
+from .._launch import runtime_key
+from ..contract import empty_out, variant
+from .launch import PLANS, decode_route, heads_of, one_pass_of, plan_key
+from .plans import Plan, aligned, replay, replayable_here, scratch_buffers
+
+
+class FastForward:
+    """A dense forward's plan, held by the caller that keys it on its own arguments (ops/attention_fast.py:
+    the API's fast path): calling it with tensors of the layout the plan was made for allocates out and lse
+    and replays the plan, and nothing else (no tiles, variant or plan key are derived again). Returns
+    (out, lse), or None where the plan cannot run now (another current device, changed JIT knobs, an
+    unaligned output), which the caller answers by the ordinary path."""
+
+    __slots__ = ("plan", "dv", "device", "runtime", "backwards")
+
+    def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple):
+        self.plan, self.dv, self.device, self.runtime = plan, dv, device, runtime
+        self.backwards: dict = {}  # the caller's: its FastBackwards by dout's layout
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        if not replayable_here(self.device, self.runtime):
+            return None
+        out = empty_out(q, self.dv)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # (~2 us less host time than torch.empty's device=)
+        if not aligned(out, lse):
+            return None
+        replay(self.plan, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None,
+                           "alibi": None, "sinks": None})
+        return out, lse
+
+
+def _dense_plan(kind: str, inputs: tuple, q, k, causal: bool, scale: float, window: tuple[int, int],
+                softcap: float, overrides: tuple) -> Plan | None:
+    """The plan attention_fwd / attention_bwd keeps for these inputs (plan_key with this kind, inputs and
+    overrides), where it runs on the current device; else None."""
+    if q.get_device() != torch.cuda.current_device():
+        return None
+    var = variant(causal, window, softcap, q.shape[-2], k.shape[-2], heads_of(q), heads_of(k))
+    key = plan_key(kind, inputs, var, scale, overrides)
+    return PLANS.get(key) if key is not None else None
+
+
+def fast_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+                 window: tuple[int, int], softcap: float) -> FastForward | None:
+    """The plan attention_fwd made for this call (just run, without seq_lens, ALiBi or sinks) as a
+    FastForward; None where it made none (the decode route, the interpreter, a batch of several grids,
+    an empty call) or runs on another device than the current one."""
+    if decode_route(q, k, None, None, None, None):
+        return None
+    plan = _dense_plan("fwd", (q, k, v, None, None, None, None), q, k, causal, scale, window, softcap, (None, None))
+    return None if plan is None else FastForward(plan, v.shape[-1], q.get_device(), runtime_key())
+
+
+class FastBackward:
+    """A dense backward's plan (without dlse), held by the caller beside the forward's FastForward:
+    calling it with tensors of the layout the plan was made for allocates dq, dk, dv and the row
+    statistics and replays the plan. Returns (dq, dk, dv), or None where the plan cannot run now."""
+
+    __slots__ = ("plan", "device", "runtime")
+
+    def __init__(self, plan: Plan, device: int, runtime: tuple):
+        self.plan, self.device, self.runtime = plan, device, runtime
+
+    def __call__(self, dout, q, k, v, out, lse):
+        if not replayable_here(self.device, self.runtime):
+            return None
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        delta = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        lse2 = torch.empty_like(delta)
+        env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": None, "delta": delta,
+               "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None,
+               "dq_acc": None}
+        if self.plan.scratch:
+            env.update(scratch_buffers(self.plan.scratch, q.device))
+        if not aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in self.plan.scratch)):
+            return None
+        replay(self.plan, env)
+        return dq, dk, dv
+
+
+def fast_backward(dout, q, k, v, out, lse, causal: bool, scale: float, window: tuple[int, int],
+                  softcap: float, deterministic: bool) -> FastBackward | None:
+    """The plan attention_bwd made for this call (just run, without dlse, seq_lens or ALiBi) as a
+    FastBackward; None where it made none."""
+    atomic = one_pass_of(q, v, q.shape[-2], k.shape[-2], deterministic, None)
+    plan = _dense_plan("bwd", (q, k, v, out, dout, lse, None, None, None, None), q, k, causal, scale, window,
+                       softcap, (None, None, None, atomic))
+    return None if plan is None else FastBackward(plan, q.get_device(), runtime_key())
