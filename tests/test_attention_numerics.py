@@ -34,6 +34,23 @@ def test_length_1023(device, causal):
     check_attention(q, k, v, causal)
 
 
+ONE_PASS_LENGTHS = [(1, 1), (17, 113), (113, 17), (1, 113), (1023, 1023),
+                    pytest.param(4097, 4097, marks=pytest.mark.skipif(not ON_GPU, reason="the interpreter would take hours"))]
+
+
+@pytest.mark.parametrize("n_q,n_k", ONE_PASS_LENGTHS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_one_pass_lengths(device, dtype, n_q, n_k, monkeypatch, fresh_caches):
+    """The one-pass backward (launch.ONE_PASS forced on every call) under the 2x rule across the length
+    classes, causal (the masked first and tail loops; test_one_pass_backward_variants has the rest)."""
+    from diyflash.kernels.attention import launch as ka
+
+    monkeypatch.setattr(ka, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})
+    d = 16 if n_q == 1023 else 32
+    q, k, v = make_qkv(1, 2 if n_q < 1000 else 1, n_q, n_k, d, dtype, device, requires_grad=True)
+    check_attention(q, k, v, True)
+
+
 @pytest.mark.parametrize("layout", ["bnhd", "3d", "sliced"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_layouts(device, layout, dtype):
