@@ -373,9 +373,11 @@ def one_pass_backward(deterministic: bool, one_pass: bool | None, head_dim_pad: 
 
 
 def one_pass_of(q, v, n_q: int, n_k: int, deterministic: bool, one_pass: bool | None) -> bool:
-    d = q.shape[-1]
-    return one_pass_backward(deterministic, one_pass, max(head_dim_pad(d), v_pad(d, v.shape[-1])), max(n_q, n_k),
-                             q.dtype, q.is_cuda and device_limits(q.device).tma)
+    """one_pass_backward for a call's tensors (on every backward call's host path: the device is asked only
+    for head_dims that ONE_PASS serves)."""
+    pad = head_dim_pad(max(q.shape[-1], v.shape[-1]))  # = max(head_dim_pad(d), v_pad(d, dv)), the tables' key
+    tma = pad in ONE_PASS and q.is_cuda and device_limits(q.device).tma
+    return one_pass_backward(deterministic, one_pass, pad, max(n_q, n_k), q.dtype, tma)
 
 
 def attention_bwd(
@@ -405,8 +407,9 @@ def attention_bwd(
     Returns (dq, dk, dv) allocated with empty_like(q/k/v). deterministic: bitwise reproducible gradients
     (dq from the dq kernel). one_pass: the one-pass backward, dq added up with atomics by the dk/dv kernel
     (backward.py; not with deterministic, and head_dim <= 128 only; its own dk/dv tiles where ONE_PASS has
-    them); None: where ONE_PASS says it is the faster one and deterministic is False. The variants as in attention_fwd (sinks need nothing here: the
-    saved lse includes them; their gradient is attention_torch.sinks_grad). config and group (the head
+    them); None: where ONE_PASS says it is the faster one and deterministic is False. The variants as in
+    attention_fwd (sinks need nothing here: the saved lse includes them; their gradient is
+    attention_torch.sinks_grad). config and group (the head
     group of both kernels, see head_group) override the tuned choices, for benchmarks. packed: packed
     sequences as in attention_fwd (lse and dlse (H, T_q)). split: over how many programs the dk/dv kernel
     splits a kv head's query-head group (a divisor of it; see head_split), for tests and benchmarks."""
@@ -425,7 +428,7 @@ def attention_bwd(
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes,
-           "dq_acc": None}  # (scratch buffers join it by name: dq_acc where deterministic is False)
+           "dq_acc": None}  # (scratch buffers join it by name: dq_acc where the one-pass backward runs)
     atomic = one_pass_of(q, v, n_q, n_k, deterministic, one_pass)  # dq from the dk/dv kernel
     key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
                     (config, group, split, atomic, *extra))
