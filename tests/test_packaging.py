@@ -31,7 +31,9 @@ def test_wheel_carries_registry_and_registers_ops(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "diyflash/_registry/ops.txt" in names, names
     # every package of the source tree (pyproject lists them by hand: diyflash.distributed was missing)
-    sources = sorted(str(f.relative_to(ROOT)) for f in (ROOT / "diyflash").rglob("*.py") if "__pycache__" not in f.parts)
+    # (and the C launcher's source, compiled at first use)
+    sources = sorted(str(f.relative_to(ROOT)) for pattern in ("*.py", "*.c") for f in (ROOT / "diyflash").rglob(pattern)
+                     if "__pycache__" not in f.parts)
     assert [f for f in sources if f not in names] == []
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

@@ -40,7 +40,13 @@ from triton import knobs
 from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._claunch import make as pack_launch, module as c_launcher, scratch_bytes
 from ._runtime import MAX_ENTRIES, PLAIN, keep, remember
+
+try:  # where Triton keeps the scratch allocator its launcher calls (the C launcher calls the same one)
+    from triton.runtime import _allocation
+except ImportError:
+    _allocation = None
 
 
 def cdiv(a: int, b: int) -> int:
@@ -74,10 +80,8 @@ def ensure_scratch_allocator() -> None:
     autograd's backward thread starts without one). Install a torch-backed allocator where none is
     set; an allocator the user set is kept."""
     try:  # Triton keeps "none set" private; if that ever moves, install ours (it works the same)
-        from triton.runtime import _allocation
-
         unset = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
-    except (ImportError, AttributeError):
+    except AttributeError:
         unset = True
     if unset:
         triton.set_allocator(_scratch)
@@ -122,6 +126,17 @@ def active_driver():
     from triton.runtime import driver
 
     return driver.active.get_current_device, driver.active.get_current_stream
+
+
+_STREAM: list = []
+
+
+def current_stream(index: int) -> int:
+    """The current CUDA stream's handle on device `index`, by Triton's driver (~0.1 us, where
+    torch.cuda.current_stream() costs ~8 us of the H200 host's time)."""
+    if not _STREAM:
+        _STREAM.append(active_driver()[1])
+    return _STREAM[0](index)
 
 
 def compiled(kernel) -> bool:
@@ -183,7 +198,7 @@ class DirectLauncher:
             return None
         compiled, constexpr_names = hit
         tail = (*args, *(meta[name] for name in constexpr_names))
-        return BoundLaunch(self, compiled, tuple(grid), device, args, meta, tail)
+        return BoundLaunch(self, compiled, tuple(grid), device, args, meta, tail, pointers)
 
     def _jit_launch(self, grid, args, meta) -> None:
         if self.interpreted:
@@ -208,20 +223,32 @@ class BoundLaunch:
     """A compiled kernel, its grid and every argument after the leading pointers, fixed by
     `DirectLauncher.bind`. Calling it costs the launch itself: no signature is computed. A caller that
     repeats a whole sequence of launches (an attention backward is four) keeps these in a plan keyed
-    on what the signatures depend on."""
+    on what the signatures depend on. Where the C launcher serves the kernel (_claunch), the arguments
+    are packed once here and each launch is one C call; else (and while a launch hook is set) Triton's
+    launcher runs it."""
 
-    __slots__ = ("launcher", "compiled", "grid", "device", "args", "meta", "tail")
+    __slots__ = ("launcher", "compiled", "grid", "device", "args", "meta", "tail", "packed", "scratch", "align")
 
-    def __init__(self, launcher, compiled, grid, device, args, meta, tail):
+    def __init__(self, launcher, compiled, grid, device, args, meta, tail, pointers=None):
         self.launcher, self.compiled, self.grid, self.device = launcher, compiled, grid, device
         self.args, self.meta, self.tail = args, meta, tail
+        self.packed = None if pointers is None else pack_launch(compiled, grid, (*pointers, *tail), len(pointers),
+                                                                  len(args))
+        self.scratch, self.align = 0, 1
+        if self.packed is not None:  # Triton's launcher asks the allocator for these; the C launch does too
+            self.scratch = scratch_bytes(compiled, grid)
+            self.align = compiled.metadata.global_scratch_align
+            if self.scratch and _allocation is None:
+                self.packed = None
 
     def __call__(self, *pointers) -> None:
         launcher = self.launcher
         if launcher.kernel.pre_run_hooks:  # added since binding: only the JIT runs them
             launcher(self.grid, *pointers, *self.args, **self.meta)
             return
-        _run(self.compiled, self.grid, launcher._driver[1](self.device), (*pointers, *self.tail))
+        stream = launcher._driver[1](self.device)
+        if self.packed is None or not _c_launch(self, stream, pointers, None):
+            _run(self.compiled, self.grid, stream, (*pointers, *self.tail))
         launcher.direct_launches += 1
 
     def run_with(self, pointers: tuple, args: tuple) -> None:
@@ -233,9 +260,36 @@ class BoundLaunch:
         if len(args) != len(self.args) or launcher.kernel.pre_run_hooks:  # hooks: only the JIT runs them
             launcher(self.grid, *pointers, *args, **self.meta)
             return
-        _run(self.compiled, self.grid, launcher._driver[1](self.device),
-             (*pointers, *args, *self.tail[len(self.args):]))
+        stream = launcher._driver[1](self.device)
+        if self.packed is None or not _c_launch(self, stream, pointers, args):
+            _run(self.compiled, self.grid, stream, (*pointers, *args, *self.tail[len(self.args):]))
         launcher.direct_launches += 1
+
+
+_USE_C = [True]
+
+
+def use_c_launcher(on: bool) -> bool:
+    """Let bound launches go through the C launcher (True, where it is built) or always through Triton's
+    (False): the benchmarks compare both in one process. Returns the previous setting."""
+    before, _USE_C[0] = _USE_C[0], bool(on)
+    return before
+
+
+def _c_launch(bound: BoundLaunch, stream, pointers: tuple, args: tuple | None) -> bool:
+    """The bound launch through the C launcher; False (nothing launched) where it is switched off, a launch
+    hook is set or no CUDA context is current on this thread (Triton's launcher then makes one current and
+    launches)."""
+    if not _USE_C[0]:
+        return False
+    runtime = knobs.runtime
+    if _hook(runtime.launch_enter_hook) is not None or _hook(runtime.launch_exit_hook) is not None:
+        return False
+    scratch = _allocation._allocator.get()(bound.scratch, bound.align, stream) if bound.scratch else None
+    mod = c_launcher()
+    if args is None:
+        return mod.launch(bound.packed, stream, scratch, *pointers)
+    return mod.launch_with(bound.packed, stream, scratch, pointers, args)
 
 
 def _run(compiled, grid, stream, values) -> None:
@@ -264,4 +318,5 @@ def runtime_key() -> tuple:
     return knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None)
 
 
-__all__ = ["BoundLaunch", "DirectLauncher", "MAX_SIGNATURES", "cdiv", "ensure_scratch_allocator", "runtime_key"]
+__all__ = ["BoundLaunch", "DirectLauncher", "MAX_SIGNATURES", "cdiv", "current_stream", "ensure_scratch_allocator",
+           "runtime_key", "use_c_launcher"]

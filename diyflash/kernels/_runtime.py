@@ -21,12 +21,17 @@ import torch
 _TRUTHY = ("1", "true", "yes", "on", "y")  # Triton's spelling rules, for machines where triton is missing
 
 
+def env_flag(name: str, default: str = "0") -> bool:
+    """An environment switch read by Triton's spelling rules (1, true, yes, on, y)."""
+    return os.environ.get(name, default).strip().lower() in _TRUTHY
+
+
 # DIYFLASH_PLAIN=1 (read once, when diyflash is imported): every host-speed shortcut off at once, the plain
 # path for debugging: each API call dispatches through its op (ops/eager.dispatcher_free), no launch plan
 # is kept or replayed, no compiled kernel is bound (every launch through Triton's JIT), no decode buffer is
 # kept between calls; the matmul's tuned choices stay (a choice, not a shortcut). The same kernels, the
 # same results.
-PLAIN = os.environ.get("DIYFLASH_PLAIN", "0").strip().lower() in _TRUTHY
+PLAIN = env_flag("DIYFLASH_PLAIN")
 
 
 # -- What the launchers keep between calls (plans, bound kernels, kept buffers, key classes): one eviction

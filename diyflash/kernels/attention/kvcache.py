@@ -12,7 +12,7 @@ from ..attention_configs import head_dim_pad
 from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, variant
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
-from .._launch import DirectLauncher, active_driver, int_class, cdiv, runtime_key  # noqa: E402
+from .._launch import DirectLauncher, current_stream, int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad  # noqa: E402
 from .plans import (MAX_GRID_Z, aligned, bind_plan, Launch, layout_key, replay_with,  # noqa: E402
@@ -365,15 +365,12 @@ def _kept(q: torch.Tensor, slot: str, numel: int) -> torch.Tensor:
     """The kept fp32 buffer `slot` of q's device, the current stream and thread, at least numel long
     (contiguous; the kernels use its leading numel elements)."""
     index = q.get_device()
-    key = (index, _stream(index), get_ident(), slot)
+    key = (index, current_stream(index), get_ident(), slot)
     buf = _KEPT.get(key)
     if buf is None or buf.numel() < numel:
         buf = remember(_KEPT, key, torch.empty(max(numel, 0 if buf is None else buf.numel()), dtype=torch.float32,
                                                device=q.device), MAX_KEPT)
     return buf
-
-
-_STREAM: list = []
 
 
 keep("kv-cache plans", lambda: (_KV_PLANS,))
@@ -382,10 +379,3 @@ keep("kept decode buffers", lambda: (_KEPT,),
      ("kept decode bytes", lambda stores: sum(t.numel() * t.element_size() for s in stores for t in s.values())))
 keep("kv-cache bound kernels", lambda: [lc._compiled for lc in (_APPEND, _DECODE, _COMBINE)])
 
-
-def _stream(index: int) -> int:
-    """The current CUDA stream's handle on device `index`, by Triton's driver (~0.1 us, where
-    torch.cuda.current_stream() costs ~8 us of the H200 host's time)."""
-    if not _STREAM:
-        _STREAM.append(active_driver()[1])
-    return _STREAM[0](index)

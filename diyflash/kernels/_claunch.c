@@ -1,0 +1,318 @@
+/* A compiled Triton kernel launched by one C call: the kernel's parameters packed once, when a launch
+ * is bound (_claunch.py), so that a call only writes its pointers (and, for run_with, its scalars) into
+ * the packed block and calls cuLaunchKernel. Triton's own launcher parses every argument from Python
+ * and asks the driver about every pointer on each launch. Compiled at first use with the system
+ * compiler through Triton's build helper; libcuda is opened at run time, so no CUDA header or toolkit
+ * is needed. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x030B00A1
+#define PACK_HALF _PyFloat_Pack2
+#else
+#define PACK_HALF PyFloat_Pack2
+#endif
+
+typedef int CUresult;
+typedef void *CUfunction;
+typedef void *CUstream;
+typedef void *CUcontext;
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+typedef CUresult (*ctx_fn)(CUcontext *);
+typedef CUresult (*error_fn)(CUresult, const char **);
+
+static launch_fn cu_launch = NULL;
+static ctx_fn cu_ctx_get_current = NULL;
+static error_fn cu_error_string = NULL;
+
+/* codes of a parameter's C type (one per scalar argument; pointers are 'p') */
+static int code_size(char code) {
+    switch (code) {
+    case 'b': case 'B': return 1;
+    case 'h': case 'H': case 'e': case 'E': return 2;
+    case 'i': case 'I': case 'f': return 4;
+    case 'q': case 'Q': case 'd': case 'p': return 8;
+    default: return 0;
+    }
+}
+
+typedef struct {
+    PyObject_HEAD
+    CUfunction function;
+    unsigned grid[3];
+    unsigned block;
+    unsigned shared;
+    Py_ssize_t nparams;   /* the kernel's parameters, the two scratch pointers included */
+    Py_ssize_t npointers; /* leading open pointers */
+    Py_ssize_t nargs;     /* scalars after them that run_with may replace */
+    char *blob;           /* the packed parameters, each at an 8-byte aligned offset */
+    void **params;        /* nparams pointers into blob */
+    Py_ssize_t *pointer_offsets; /* npointers offsets in blob, -1 where the kernel has no parameter */
+    Py_ssize_t *arg_offsets;     /* nargs offsets, -1 likewise */
+    char *arg_codes;             /* nargs codes */
+    Py_ssize_t scratch_offset;   /* the global scratch pointer's offset */
+} Launch;
+
+static void Launch_dealloc(Launch *self) {
+    PyMem_Free(self->blob);
+    PyMem_Free(self->params);
+    PyMem_Free(self->pointer_offsets);
+    PyMem_Free(self->arg_offsets);
+    PyMem_Free(self->arg_codes);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int pointer_value(PyObject *obj, uint64_t *out);
+
+static int pack(char code, PyObject *value, char *slot) {
+    if (code == 'p') {
+        uint64_t ptr;
+        if (pointer_value(value, &ptr)) return -1;
+        memcpy(slot, &ptr, 8);
+        return 0;
+    }
+    if (code == 'e' || code == 'E' || code == 'f' || code == 'd') {
+        double x = PyFloat_AsDouble(value);
+        if (x == -1.0 && PyErr_Occurred()) return -1;
+        if (code == 'd') { memcpy(slot, &x, 8); return 0; }
+        if (code == 'e') { return PACK_HALF(x, (unsigned char *)slot, 1); }
+        float f = (float)x;
+        if (code == 'f') { memcpy(slot, &f, 4); return 0; }
+        uint32_t u; memcpy(&u, &f, 4);
+        uint16_t h = (uint16_t)(u >> 16); /* bf16 as Triton's launcher packs it: truncated */
+        memcpy(slot, &h, 2);
+        return 0;
+    }
+    if (code == 'B' || code == 'H' || code == 'I' || code == 'Q') {
+        unsigned long long u = PyLong_AsUnsignedLongLongMask(value);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+        memcpy(slot, &u, code_size(code)); /* little-endian: the low bytes */
+        return 0;
+    }
+    long long s = PyLong_AsLongLong(value);
+    if (s == -1 && PyErr_Occurred()) return -1;
+    memcpy(slot, &s, code_size(code));
+    return 0;
+}
+
+static PyObject *data_ptr_name = NULL;
+
+/* a pointer argument: an int, None (null) or an object with data_ptr() (a tensor) */
+static int pointer_value(PyObject *obj, uint64_t *out) {
+    if (obj == Py_None) { *out = 0; return 0; }
+    if (PyLong_Check(obj)) {
+        *out = PyLong_AsUnsignedLongLong(obj);
+        return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+    }
+    PyObject *ret = PyObject_CallMethodNoArgs(obj, data_ptr_name);
+    if (ret == NULL) return -1;
+    *out = PyLong_AsUnsignedLongLong(ret);
+    Py_DECREF(ret);
+    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyTypeObject LaunchType;
+
+/* make(function, grid, block, shared, codes, values, npointers, nargs) -> Launch
+ * codes: one char per parameter of the kernel in order ('x' for a constexpr, which has none);
+ * values: as many Python values (pointers among them as ints or None); the first npointers are the open
+ * pointers, the nargs after them the scalars run_with may replace. Two scratch pointers follow. */
+static PyObject *make(PyObject *self, PyObject *args) {
+    unsigned long long function;
+    unsigned gx, gy, gz, block, shared;
+    const char *codes;
+    Py_ssize_t ncodes, npointers, nargs;
+    PyObject *values;
+    if (!PyArg_ParseTuple(args, "K(III)IIs#O!nn", &function, &gx, &gy, &gz, &block, &shared, &codes, &ncodes,
+                          &PyTuple_Type, &values, &npointers, &nargs))
+        return NULL;
+    if (PyTuple_GET_SIZE(values) != ncodes || npointers + nargs > ncodes || npointers < 0 || nargs < 0) {
+        PyErr_SetString(PyExc_ValueError, "make: codes, values, npointers and nargs disagree");
+        return NULL;
+    }
+    Launch *L = PyObject_New(Launch, &LaunchType);
+    if (L == NULL) return NULL;
+    L->function = (CUfunction)(uintptr_t)function;
+    L->grid[0] = gx; L->grid[1] = gy; L->grid[2] = gz;
+    L->block = block; L->shared = shared;
+    L->npointers = npointers; L->nargs = nargs;
+    L->blob = NULL; L->params = NULL; L->pointer_offsets = NULL; L->arg_offsets = NULL; L->arg_codes = NULL;
+    Py_ssize_t nparams = 2;
+    for (Py_ssize_t i = 0; i < ncodes; i++) {
+        if (codes[i] == 'x') continue;
+        if (code_size(codes[i]) == 0) {
+            PyErr_Format(PyExc_ValueError, "make: unknown parameter code %c", codes[i]);
+            Py_DECREF(L);
+            return NULL;
+        }
+        nparams++;
+    }
+    L->nparams = nparams;
+    L->blob = PyMem_Calloc(nparams, 8);
+    L->params = PyMem_Calloc(nparams, sizeof(void *));
+    L->pointer_offsets = PyMem_Calloc(npointers + 1, sizeof(Py_ssize_t));
+    L->arg_offsets = PyMem_Calloc(nargs + 1, sizeof(Py_ssize_t));
+    L->arg_codes = PyMem_Calloc(nargs + 1, 1);
+    if (!L->blob || !L->params || !L->pointer_offsets || !L->arg_offsets || !L->arg_codes) {
+        Py_DECREF(L);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t p = 0;
+    for (Py_ssize_t i = 0; i < ncodes; i++) {
+        char code = codes[i];
+        Py_ssize_t offset = code == 'x' ? -1 : 8 * p;
+        if (i < npointers) L->pointer_offsets[i] = offset;
+        else if (i < npointers + nargs) { L->arg_offsets[i - npointers] = offset; L->arg_codes[i - npointers] = code; }
+        if (code == 'x') continue;
+        if (pack(code, PyTuple_GET_ITEM(values, i), L->blob + offset)) { Py_DECREF(L); return NULL; }
+        L->params[p] = L->blob + offset;
+        p++;
+    }
+    L->scratch_offset = 8 * p;
+    L->params[p] = L->blob + 8 * p;         /* global scratch */
+    L->params[p + 1] = L->blob + 8 * (p + 1); /* profile scratch: 0 (launches with one are not made) */
+    return (PyObject *)L;
+}
+
+static int write_pointers(Launch *L, PyObject *const *pointers, Py_ssize_t n) {
+    if (n != L->npointers) {
+        PyErr_Format(PyExc_TypeError, "launch: %zd pointers given, the launch takes %zd", n, L->npointers);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t offset = L->pointer_offsets[i];
+        if (offset < 0) continue;
+        uint64_t ptr;
+        if (pointer_value(pointers[i], &ptr)) return -1;
+        memcpy(L->blob + offset, &ptr, 8);
+    }
+    return 0;
+}
+
+static int write_scratch(Launch *L, PyObject *scratch) {
+    uint64_t ptr;
+    if (pointer_value(scratch, &ptr)) return -1;
+    memcpy(L->blob + L->scratch_offset, &ptr, 8);
+    return 0;
+}
+
+/* 1: launched; 0: no current CUDA context on this thread (nothing launched: the caller goes through
+ * Triton's launcher, which makes one current); -1: an error is set */
+static int fire(Launch *L, PyObject *stream_obj) {
+    uint64_t stream;
+    if (pointer_value(stream_obj, &stream)) return -1;
+    if (cu_launch == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "diyflash C launcher: libcuda not loaded (load() first)");
+        return -1;
+    }
+    CUcontext ctx = NULL;
+    if (cu_ctx_get_current(&ctx) != 0 || ctx == NULL) return 0;
+    if (L->grid[0] == 0 || L->grid[1] == 0 || L->grid[2] == 0) return 1;
+    CUresult err;
+    Py_BEGIN_ALLOW_THREADS
+    err = cu_launch(L->function, L->grid[0], L->grid[1], L->grid[2], L->block, 1, 1, L->shared,
+                    (CUstream)(uintptr_t)stream, L->params, NULL);
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        const char *text = NULL;
+        if (cu_error_string == NULL || cu_error_string(err, &text) != 0 || text == NULL) text = "unknown error";
+        PyErr_Format(PyExc_RuntimeError, "diyflash C launcher: cuLaunchKernel failed with CUDA error %d (%s)", err,
+                     text);
+        return -1;
+    }
+    return 1;
+}
+
+/* launch(L, stream, scratch, *pointers) -> True (launched) or False (no current context: nothing ran) */
+static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 3 || Py_TYPE(args[0]) != &LaunchType) {
+        PyErr_SetString(PyExc_TypeError, "launch(L, stream, scratch, *pointers)");
+        return NULL;
+    }
+    Launch *L = (Launch *)args[0];
+    if (write_pointers(L, args + 3, nargs - 3) || write_scratch(L, args[2])) return NULL;
+    int fired = fire(L, args[1]);
+    if (fired < 0) return NULL;
+    return PyBool_FromLong(fired);
+}
+
+/* launch_with(L, stream, scratch, pointers, values): launch with other scalars after the pointers */
+static PyObject *launch_with(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || Py_TYPE(args[0]) != &LaunchType || !PyTuple_Check(args[3]) || !PyTuple_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "launch_with(L, stream, scratch, pointers: tuple, values: tuple)");
+        return NULL;
+    }
+    Launch *L = (Launch *)args[0];
+    PyObject *values = args[4];
+    if (PyTuple_GET_SIZE(values) != L->nargs) {
+        PyErr_Format(PyExc_TypeError, "launch_with: %zd values given, the launch takes %zd",
+                     PyTuple_GET_SIZE(values), L->nargs);
+        return NULL;
+    }
+    if (write_pointers(L, &PyTuple_GET_ITEM(args[3], 0), PyTuple_GET_SIZE(args[3])) || write_scratch(L, args[2]))
+        return NULL;
+    for (Py_ssize_t i = 0; i < L->nargs; i++) {
+        Py_ssize_t offset = L->arg_offsets[i];
+        if (offset < 0) continue;
+        if (pack(L->arg_codes[i], PyTuple_GET_ITEM(values, i), L->blob + offset)) return NULL;
+    }
+    int fired = fire(L, args[1]);
+    if (fired < 0) return NULL;
+    return PyBool_FromLong(fired);
+}
+
+/* packed(L) -> the parameters as the kernel receives them (bytes, 8 per parameter): for tests */
+static PyObject *packed(PyObject *self, PyObject *arg) {
+    if (Py_TYPE(arg) != &LaunchType) {
+        PyErr_SetString(PyExc_TypeError, "packed(L)");
+        return NULL;
+    }
+    Launch *L = (Launch *)arg;
+    return PyBytes_FromStringAndSize(L->blob, 8 * L->nparams);
+}
+
+/* load() -> whether libcuda and its three entry points were found */
+static PyObject *load(PyObject *self, PyObject *unused) {
+    if (cu_launch != NULL) Py_RETURN_TRUE;
+    void *lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (lib == NULL) Py_RETURN_FALSE;
+    launch_fn l = (launch_fn)dlsym(lib, "cuLaunchKernel");
+    ctx_fn c = (ctx_fn)dlsym(lib, "cuCtxGetCurrent");
+    cu_error_string = (error_fn)dlsym(lib, "cuGetErrorString");
+    if (l == NULL || c == NULL) Py_RETURN_FALSE;
+    cu_ctx_get_current = c;
+    cu_launch = l;
+    Py_RETURN_TRUE;
+}
+
+static PyTypeObject LaunchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "diyflash_claunch.Launch",
+    .tp_basicsize = sizeof(Launch),
+    .tp_dealloc = (destructor)Launch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A kernel launch with its parameters packed (make)",
+};
+
+static PyMethodDef methods[] = {
+    {"make", make, METH_VARARGS, "make(function, grid, block, shared, codes, values, npointers, nargs) -> Launch"},
+    {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "launch(L, stream, scratch, *pointers) -> bool"},
+    {"launch_with", (PyCFunction)(void (*)(void))launch_with, METH_FASTCALL,
+     "launch_with(L, stream, scratch, pointers, values) -> bool"},
+    {"packed", packed, METH_O, "packed(L) -> bytes"},
+    {"load", load, METH_NOARGS, "load() -> bool: libcuda found"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "diyflash_claunch", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit_diyflash_claunch(void) {
+    if (PyType_Ready(&LaunchType) < 0) return NULL;
+    data_ptr_name = PyUnicode_InternFromString("data_ptr");
+    if (data_ptr_name == NULL) return NULL;
+    return PyModule_Create(&module);
+}

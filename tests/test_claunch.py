@@ -1,0 +1,154 @@
+"""The C launcher (diyflash/kernels/_claunch.c, _claunch.py): parameters packed once as Triton's launcher
+packs them, one C call a launch; and its fallback, Triton's launcher, wherever the C one is not used.
+
+Everywhere: the module builds with the system compiler (the test says so where no compiler exists) and
+packs each parameter type as Triton's launcher does; the kernels it does not pack are refused; with
+DIYFLASH_C_LAUNCHER=0 nothing is built. On the GPU: the attention's bound launches take the C path, and
+its results equal Triton's launcher's bit for bit (forward, backward, a decode step), with a launch hook
+set the hook runs (Triton's path)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+import diyflash  # noqa: E402
+from diyflash.kernels import _claunch, _launch  # noqa: E402
+from helpers import ON_GPU  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built():
+    try:
+        return _claunch.build()
+    except Exception as exc:  # the fallback serves such machines; tests/test_claunch checks it below
+        pytest.skip(f"no C launcher on this machine (the fallback runs): {type(exc).__name__}: {exc}")
+
+
+def test_parameters_packed_as_tritons_launcher_packs_them(built):
+    # every code, constexprs skipped, the two scratch pointers last; ints as their C type (truncated as
+    # Triton's PyArg formats convert), floats as fp32 / fp16 / bf16 (bf16 truncated, as Triton's pack_bf16)
+    values = (0x1234_5678_9ABC, None, 0, -5, 1.5, 1.5, 1.1, 2**40, 1, 2.5, -3, 7, 65535, 2**63 + 1, -1, 255)
+    packed = built.packed(built.make(0xF00, (3, 2, 1), 128, 1000, "pxpifeEqBdhbHQqB", values, 2, 3))
+    want = [struct.pack("<Q", 0x1234_5678_9ABC), struct.pack("<Q", 0), struct.pack("<i", -5),
+            struct.pack("<f", 1.5), struct.pack("<e", 1.5),
+            struct.pack("<I", struct.unpack("<I", struct.pack("<f", 1.1))[0])[2:],  # bf16: fp32's high half
+            struct.pack("<q", 2**40), struct.pack("<B", 1), struct.pack("<d", 2.5), struct.pack("<h", -3),
+            struct.pack("<b", 7), struct.pack("<H", 65535), struct.pack("<Q", 2**63 + 1), struct.pack("<q", -1),
+            struct.pack("<B", 255), b"", b""]
+    assert len(packed) == 8 * len(want)
+    for i, bytes_ in enumerate(want):
+        assert packed[8 * i:8 * i + len(bytes_)] == bytes_, i
+        assert packed[8 * i + len(bytes_):8 * i + 8] == bytes(8 - len(bytes_)), i  # the rest of the slot zero
+
+
+def test_pointers_by_data_ptr_and_errors(built):
+    t = torch.zeros(4)
+    launch = built.make(1, (1, 1, 1), 32, 0, "pip", (t, 3, None), 1, 1)
+    assert struct.unpack("<Q", built.packed(launch)[:8])[0] == t.data_ptr()
+    with pytest.raises(TypeError, match="2 pointers given, the launch takes 1"):
+        built.launch(launch, 0, None, t, t)
+    with pytest.raises(TypeError, match="2 values given, the launch takes 1"):
+        built.launch_with(launch, 0, None, (t,), (1, 2))
+    with pytest.raises(ValueError, match="unknown parameter code"):
+        built.make(1, (1, 1, 1), 32, 0, "pz", (t, 3), 1, 0)
+    with pytest.raises(ValueError, match="disagree"):
+        built.make(1, (1, 1, 1), 32, 0, "pi", (t,), 1, 0)
+    with pytest.raises(TypeError):
+        built.make(1, (1, 1, 1), 32, 0, "pi", (t, "three"), 1, 0)
+
+
+def compiled_like(signature, **metadata):
+    meta = dict(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, profile_scratch_size=0, num_warps=4,
+                shared=0, global_scratch_size=0, global_scratch_align=1)
+    meta.update(metadata)
+    return SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=SimpleNamespace(**meta), function=1)
+
+
+def test_codes_follow_tritons_signature_and_refuse_what_they_do_not_pack():
+    sig = {"q": "*fp16", "n": "i32", "big": "i64", "scale": "fp32", "flag": "u1", "BLOCK": "constexpr", "x": "u64"}
+    assert _claunch.codes(compiled_like(sig)) == "piqfBxQ"
+    assert _claunch.codes(compiled_like({"d": "tensordesc<fp16[64, 64]>"})) is None  # host descriptors
+    assert _claunch.codes(compiled_like({"d": "nvTmaDesc"})) is None
+    assert _claunch.codes(compiled_like({"t": ("i32", "i32")})) is None  # tuple arguments
+    for option in (dict(num_ctas=2), dict(launch_cooperative_grid=True), dict(launch_pdl=True),
+                   dict(profile_scratch_size=64)):
+        assert _claunch.codes(compiled_like({"q": "*fp16"}, **option)) is None, option
+    assert _claunch.codes(SimpleNamespace()) is None  # a Triton whose compiled kernels look different
+    assert _claunch.scratch_bytes(compiled_like({}, global_scratch_size=128, num_ctas=1), (3, 2)) == 768
+    assert _claunch.scratch_bytes(compiled_like({}), (3, 2)) == 0
+
+
+def test_switched_off_nothing_is_built():
+    code = ("from diyflash.kernels import _claunch; print(_claunch.module() is None, _claunch.reason())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, DIYFLASH_C_LAUNCHER="0")).stdout
+    assert out.strip() == "True off (DIYFLASH_C_LAUNCHER=0 or DIYFLASH_PLAIN=1)"
+
+
+gpu = pytest.mark.skipif(not ON_GPU, reason="the interpreter has no compiled kernels: nothing is launched in C")
+
+
+def _calls(fn, c_launcher: bool):
+    """fn() twice (the second replays plans), with the C launcher on or off for its bound launches."""
+    before = _launch.use_c_launcher(c_launcher)
+    try:
+        fn()
+        return fn()
+    finally:
+        _launch.use_c_launcher(before)
+
+
+@gpu
+def test_gpu_c_launcher_is_used_and_matches_tritons_launcher(monkeypatch):
+    assert _claunch.module() is not None, _claunch.reason()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 113, 80, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for _ in range(3))
+    grad = torch.randn(2, 4, 113, 80, device="cuda", dtype=torch.bfloat16, generator=gen)
+    kc, vc = (torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.float16, generator=gen) for _ in range(2))
+    qd = torch.randn(2, 4, 1, 64, device="cuda", dtype=torch.float16, generator=gen)
+    lens = torch.tensor([300, 17], device="cuda", dtype=torch.int32)
+
+    def train():
+        out = diyflash.flash_attention(q, k, v, causal=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+    def decode():
+        return (diyflash.flash_attention_with_kvcache(qd, kc, vc, lens),)
+
+    train(), decode()  # (first calls make the plans whose bound launches later calls replay)
+    used = []
+    real = _launch._c_launch
+    monkeypatch.setattr(_launch, "_c_launch", lambda *args: used.append(1) or real(*args))
+    train(), decode()
+    monkeypatch.undo()
+    assert used, "no bound launch went through the C launcher"
+    for fn in (train, decode):
+        for c_path, triton_path in zip(_calls(fn, True), _calls(fn, False)):
+            assert torch.equal(c_path, triton_path)
+
+
+@gpu
+def test_gpu_launch_hooks_run_through_tritons_launcher():
+    from triton import knobs
+
+    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
+    diyflash.flash_attention(q, q, q)
+    seen = []
+    hook = lambda metadata: seen.append(metadata)  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        out = diyflash.flash_attention(q, q, q)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert seen, "the launch hook did not run"
+    torch.testing.assert_close(out, diyflash.flash_attention(q, q, q), rtol=0, atol=0)
