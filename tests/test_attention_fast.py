@@ -77,6 +77,40 @@ def test_fast_path_gradients_are_bit_identical(case, fresh_caches, no_checks, mo
 
 
 @pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
+def test_an_lse_nobody_reads_is_kept_per_stream(fresh_caches):
+    """A short call without autograd or return_lse writes its lse to a buffer kept per stream (no
+    allocation): the same output bits; return_lse=True, another stream and a CUDA graph capture each get
+    an lse of their own."""
+    from diyflash.ops import attention_fast
+
+    q, k, v, _ = _inputs(CASES[1], "cuda")
+    want = diyflash.flash_attention(q, k, v, causal=True)
+    fast = next(entry[0] for entry in attention_fast._FAST.values() if entry is not None)
+    assert fast.kept == {}
+    outs = [diyflash.flash_attention(q, k, v, causal=True) for _ in range(2)]
+    (kept,) = fast.kept.values()
+    assert all(torch.equal(out, want) for out in outs)
+    out, lse = fast(q, k, v, need_lse=False)
+    assert lse.data_ptr() == kept.data_ptr() and torch.equal(out, want)
+    out, lse = fast(q, k, v)  # the caller reads it: its own
+    assert lse.data_ptr() != kept.data_ptr()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        side_lse = fast(q, k, v, need_lse=False)[1]
+    torch.cuda.current_stream().wait_stream(side)
+    assert side_lse.data_ptr() != kept.data_ptr() and len(fast.kept) == 2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_lse = fast(q, k, v, need_lse=False)[1]
+    assert graph_lse.data_ptr() not in {t.data_ptr() for t in fast.kept.values()} and len(fast.kept) == 2
+    big = torch.randn(1, 4, 1 << 17, 64, device="cuda", dtype=torch.float16)
+    diyflash.flash_attention(big, big[..., :64, :], big[..., :64, :])
+    big_fast = [entry[0] for key, entry in attention_fast._FAST.items() if entry is not None and key[0] == big.shape]
+    assert big_fast and big_fast[0].kept is None  # 2^19 rows: its allocation is hidden by its GPU time
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
 def test_what_the_fast_path_leaves_to_the_ordinary_path(fresh_caches):
     """A call of a known layout still runs the ordinary path where it must: another argument type
     (refused as before), misaligned inputs (another key), the decode route (no dense plan), autocast,

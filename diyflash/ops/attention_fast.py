@@ -83,7 +83,7 @@ def call_fast(key: tuple, q, k, v):
         return None
     fast, causal, sm_scale, left, right, softcap, return_lse, deterministic = entry
     if dispatcher_free(q, k, v):
-        result = fast(q, k, v)
+        result = fast(q, k, v, need_lse=return_lse)
     elif dispatcher_free(q, k, v, autograd=True):
         result = _FastEagerAttention.apply(fast, q, k, v, causal, sm_scale, left, right, softcap, deterministic)
     else:

@@ -3,12 +3,24 @@ call of a known layout and then replayed by the caller (ops/attention_fast.py) w
 
 from __future__ import annotations
 
+from threading import get_ident
+
 import torch
 
-from .._launch import runtime_key
+from .._launch import current_stream, runtime_key
+from .._runtime import PLAIN, remember
 from ..contract import empty_out, variant
 from .launch import PLANS, decode_route, heads_of, one_pass_of, plan_key
 from .plans import Plan, aligned, replay, replayable_here, scratch_buffers
+
+
+# An lse that no caller reads (a call without autograd and without return_lse) is written to a buffer the
+# FastForward keeps per stream and thread, where it is small: a torch.empty costs ~4-8 us of the H200 host's
+# time (bench/results/host_budget_h200.txt), more than a short call's kernel leaves it. The launches of one
+# stream run in order, so a call writes it after the previous call's kernel did; a CUDA graph being captured
+# gets a fresh one. Above this many elements a call's GPU time hides the allocation and nothing is kept.
+KEEP_LSE_MAX = 1 << 18
+MAX_KEPT_LSE = 8  # buffers per FastForward (streams x threads): more start over
 
 
 class FastForward:
@@ -16,24 +28,37 @@ class FastForward:
     the API's fast path): calling it with tensors of the layout the plan was made for allocates out and lse
     and replays the plan, and nothing else (no tiles, variant or plan key are derived again). Returns
     (out, lse), or None where the plan cannot run now (another current device, changed JIT knobs, an
-    unaligned output), which the caller answers by the ordinary path."""
+    unaligned output), which the caller answers by the ordinary path. need_lse=False: the caller does not
+    read lse, which may then be a kept buffer (KEEP_LSE_MAX)."""
 
-    __slots__ = ("plan", "dv", "device", "runtime", "backwards")
+    __slots__ = ("plan", "dv", "device", "runtime", "backwards", "kept")
 
-    def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple):
+    def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple, rows: int = KEEP_LSE_MAX + 1):
         self.plan, self.dv, self.device, self.runtime = plan, dv, device, runtime
         self.backwards: dict = {}  # the caller's: its FastBackwards by dout's layout
+        self.kept: dict | None = {} if rows <= KEEP_LSE_MAX and not PLAIN else None  # (stream, thread) -> lse
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
         if not replayable_here(self.device, self.runtime):
             return None
         out = empty_out(q, self.dv)
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # (~2 us less host time than torch.empty's device=)
+        lse = None if need_lse or self.kept is None else self._kept_lse(q)
+        if lse is None:
+            lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # (~2 us less host time than torch.empty's device=)
         if not aligned(out, lse):
             return None
         replay(self.plan, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None,
                            "alibi": None, "sinks": None})
         return out, lse
+
+    def _kept_lse(self, q: torch.Tensor) -> torch.Tensor | None:
+        if torch._C._cuda_isCurrentStreamCapturing():
+            return None
+        key = (current_stream(self.device), get_ident())
+        lse = self.kept.get(key)
+        if lse is None:
+            lse = remember(self.kept, key, q.new_empty(q.shape[:-1], dtype=torch.float32), MAX_KEPT_LSE)
+        return lse
 
 
 def _dense_plan(kind: str, inputs: tuple, q, k, causal: bool, scale: float, window: tuple[int, int],
@@ -55,7 +80,8 @@ def fast_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     if decode_route(q, k, None, None, None, None):
         return None
     plan = _dense_plan("fwd", (q, k, v, None, None, None, None), q, k, causal, scale, window, softcap, (None, None))
-    return None if plan is None else FastForward(plan, v.shape[-1], q.get_device(), runtime_key())
+    return None if plan is None else FastForward(plan, v.shape[-1], q.get_device(), runtime_key(),
+                                                 q.numel() // max(q.shape[-1], 1))
 
 
 class FastBackward:
