@@ -347,9 +347,22 @@ def _check_huge_scores(q, k, v, causal):
         assert report.err <= bound, f"{report} (term band {bound:.3e})"
 
 
+@pytest.fixture(params=["one prescaled pass", "two passes"])
+def forward_passes(request, monkeypatch):
+    """Both of the bf16/fp32 forward's ways (launch.overflow_passes): small calls run one pass on the
+    prescaled q; "two passes" makes these small calls run the raw pass and the rescue pass as large ones do."""
+    from diyflash.kernels.attention import launch
+
+    diyflash.clear_caches()  # (plans of the other way would replay)
+    if request.param == "two passes":
+        monkeypatch.setattr(launch, "PRESCALED_MAX_WORK", 0)
+    yield request.param
+    diyflash.clear_caches()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_raw_dot_past_fp32_range_stays_finite(device, dtype, causal):
+def test_raw_dot_past_fp32_range_stays_finite(device, dtype, causal, forward_passes):
     """Issue 23, item 9: the kernels multiply the operand they hold (q; k in the dk/dv kernel) by the
     power of two of the scale (semantics._prescaled), so q.k overflows only where the scaled score does
     (the forward only in the blocks whose raw q.k overflowed: launch.overflow_passes).
@@ -357,8 +370,24 @@ def test_raw_dot_past_fp32_range_stays_finite(device, dtype, causal):
     _check_huge_scores(*_huge_scores(dtype, device, causal), causal)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_one_prescaled_pass_gives_the_bits_of_two(device, dtype, monkeypatch):
+    """The prescale is exact (powers of two), so where no raw q.k overflows the small call's one prescaled
+    pass writes the bits the raw first pass writes (launch.overflow_passes)."""
+    from diyflash.kernels.attention import launch
+
+    q, k, v = (t.to(dtype) for t in make_qkv(2, 3, 113, 77, 64, torch.float32, device))
+    diyflash.clear_caches()
+    one = torch.ops.diyflash.attention_fwd(q, k, v, True, 0.3, None)
+    monkeypatch.setattr(launch, "PRESCALED_MAX_WORK", 0)
+    diyflash.clear_caches()
+    two = torch.ops.diyflash.attention_fwd(q, k, v, True, 0.3, None)
+    diyflash.clear_caches()
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
 @pytest.mark.parametrize("causal", [False, True])
-def test_rows_whose_every_raw_dot_overflows_negative(device, causal):
+def test_rows_whose_every_raw_dot_overflows_negative(device, causal, forward_passes):
     """Row 10's raw q.k is -9e38 against every key (past fp32's range, scaled -1.1e38 within it): the raw
     dots are all -inf, which alone looks like a row that sees no key (output 0). The forward must notice
     (no finite max in a row with keys) and run that block on the prescaled q: out is then the average of

@@ -125,7 +125,9 @@ def _attn_fwd_kernel(
     its own sequence's rows.
     PASS (overflow_passes): 0, the only pass (fp16: its raw q.k cannot leave fp32's range); 1, the first of
     two, which marks a block whose raw q.k left fp32's range with a NaN lse; 2, the second, which runs only
-    the marked blocks, on q times the power of two of the scale (semantics._prescaled)."""
+    the marked blocks, on q times the power of two of the scale (semantics._prescaled); 3, the only pass of a
+    small call, on the prescaled q in every block (one launch where two cost more host time than the
+    prescaled dots cost the GPU)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
     pid_m, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
@@ -183,7 +185,7 @@ def _attn_fwd_kernel(
             v_base, kv_len, stride_vn, stride_vd, offs_n, offs_dv, HEAD_DIM=HEAD_DIM_V, BLOCK=BLOCK_N,
             HEAD_DIM_PAD=HEAD_DIM_V_PAD, TRANSPOSED=False, TMA=TMA,
         )
-    if PASS == 2:  # exact (the same bits where the raw dot is finite), and the dot overflows only where the score does
+    if PASS >= 2:  # exact (the same bits where the raw dot is finite), and the dot overflows only where the score does
         q, qk_scale = _prescaled(q, qk_scale)
     if SINKS:  # the sink is a logit of its own: the row starts with max = sink, sum = exp(sink - sink) = 1
         sink = tl.load(sinks_ptr + off_h).to(tl.float32)

@@ -214,14 +214,24 @@ def vote_rows(cfg: AttnConfig, d_pad: int) -> int:
     return rows
 
 
-def overflow_passes(dtype: torch.dtype) -> tuple[int, ...]:
+def overflow_passes(dtype: torch.dtype, work: int = 1 << 62) -> tuple[int, ...]:
     """The forward's passes (its PASS): (1, 2) where a raw q.k can leave fp32's range (bf16, fp32 inputs
     of ~1e19), else (0,): fp16 products are below 65504^2 = 4.3e9, so no dot of them comes near 3.4e38.
     The first pass dots q as it is and marks a block whose dot overflowed; the second runs only the marked
     blocks again, on q times the power of two of the scale (semantics._prescaled), and costs the others a
     load and a return. Prescaling q in every block instead kept it out of shared memory for the dots:
-    the bf16 D128 causal forward fell from 532 to 342 TFLOPS at N16384 (H200)."""
-    return (0,) if dtype == torch.float16 else (1, 2)  # the same rule keeps fp16 raw in semantics._prescaled
+    the bf16 D128 causal forward fell from 532 to 342 TFLOPS at N16384 (H200). A call with less work than
+    PRESCALED_MAX_WORK (Z*H*N_q*N_k*padded head_dim) runs that one prescaled pass (3): its second launch cost
+    more host time than the prescaled dots cost its GPU time."""
+    if dtype == torch.float16:
+        return (0,)  # the same rule keeps fp16 raw in semantics._prescaled
+    return (3,) if work < PRESCALED_MAX_WORK else (1, 2)
+
+
+# bench/results/overhead_h200.jsonl (table "prescaled", H200): at 2^26-2^28 the one prescaled pass took -2.0 to
+# +2.8 us of GPU time against the two passes and saved 3-9 us of host time a call; at 2^30 without causal its
+# GPU time was 27 % longer (30.8 against 24.2 us).
+PRESCALED_MAX_WORK = 1 << 29
 
 
 # The second pass's programs mostly load one value and return: 4 warps, one pipeline stage, no warp
@@ -299,7 +309,8 @@ def attention_fwd(
     if packed is not None:
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
-    short = z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK  # its host time decides: no host descriptors
+    work = z * h * n_q * n_k * d_pad
+    short = work < HOST_DESC_MIN_WORK  # its host time decides: no host descriptors
     sm90 = hopper.tiles(q4, k4, v4, seq_lens, packed, alibi_slopes, sinks, config is not None or group is not None,
                         lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4), short=short)
     if config is not None:
@@ -329,7 +340,8 @@ def attention_fwd(
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens", "cu_k", "alibi", "sinks")
-    passes = [dict(meta, PASS=p, **(_RESCUE_META if p == 2 else {})) for p in overflow_passes(q.dtype)]
+    passes = [dict(meta, PASS=p, **(_RESCUE_META if p == 2 else {}))
+              for p in overflow_passes(q.dtype, work if sm90 is None else 1 << 62)]  # (Hopper: its own first pass)
     chunks = [(env_, [Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m) for m in passes])
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
