@@ -3,7 +3,7 @@ time (CUDA graph replay) against the eager time. Prints the tables; --out also w
 with provenance (table "call": host_us and per_call_us per call; "short": ms and TFLOPS per provider;
 "matmul": host_us and per_call_us per call, graph_us per path).
 
-    python -m bench.overhead [--out F.jsonl]
+    python -m bench.overhead [--target] [--out F.jsonl]
 """
 
 from __future__ import annotations
@@ -49,7 +49,13 @@ def tma_and_pointer_tiles(cfg) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the rows as JSONL")
+    parser.add_argument("--target", action="store_true", help="only issue 47's cells (target_rows)")
     args = parser.parse_args()
+    if args.target:
+        rows = target_rows(dict(provenance(), command="python -m bench.overhead --target"))
+        if args.out:
+            write_jsonl(args.out, rows)
+        return 0
     import triton
 
     import diyflash
@@ -109,7 +115,8 @@ def main() -> int:
 def target_rows(prov: dict) -> list[dict]:
     """The host-cost cells of issue 47, each beside SDPA's default backend: a decode step (B1, 8k keys, GQA
     32/8 D128 bf16) with the default arguments (values checked on the device) and with validate=False, and
-    flash_attention's forward and forward + backward at B1 H32 N128 D128 bf16."""
+    flash_attention's forward and forward + backward at B1 H32 N128 D128 bf16; each diyflash call also with
+    its bound launches through Triton's launcher instead of the C launcher. In five interleaved turns."""
     import diyflash
 
     qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
@@ -132,10 +139,28 @@ def target_rows(prov: dict) -> list[dict]:
             "F.scaled_dot_product_attention":
                 lambda: torch.autograd.grad(F.scaled_dot_product_attention(qg, qg, qg), qg, g)},
     }
+    from diyflash.kernels._launch import use_c_launcher
+
+    def triton_launcher(fn):  # the same call with every bound launch through Triton's launcher
+        def call():
+            before = use_c_launcher(False)
+            try:
+                return fn()
+            finally:
+                use_c_launcher(before)
+        return call
+
+    for calls in cells.values():
+        calls.update({f"{name} (Triton's launcher)": triton_launcher(fn) for name, fn in calls.items()
+                      if not name.startswith("F.")})
     out = []
-    print("issue 47's cells: host per call, and the ratio to SDPA's in the same run")
+    print("issue 47's cells: host per call (median of 5 turns), and the ratio to SDPA's in the same run")
     for shape, calls in cells.items():
-        hosts = {name: host_us(fn) for name, fn in calls.items()}
+        turns = {name: [] for name in calls}
+        for _ in range(5):
+            for name, fn in calls.items():
+                turns[name].append(host_us(fn, reps=60))
+        hosts = {name: statistics.median(times) for name, times in turns.items()}
         sdpa = hosts["F.scaled_dot_product_attention"]
         for name, host in hosts.items():
             out.append(dict(prov, table="target", shape=shape, call=name, host_us=host, vs_sdpa=host / sdpa))
