@@ -74,6 +74,9 @@ def test_fast_path_gradients_are_bit_identical(case, fresh_caches, no_checks, mo
         grads.append((out, q.grad, k.grad, v.grad))
     for a, b, c in zip(*grads):
         assert torch.equal(a, b) and torch.equal(a, c)
+    # the replayed backward's row statistics (delta, its second lse) came from buffers kept per stream
+    (backward,) = [b for entry in fast._FAST.values() if entry is not None for b in entry[0].backwards.values()]
+    assert sorted(key[-1] for key in backward.kept) == ["delta", "lse2"]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")

@@ -266,6 +266,44 @@ class BoundLaunch:
         launcher.direct_launches += 1
 
 
+def run_bound(launches, env, args: list[tuple] | None = None) -> None:
+    """A plan's bound launches ((BoundLaunch, env -> its pointers), ...) in order, their pointers looked up
+    in env; with args, each with its own arguments after the pointers (BoundLaunch.run_with). Where every
+    one is packed for the C launcher (and it is on, no launch hook is set), the stream, the hooks and the
+    global scratch are looked up once for all of them (the launches of one stream run one after another, so
+    one scratch buffer, the largest they need, serves each in turn); else each launch decides alone."""
+    runtime = knobs.runtime
+    if (not _USE_C[0] or _hook(runtime.launch_enter_hook) is not None or _hook(runtime.launch_exit_hook) is not None
+            or not all(bound.packed is not None and not bound.launcher.kernel.pre_run_hooks for bound, _ in launches)
+            or (args is not None and not all(len(a) == len(b.args) for (b, _), a in zip(launches, args)))):
+        _each(launches, env, args)
+        return
+    first = launches[0][0]
+    stream = first.launcher._driver[1](first.device)
+    need = max(bound.scratch for bound, _ in launches)
+    scratch = _allocation._allocator.get()(need, max(b.align for b, _ in launches), stream) if need else None
+    mod = c_launcher()
+    for i, (bound, pointers) in enumerate(launches):
+        ptrs = pointers(env)
+        if args is None:
+            fired = mod.launch(bound.packed, stream, scratch if bound.scratch else None, *ptrs)
+        else:
+            fired = mod.launch_with(bound.packed, stream, scratch if bound.scratch else None, ptrs, args[i])
+        if not fired:  # no current context on this thread: Triton's launcher makes one and runs the rest
+            _each(launches[i:], env, None if args is None else args[i:])
+            return
+        bound.launcher.direct_launches += 1
+
+
+def _each(launches, env, args) -> None:
+    if args is None:
+        for bound, pointers in launches:
+            bound(*pointers(env))
+    else:
+        for (bound, pointers), launch_args in zip(launches, args):
+            bound.run_with(pointers(env), launch_args)
+
+
 _USE_C = [True]
 
 
@@ -319,4 +357,4 @@ def runtime_key() -> tuple:
 
 
 __all__ = ["BoundLaunch", "DirectLauncher", "MAX_SIGNATURES", "cdiv", "current_stream", "ensure_scratch_allocator",
-           "runtime_key", "use_c_launcher"]
+           "run_bound", "runtime_key", "use_c_launcher"]

@@ -14,13 +14,30 @@ from .launch import PLANS, decode_route, heads_of, one_pass_of, plan_key
 from .plans import Plan, aligned, replay, replayable_here, scratch_buffers
 
 
-# An lse that no caller reads (a call without autograd and without return_lse) is written to a buffer the
-# FastForward keeps per stream and thread, where it is small: a torch.empty costs ~4-8 us of the H200 host's
-# time (bench/results/host_budget_h200.txt), more than a short call's kernel leaves it. The launches of one
-# stream run in order, so a call writes it after the previous call's kernel did; a CUDA graph being captured
-# gets a fresh one. Above this many elements a call's GPU time hides the allocation and nothing is kept.
-KEEP_LSE_MAX = 1 << 18
-MAX_KEPT_LSE = 8  # buffers per FastForward (streams x threads): more start over
+# Row statistics that only the call's own launches read (an lse no caller reads: a call without autograd
+# and without return_lse; the backward's delta and its second lse) go to buffers the plan's holder keeps
+# per stream and thread, where they are small: a torch.empty costs ~4-8 us of the H200 host's time
+# (bench/results/host_budget_h200.txt), more than a short call's kernels leave it. The launches of one
+# stream run in order, so a call writes them after the previous call's kernels read them; a CUDA graph being
+# captured gets fresh ones. Above this many rows a call's GPU time hides the allocation and nothing is kept.
+KEEP_ROWS_MAX = 1 << 18
+MAX_KEPT_ROWS = 16  # buffers per holder (slots x streams x threads): more start over
+
+
+def _kept_rows(store: dict | None, device: int, q: torch.Tensor, slot: str) -> torch.Tensor | None:
+    """The kept fp32 buffer of q's rows (q.shape[:-1]) named `slot`, for the current stream and thread; None
+    where nothing is kept (store None: a large call; a capture)."""
+    if store is None or torch._C._cuda_isCurrentStreamCapturing():
+        return None
+    key = (current_stream(device), get_ident(), slot)
+    buf = store.get(key)
+    if buf is None:
+        buf = remember(store, key, q.new_empty(q.shape[:-1], dtype=torch.float32), MAX_KEPT_ROWS)
+    return buf
+
+
+def _keeps(rows: int) -> dict | None:
+    return {} if rows <= KEEP_ROWS_MAX and not PLAIN else None
 
 
 class FastForward:
@@ -29,20 +46,20 @@ class FastForward:
     and replays the plan, and nothing else (no tiles, variant or plan key are derived again). Returns
     (out, lse), or None where the plan cannot run now (another current device, changed JIT knobs, an
     unaligned output), which the caller answers by the ordinary path. need_lse=False: the caller does not
-    read lse, which may then be a kept buffer (KEEP_LSE_MAX)."""
+    read lse, which may then be a kept buffer (KEEP_ROWS_MAX)."""
 
     __slots__ = ("plan", "dv", "device", "runtime", "backwards", "kept")
 
-    def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple, rows: int = KEEP_LSE_MAX + 1):
+    def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple, rows: int = KEEP_ROWS_MAX + 1):
         self.plan, self.dv, self.device, self.runtime = plan, dv, device, runtime
         self.backwards: dict = {}  # the caller's: its FastBackwards by dout's layout
-        self.kept: dict | None = {} if rows <= KEEP_LSE_MAX and not PLAIN else None  # (stream, thread) -> lse
+        self.kept = _keeps(rows)  # (stream, thread, slot) -> buffer (_kept_rows)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
         if not replayable_here(self.device, self.runtime):
             return None
         out = empty_out(q, self.dv)
-        lse = None if need_lse or self.kept is None else self._kept_lse(q)
+        lse = None if need_lse else _kept_rows(self.kept, self.device, q, "lse")
         if lse is None:
             lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # (~2 us less host time than torch.empty's device=)
         if not aligned(out, lse):
@@ -50,15 +67,6 @@ class FastForward:
         replay(self.plan, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None,
                            "alibi": None, "sinks": None})
         return out, lse
-
-    def _kept_lse(self, q: torch.Tensor) -> torch.Tensor | None:
-        if torch._C._cuda_isCurrentStreamCapturing():
-            return None
-        key = (current_stream(self.device), get_ident())
-        lse = self.kept.get(key)
-        if lse is None:
-            lse = remember(self.kept, key, q.new_empty(q.shape[:-1], dtype=torch.float32), MAX_KEPT_LSE)
-        return lse
 
 
 def _dense_plan(kind: str, inputs: tuple, q, k, causal: bool, scale: float, window: tuple[int, int],
@@ -87,19 +95,25 @@ def fast_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 class FastBackward:
     """A dense backward's plan (without dlse), held by the caller beside the forward's FastForward:
     calling it with tensors of the layout the plan was made for allocates dq, dk, dv and the row
-    statistics and replays the plan. Returns (dq, dk, dv), or None where the plan cannot run now."""
+    statistics (kept buffers where small: KEEP_ROWS_MAX) and replays the plan. Returns (dq, dk, dv), or None
+    where the plan cannot run now."""
 
-    __slots__ = ("plan", "device", "runtime")
+    __slots__ = ("plan", "device", "runtime", "kept")
 
-    def __init__(self, plan: Plan, device: int, runtime: tuple):
+    def __init__(self, plan: Plan, device: int, runtime: tuple, rows: int = KEEP_ROWS_MAX + 1):
         self.plan, self.device, self.runtime = plan, device, runtime
+        self.kept = _keeps(rows)
 
     def __call__(self, dout, q, k, v, out, lse):
         if not replayable_here(self.device, self.runtime):
             return None
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        delta = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        lse2 = torch.empty_like(delta)
+        delta = _kept_rows(self.kept, self.device, q, "delta")
+        if delta is None:
+            delta = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        lse2 = _kept_rows(self.kept, self.device, q, "lse2")
+        if lse2 is None:
+            lse2 = torch.empty_like(delta)
         env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": None, "delta": delta,
                "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None,
                "dq_acc": None}
@@ -118,4 +132,4 @@ def fast_backward(dout, q, k, v, out, lse, causal: bool, scale: float, window: t
     atomic = one_pass_of(q, v, q.shape[-2], k.shape[-2], deterministic, None)
     plan = _dense_plan("bwd", (q, k, v, out, dout, lse, None, None, None, None), q, k, causal, scale, window,
                        softcap, (None, None, None, atomic))
-    return None if plan is None else FastBackward(plan, q.get_device(), runtime_key())
+    return None if plan is None else FastBackward(plan, q.get_device(), runtime_key(), q.numel() // max(q.shape[-1], 1))

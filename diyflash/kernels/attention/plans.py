@@ -15,7 +15,7 @@ from .._runtime import remember, require_triton
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from .._launch import BoundLaunch, DirectLauncher, ensure_scratch_allocator, runtime_key  # noqa: E402
+from .._launch import BoundLaunch, DirectLauncher, ensure_scratch_allocator, run_bound, runtime_key  # noqa: E402
 
 
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -113,8 +113,7 @@ def replay(plan: Plan, env: dict) -> None:
         ensure_scratch_allocator()  # per thread: autograd's backward thread starts without one
     if plan.descs:
         env = _with_descriptors(env, plan.descs)
-    for bound, pointers in plan.launches:
-        bound(*pointers(env))
+    run_bound(plan.launches, env)
 
 
 def replay_with(plan: Plan, env: dict, args: list[tuple]) -> bool:
@@ -126,8 +125,7 @@ def replay_with(plan: Plan, env: dict, args: list[tuple]) -> bool:
         return False
     if plan.tma:
         ensure_scratch_allocator()
-    for (bound, pointers), launch_args in zip(plan.launches, args):
-        bound.run_with(pointers(env), launch_args)
+    run_bound(plan.launches, env, args)
     return True
 
 
