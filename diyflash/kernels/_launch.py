@@ -27,7 +27,8 @@ through the interpreter; under DIYFLASH_PLAIN=1 every launch goes through the JI
 it returns the compiled kernel with everything but the leading pointer arguments fixed (a
 BoundLaunch), which the caller keeps in its own cache keyed on what the signature depends on (the
 attention launchers key on the inputs' dtypes, shapes, strides and alignment). Calling it costs the
-launch alone.
+launch alone: one call of the C launcher (_claunch: the parameters packed when bound) where it is built,
+else Triton's launcher; `run_bound` runs a plan's bound launches with one stream, hook and scratch lookup.
 """
 
 from __future__ import annotations
