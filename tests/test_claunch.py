@@ -66,6 +66,19 @@ def test_pointers_by_data_ptr_and_errors(built):
         built.make(1, (1, 1, 1), 32, 0, "pi", (t, "three"), 1, 0)
 
 
+def test_launch_with_leaves_the_bound_scalars(built):
+    """launch_with's scalars serve its own launch only: a plain launch later runs with the bound ones. (An
+    empty grid launches nothing, so this runs without a GPU.)"""
+    t = torch.zeros(4)
+    launch = built.make(1, (0, 1, 1), 32, 0, "pif", (t, 3, 0.5), 1, 2)
+    before = built.packed(launch)
+    assert built.launch_with(launch, 0, None, (t,), (17, 2.5)) is True
+    assert built.packed(launch) == before
+    with pytest.raises(TypeError):
+        built.launch_with(launch, 0, None, (t,), (17, "x"))
+    assert built.packed(launch) == before
+
+
 def compiled_like(signature, **metadata):
     meta = dict(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, profile_scratch_size=0, num_warps=4,
                 shared=0, global_scratch_size=0, global_scratch_align=1)

@@ -50,6 +50,7 @@ typedef struct {
     Py_ssize_t npointers; /* leading open pointers */
     Py_ssize_t nargs;     /* scalars after them that run_with may replace */
     char *blob;           /* the packed parameters, each at an 8-byte aligned offset */
+    char *bound;          /* the blob as make packed it: launch_with puts its scalars back after a launch */
     void **params;        /* nparams pointers into blob */
     Py_ssize_t *pointer_offsets; /* npointers offsets in blob, -1 where the kernel has no parameter */
     Py_ssize_t *arg_offsets;     /* nargs offsets, -1 likewise */
@@ -59,6 +60,7 @@ typedef struct {
 
 static void Launch_dealloc(Launch *self) {
     PyMem_Free(self->blob);
+    PyMem_Free(self->bound);
     PyMem_Free(self->params);
     PyMem_Free(self->pointer_offsets);
     PyMem_Free(self->arg_offsets);
@@ -140,7 +142,7 @@ static PyObject *make(PyObject *self, PyObject *args) {
     L->grid[0] = gx; L->grid[1] = gy; L->grid[2] = gz;
     L->block = block; L->shared = shared;
     L->npointers = npointers; L->nargs = nargs;
-    L->blob = NULL; L->params = NULL; L->pointer_offsets = NULL; L->arg_offsets = NULL; L->arg_codes = NULL;
+    L->blob = NULL; L->bound = NULL; L->params = NULL; L->pointer_offsets = NULL; L->arg_offsets = NULL; L->arg_codes = NULL;
     Py_ssize_t nparams = 2;
     for (Py_ssize_t i = 0; i < ncodes; i++) {
         if (codes[i] == 'x') continue;
@@ -175,6 +177,9 @@ static PyObject *make(PyObject *self, PyObject *args) {
     L->scratch_offset = 8 * p;
     L->params[p] = L->blob + 8 * p;         /* global scratch */
     L->params[p + 1] = L->blob + 8 * (p + 1); /* profile scratch: 0 (launches with one are not made) */
+    L->bound = PyMem_Malloc(8 * nparams);
+    if (L->bound == NULL) { Py_DECREF(L); return PyErr_NoMemory(); }
+    memcpy(L->bound, L->blob, 8 * nparams);
     return (PyObject *)L;
 }
 
@@ -205,13 +210,13 @@ static int write_scratch(Launch *L, PyObject *scratch) {
 static int fire(Launch *L, PyObject *stream_obj) {
     uint64_t stream;
     if (pointer_value(stream_obj, &stream)) return -1;
+    if (L->grid[0] == 0 || L->grid[1] == 0 || L->grid[2] == 0) return 1; /* an empty grid launches nothing */
     if (cu_launch == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "diyflash C launcher: libcuda not loaded (load() first)");
         return -1;
     }
     CUcontext ctx = NULL;
     if (cu_ctx_get_current(&ctx) != 0 || ctx == NULL) return 0;
-    if (L->grid[0] == 0 || L->grid[1] == 0 || L->grid[2] == 0) return 1;
     CUresult err;
     Py_BEGIN_ALLOW_THREADS
     err = cu_launch(L->function, L->grid[0], L->grid[1], L->grid[2], L->block, 1, 1, L->shared,
@@ -255,12 +260,17 @@ static PyObject *launch_with(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     if (write_pointers(L, &PyTuple_GET_ITEM(args[3], 0), PyTuple_GET_SIZE(args[3])) || write_scratch(L, args[2]))
         return NULL;
-    for (Py_ssize_t i = 0; i < L->nargs; i++) {
+    int fired = -1;
+    Py_ssize_t i = 0;
+    for (; i < L->nargs; i++) {
         Py_ssize_t offset = L->arg_offsets[i];
-        if (offset < 0) continue;
-        if (pack(L->arg_codes[i], PyTuple_GET_ITEM(values, i), L->blob + offset)) return NULL;
+        if (offset >= 0 && pack(L->arg_codes[i], PyTuple_GET_ITEM(values, i), L->blob + offset)) break;
     }
-    int fired = fire(L, args[1]);
+    if (i == L->nargs) fired = fire(L, args[1]);
+    for (Py_ssize_t j = 0; j < L->nargs; j++) { /* the bound scalars back: a plain launch() runs with them */
+        Py_ssize_t offset = L->arg_offsets[j];
+        if (offset >= 0) memcpy(L->blob + offset, L->bound + offset, 8);
+    }
     if (fired < 0) return NULL;
     return PyBool_FromLong(fired);
 }
