@@ -217,11 +217,11 @@ static int fire(Launch *L, PyObject *stream_obj) {
     }
     CUcontext ctx = NULL;
     if (cu_ctx_get_current(&ctx) != 0 || ctx == NULL) return 0;
-    CUresult err;
-    Py_BEGIN_ALLOW_THREADS
-    err = cu_launch(L->function, L->grid[0], L->grid[1], L->grid[2], L->block, 1, 1, L->shared,
-                    (CUstream)(uintptr_t)stream, L->params, NULL);
-    Py_END_ALLOW_THREADS
+    /* The GIL stays held: the parameters live in the Launch, which another thread launching the same plan
+     * would rewrite while the driver reads them. cuLaunchKernel returns in microseconds (it blocks only on
+     * a full launch queue, which the GPU drains). */
+    CUresult err = cu_launch(L->function, L->grid[0], L->grid[1], L->grid[2], L->block, 1, 1, L->shared,
+                             (CUstream)(uintptr_t)stream, L->params, NULL);
     if (err != 0) {
         const char *text = NULL;
         if (cu_error_string == NULL || cu_error_string(err, &text) != 0 || text == NULL) text = "unknown error";
