@@ -79,6 +79,67 @@ def test_launch_with_leaves_the_bound_scalars(built):
     assert built.packed(launch) == before
 
 
+class FakeC:
+    """Stand-in for the built module: records launches; `no_context_at` answers False (no current CUDA
+    context) from that launch on."""
+
+    def __init__(self, no_context_at=None):
+        self.log, self.no_context_at = [], no_context_at
+
+    def launch(self, packed, stream, scratch, *pointers):
+        return self._fire(("launch", packed, stream, scratch, pointers))
+
+    def launch_with(self, packed, stream, scratch, pointers, args):
+        return self._fire(("launch_with", packed, stream, scratch, pointers, args))
+
+    def _fire(self, entry):
+        if self.no_context_at is not None and len(self.log) >= self.no_context_at:
+            return False
+        self.log.append(entry)
+        return True
+
+
+def test_a_plans_launches_share_one_scratch_and_fall_back_per_launch(monkeypatch):
+    """_launch.run_bound (a plan's replay) on CPU, with a stand-in C module: one allocator call for the
+    largest scratch, handed only to the launches that need it; a launch without a current context and the
+    rest after it go through Triton's launcher; switched off, every launch does."""
+    from test_launch import FakeKernel
+
+    monkeypatch.setattr(_launch, "active_driver", lambda: (lambda: 0, lambda device: 1234))
+    asked = []
+    monkeypatch.setattr(_launch, "_allocation", SimpleNamespace(_allocator=SimpleNamespace(
+        get=lambda: lambda size, align, stream: asked.append((size, align, stream)) or "scratch")))
+    kernel = FakeKernel()
+    launcher = _launch.DirectLauncher(kernel)
+    x, y = torch.zeros(8), torch.zeros(8)
+    bounds = []
+    for n, (scratch, align) in zip((16, 32, 48), ((64, 8), (0, 1), (128, 16))):
+        launcher((4,), x, y, n, BLOCK=16, FLAG=True)
+        bound = launcher.bind((4,), (x, y), (n,), dict(BLOCK=16, FLAG=True))
+        bound.packed, bound.scratch, bound.align = f"L{n}", scratch, align
+        bounds.append((bound, lambda env: (env["x"], env["y"])))
+    env = {"x": y, "y": x}
+    fake = FakeC()
+    monkeypatch.setattr(_launch, "c_launcher", lambda: fake)
+    kernel.log.clear()
+    _launch.run_bound(bounds, env)
+    assert asked == [(128, 16, 1234)] and kernel.log == []
+    assert fake.log == [("launch", "L16", 1234, "scratch", (y, x)), ("launch", "L32", 1234, None, (y, x)),
+                        ("launch", "L48", 1234, "scratch", (y, x))]
+    _launch.run_bound(bounds, env, [(17,), (33,), (49,)])
+    assert [entry[-1] for entry in fake.log[3:]] == [(17,), (33,), (49,)]
+    fake = FakeC(no_context_at=1)
+    monkeypatch.setattr(_launch, "c_launcher", lambda: fake)
+    _launch.run_bound(bounds, env)
+    assert len(fake.log) == 1 and [entry[0] for entry in kernel.log] == ["direct", "direct"]
+    before = _launch.use_c_launcher(False)
+    try:
+        _launch.run_bound(bounds, env)
+    finally:
+        _launch.use_c_launcher(before)
+    assert len(fake.log) == 1 and len(kernel.log) == 5
+
+
 def compiled_like(signature, **metadata):
     meta = dict(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, profile_scratch_size=0, num_warps=4,
                 shared=0, global_scratch_size=0, global_scratch_align=1)

@@ -273,9 +273,8 @@ def run_bound(launches, env, args: list[tuple] | None = None) -> None:
     one is packed for the C launcher (and it is on, no launch hook is set), the stream, the hooks and the
     global scratch are looked up once for all of them (the launches of one stream run one after another, so
     one scratch buffer, the largest they need, serves each in turn); else each launch decides alone."""
-    runtime = knobs.runtime
-    if (not _USE_C[0] or _hook(runtime.launch_enter_hook) is not None or _hook(runtime.launch_exit_hook) is not None
-            or not all(bound.packed is not None and not bound.launcher.kernel.pre_run_hooks for bound, _ in launches)
+    if (not _c_on() or not all(bound.packed is not None and not bound.launcher.kernel.pre_run_hooks
+                               for bound, _ in launches)
             or (args is not None and not all(len(a) == len(b.args) for (b, _), a in zip(launches, args)))):
         _each(launches, env, args)
         return
@@ -285,11 +284,8 @@ def run_bound(launches, env, args: list[tuple] | None = None) -> None:
     scratch = _allocation._allocator.get()(need, max(b.align for b, _ in launches), stream) if need else None
     mod = c_launcher()
     for i, (bound, pointers) in enumerate(launches):
-        ptrs = pointers(env)
-        if args is None:
-            fired = mod.launch(bound.packed, stream, scratch if bound.scratch else None, *ptrs)
-        else:
-            fired = mod.launch_with(bound.packed, stream, scratch if bound.scratch else None, ptrs, args[i])
+        fired = _c_fire(mod, bound, stream, scratch if bound.scratch else None, pointers(env),
+                        None if args is None else args[i])
         if not fired:  # no current context on this thread: Triton's launcher makes one and runs the rest
             _each(launches[i:], env, None if args is None else args[i:])
             return
@@ -319,13 +315,22 @@ def _c_launch(bound: BoundLaunch, stream, pointers: tuple, args: tuple | None) -
     """The bound launch through the C launcher; False (nothing launched) where it is switched off, a launch
     hook is set or no CUDA context is current on this thread (Triton's launcher then makes one current and
     launches)."""
-    if not _USE_C[0]:
-        return False
-    runtime = knobs.runtime
-    if _hook(runtime.launch_enter_hook) is not None or _hook(runtime.launch_exit_hook) is not None:
+    if not _c_on():
         return False
     scratch = _allocation._allocator.get()(bound.scratch, bound.align, stream) if bound.scratch else None
-    mod = c_launcher()
+    return _c_fire(c_launcher(), bound, stream, scratch, pointers, args)
+
+
+def _c_on() -> bool:
+    """Whether bound launches may go through the C launcher now: switched on, and no launch hook set (a
+    hook, e.g. a profiler's, gets its metadata from Triton's launcher alone)."""
+    runtime = knobs.runtime
+    return _USE_C[0] and _hook(runtime.launch_enter_hook) is None and _hook(runtime.launch_exit_hook) is None
+
+
+def _c_fire(mod, bound: BoundLaunch, stream, scratch, pointers: tuple, args: tuple | None) -> bool:
+    """One packed launch: its bound scalars, or `args` after its pointers (launch_with). False where no CUDA
+    context is current (nothing launched)."""
     if args is None:
         return mod.launch(bound.packed, stream, scratch, *pointers)
     return mod.launch_with(bound.packed, stream, scratch, pointers, args)

@@ -24,11 +24,12 @@ KEEP_ROWS_MAX = 1 << 18
 MAX_KEPT_ROWS = 16  # buffers per holder (slots x streams x threads): more start over
 
 
-def _kept_rows(store: dict | None, device: int, q: torch.Tensor, slot: str) -> torch.Tensor | None:
-    """The kept fp32 buffer of q's rows (q.shape[:-1]) named `slot`, for the current stream and thread; None
-    where nothing is kept (store None: a large call; a capture)."""
+def _rows(store: dict | None, device: int, q: torch.Tensor, slot: str) -> torch.Tensor:
+    """An fp32 buffer of q's rows (q.shape[:-1]): the one kept in `store` as `slot` for the current stream and
+    thread, or a fresh one where nothing is kept (store None: a large call, or a caller that reads it; a
+    capture). (q.new_empty: ~2 us less host time than torch.empty's device=.)"""
     if store is None or torch._C._cuda_isCurrentStreamCapturing():
-        return None
+        return q.new_empty(q.shape[:-1], dtype=torch.float32)
     key = (current_stream(device), get_ident(), slot)
     buf = store.get(key)
     if buf is None:
@@ -36,8 +37,9 @@ def _kept_rows(store: dict | None, device: int, q: torch.Tensor, slot: str) -> t
     return buf
 
 
-def _keeps(rows: int) -> dict | None:
-    return {} if rows <= KEEP_ROWS_MAX and not PLAIN else None
+def _keeps(q: torch.Tensor) -> dict | None:
+    """A store of kept row buffers for calls of q's layout, or None where its rows are too many to keep."""
+    return {} if q.numel() // max(q.shape[-1], 1) <= KEEP_ROWS_MAX and not PLAIN else None
 
 
 class FastForward:
@@ -50,18 +52,16 @@ class FastForward:
 
     __slots__ = ("plan", "dv", "device", "runtime", "backwards", "kept")
 
-    def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple, rows: int = KEEP_ROWS_MAX + 1):
+    def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple, kept: dict | None = None):
         self.plan, self.dv, self.device, self.runtime = plan, dv, device, runtime
         self.backwards: dict = {}  # the caller's: its FastBackwards by dout's layout
-        self.kept = _keeps(rows)  # (stream, thread, slot) -> buffer (_kept_rows)
+        self.kept = kept  # (stream, thread, slot) -> buffer (_rows), or None: nothing kept (_keeps)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
         if not replayable_here(self.device, self.runtime):
             return None
         out = empty_out(q, self.dv)
-        lse = None if need_lse else _kept_rows(self.kept, self.device, q, "lse")
-        if lse is None:
-            lse = q.new_empty(q.shape[:-1], dtype=torch.float32)  # (~2 us less host time than torch.empty's device=)
+        lse = _rows(None if need_lse else self.kept, self.device, q, "lse")
         if not aligned(out, lse):
             return None
         replay(self.plan, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None,
@@ -88,8 +88,7 @@ def fast_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     if decode_route(q, k, None, None, None, None):
         return None
     plan = _dense_plan("fwd", (q, k, v, None, None, None, None), q, k, causal, scale, window, softcap, (None, None))
-    return None if plan is None else FastForward(plan, v.shape[-1], q.get_device(), runtime_key(),
-                                                 q.numel() // max(q.shape[-1], 1))
+    return None if plan is None else FastForward(plan, v.shape[-1], q.get_device(), runtime_key(), _keeps(q))
 
 
 class FastBackward:
@@ -100,20 +99,15 @@ class FastBackward:
 
     __slots__ = ("plan", "device", "runtime", "kept")
 
-    def __init__(self, plan: Plan, device: int, runtime: tuple, rows: int = KEEP_ROWS_MAX + 1):
+    def __init__(self, plan: Plan, device: int, runtime: tuple, kept: dict | None = None):
         self.plan, self.device, self.runtime = plan, device, runtime
-        self.kept = _keeps(rows)
+        self.kept = kept
 
     def __call__(self, dout, q, k, v, out, lse):
         if not replayable_here(self.device, self.runtime):
             return None
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        delta = _kept_rows(self.kept, self.device, q, "delta")
-        if delta is None:
-            delta = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        lse2 = _kept_rows(self.kept, self.device, q, "lse2")
-        if lse2 is None:
-            lse2 = torch.empty_like(delta)
+        delta, lse2 = _rows(self.kept, self.device, q, "delta"), _rows(self.kept, self.device, q, "lse2")
         env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": None, "delta": delta,
                "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None,
                "dq_acc": None}
@@ -132,4 +126,4 @@ def fast_backward(dout, q, k, v, out, lse, causal: bool, scale: float, window: t
     atomic = one_pass_of(q, v, q.shape[-2], k.shape[-2], deterministic, None)
     plan = _dense_plan("bwd", (q, k, v, out, dout, lse, None, None, None, None), q, k, causal, scale, window,
                        softcap, (None, None, None, atomic))
-    return None if plan is None else FastBackward(plan, q.get_device(), runtime_key(), q.numel() // max(q.shape[-1], 1))
+    return None if plan is None else FastBackward(plan, q.get_device(), runtime_key(), _keeps(q))

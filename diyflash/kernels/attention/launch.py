@@ -214,18 +214,19 @@ def vote_rows(cfg: AttnConfig, d_pad: int) -> int:
     return rows
 
 
-def overflow_passes(dtype: torch.dtype, work: int = 1 << 62) -> tuple[int, ...]:
+def overflow_passes(dtype: torch.dtype, work: int | None = None) -> tuple[int, ...]:
     """The forward's passes (its PASS): (1, 2) where a raw q.k can leave fp32's range (bf16, fp32 inputs
     of ~1e19), else (0,): fp16 products are below 65504^2 = 4.3e9, so no dot of them comes near 3.4e38.
     The first pass dots q as it is and marks a block whose dot overflowed; the second runs only the marked
     blocks again, on q times the power of two of the scale (semantics._prescaled), and costs the others a
     load and a return. Prescaling q in every block instead kept it out of shared memory for the dots:
     the bf16 D128 causal forward fell from 532 to 342 TFLOPS at N16384 (H200). A call with less work than
-    PRESCALED_MAX_WORK (Z*H*N_q*N_k*padded head_dim) runs that one prescaled pass (3): its second launch cost
-    more host time than the prescaled dots cost its GPU time."""
+    PRESCALED_MAX_WORK (`work`: Z*H*N_q*N_k*padded head_dim) runs that one prescaled pass (3): its second launch
+    cost more host time than the prescaled dots cost its GPU time. work=None: two passes whatever the size
+    (the Hopper kernel takes the first pass)."""
     if dtype == torch.float16:
         return (0,)  # the same rule keeps fp16 raw in semantics._prescaled
-    return (3,) if work < PRESCALED_MAX_WORK else (1, 2)
+    return (3,) if work is not None and work < PRESCALED_MAX_WORK else (1, 2)
 
 
 # bench/results/overhead_h200.jsonl (table "prescaled", H200): at 2^26-2^28 the one prescaled pass took -2.0 to
@@ -341,7 +342,7 @@ def attention_fwd(
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens", "cu_k", "alibi", "sinks")
     passes = [dict(meta, PASS=p, **(_RESCUE_META if p == 2 else {}))
-              for p in overflow_passes(q.dtype, work if sm90 is None else 1 << 62)]  # (Hopper: its own first pass)
+              for p in overflow_passes(q.dtype, work if sm90 is None else None)]
     chunks = [(env_, [Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m) for m in passes])
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
