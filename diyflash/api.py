@@ -391,11 +391,11 @@ def flash_attention_with_kvcache(
 
         validate: how the values are checked: cache_seqlens >= 0, cache_seqlens + N_new within the
             capacity (N_cache, or max_pages * page_size), 0 <= cache_leftpad <= cache_seqlens + N_new,
-            every block_table entry in use a page of the cache. True: on CUDA by a small kernel queued
-            before the attention, with no device sync (a bad value stops the program with a device-side
-            assert naming the rule; the CUDA context is then lost), on the CPU on the host. "sync": on the
-            host, a ValueError naming the entry and its value, at the cost of one device sync (skipped
-            while a CUDA graph is captured). False: not checked, one launch less. Never while compiling or
+            every block_table entry in use a page of the cache. True: on CUDA inside the decode launch
+            (or by a small kernel queued before the op where the op is dispatched), with no device sync (a
+            bad value stops the program with a device-side assert naming the rule; the CUDA context is then
+            lost), on the CPU on the host. "sync": on the host, a ValueError naming the entry and its value,
+            at the cost of one device sync (skipped while a CUDA graph is captured). False: not checked. Never while compiling or
             exporting. The kernels clamp either way: positions past the capacity are neither written nor
             read, page entries are clamped into the cache.
 
@@ -433,21 +433,18 @@ def flash_attention_with_kvcache(
     sm_scale = _check_scale(sm_scale)
     left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks)
     mode = _value_check(validate, cache_seqlens)
-    if mode is not None:
-        paged = block_table is not None
-        capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
-        n_new = 0 if k is None else k.shape[2]
-        if mode == "device":
-            runtime.value_checks().check_kvcache(cache_seqlens, n_new, capacity, block_table, k_cache.shape[0],
-                                                 cache_leftpad)
-        else:
-            error = kvcache_values_error(cache_seqlens, n_new, capacity, block_table, k_cache.shape[0], cache_leftpad)
-            if error:
-                raise ValueError(error)
+    if mode == "sync":
+        capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
+        error = kvcache_values_error(cache_seqlens, 0 if k is None else k.shape[2], capacity, block_table,
+                                     k_cache.shape[0], cache_leftpad)
+        if error:
+            raise ValueError(error)
     return_lse = _check_bool("return_lse", return_lse)
+    # mode "device": the check runs on the GPU, inside the decode launch where it can (one launch less)
     out, lse = call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                            _check_bool("causal", causal), sm_scale, left, right, softcap, alibi_slopes,
-                                           sinks, num_splits, cache_leftpad, need_lse=return_lse)
+                                           sinks, num_splits, cache_leftpad, need_lse=return_lse,
+                                           check=mode == "device")
     if key is not None:
         remember_kv_fast(key, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal, sm_scale, left,
                          right, softcap, num_splits, return_lse, validate)

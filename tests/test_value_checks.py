@@ -195,3 +195,38 @@ def test_bad_values_stop_the_program_on_the_device(tmp_path, name):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert "RAISED" in done.stdout and "device-side assert" in done.stdout, done.stdout + done.stderr[-3000:]
     assert message in done.stderr, done.stderr[-3000:]
+
+
+def test_the_kvcache_check_rides_in_the_decode_launch(device, monkeypatch):
+    """validate=True on an eager call checks the KV-cache values inside the decode launch (its CHECK
+    branch, which leaves the results' bits as they are): the check kernel is queued only where no decode
+    launch runs (nothing to attend: the append alone). On CPU the kernels' entry is called directly (the
+    API checks CPU values on the host), the CHECK branch run by the interpreter."""
+    from diyflash.kernels import value_checks
+    from diyflash.kernels.attention import kvcache
+
+    queued = []
+    real = value_checks._KVCACHE
+
+    def spy(*args, **meta):
+        queued.append(args[0])
+        if ON_GPU:
+            real(*args, **meta)
+
+    monkeypatch.setattr(value_checks, "_KVCACHE", spy)
+    q, k, v = make_qkv(2, 4, 3, 64, 16, torch.float16, device)
+    lens = torch.tensor([10, 40], dtype=torch.int32, device=device)
+    table = torch.arange(8, dtype=torch.int32, device=device).view(2, 4)
+    pages = k.reshape(8, 4, 16, 16)
+    for kc, vc, bt in ((k, v, None), (pages, pages.clone(), table)):
+        for n_q in (1, 3):
+            runs = [kvcache.attention_kvcache(q[:, :, :n_q], kc, vc, lens, None, None, bt, True, 0.25, check=check)
+                    for check in (False, True, True)]
+            assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
+    if ON_GPU:
+        diyflash.flash_attention_with_kvcache(q[:, :, :1], k, v, lens)
+        diyflash.flash_attention_with_kvcache(q[:, :, :1], k, v, lens, q[:, :, :1].clone(), q[:, :, :1].clone())
+    assert not queued
+    kvcache.attention_kvcache(q[:, :, :0], k, v, lens, q[:, :, :1].clone(), q[:, :, :1].clone(), None, True, 0.25,
+                              check=True)
+    assert queued == [(2,)]

@@ -77,11 +77,12 @@ def _cu_seqlens_kernel(cu_ptr, stride, batch, total, max_seqlen, BLOCK: tl.const
                                        "and hold no sequence longer than max_seqlen (validate='sync' names which)")
 
 
-@triton.jit(debug=True)
-def _kvcache_kernel(lens_ptr, pad_ptr, table_ptr, lens_stride, pad_stride, table_stride_b, table_stride_p,
-                    n_new, capacity, page_size, max_pages, num_pages,
-                    HAS_PAD: tl.constexpr, PAGED: tl.constexpr, BLOCK: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
+@triton.jit
+def kvcache_row_check(lens_ptr, pad_ptr, table_ptr, b, lens_stride, pad_stride, table_stride_b, table_stride_p,
+                      n_new, capacity, page_size, max_pages, num_pages,
+                      HAS_PAD: tl.constexpr, PAGED: tl.constexpr, BLOCK: tl.constexpr):
+    """The KV-cache rules of batch row b (int64), device-asserted: its kernel's, and the decode kernel's
+    where the API's eager calls fold the check into it (decode.py, CHECK; a kernel compiled with debug)."""
     lens = tl.load(lens_ptr + b * lens_stride)
     pad = tl.load(pad_ptr + b * pad_stride) if HAS_PAD else 0
     tl.device_assert(kv_positions_ok(lens, pad, n_new, capacity),
@@ -96,6 +97,15 @@ def _kvcache_kernel(lens_ptr, pad_ptr, table_ptr, lens_stride, pad_stride, table
             tl.device_assert(kv_page_ok(page, p.to(tl.int64) * page_size, ends, num_pages) | ~inside,
                              "diyflash: a block_table entry in use is not a page of the cache "
                              "(validate='sync' names it)")
+
+
+@triton.jit(debug=True)
+def _kvcache_kernel(lens_ptr, pad_ptr, table_ptr, lens_stride, pad_stride, table_stride_b, table_stride_p,
+                    n_new, capacity, page_size, max_pages, num_pages,
+                    HAS_PAD: tl.constexpr, PAGED: tl.constexpr, BLOCK: tl.constexpr):
+    kvcache_row_check(lens_ptr, pad_ptr, table_ptr, tl.program_id(0).to(tl.int64), lens_stride, pad_stride,
+                      table_stride_b, table_stride_p, n_new, capacity, page_size, max_pages, num_pages,
+                      HAS_PAD=HAS_PAD, PAGED=PAGED, BLOCK=BLOCK)
 
 
 _SEQ_LENS = DirectLauncher(_seq_lens_kernel)
@@ -121,28 +131,6 @@ def check_kvcache(cache_seqlens: torch.Tensor, n_new: int, capacity: int, block_
     if launch is not None:
         grid, pointers, args, meta = launch
         _KVCACHE(grid, *pointers, *args, **meta)
-
-
-def bound_kvcache_check(cache_seqlens: torch.Tensor, n_new: int, capacity: int, block_table: torch.Tensor | None,
-                        num_pages: int, cache_leftpad: torch.Tensor | None):
-    """check_kvcache for later calls of these index tensors' layouts (shapes, strides, dtypes, 16-byte
-    alignment; the caller's key guarantees them) and this cache geometry, bound to its compiled kernel:
-    `check(cache_seqlens, block_table, cache_leftpad)` queues it for that call's tensors at the cost of the
-    launch alone, no signature computed (a decode step's default check: ops/attention_fast.py). None where
-    check_kvcache has not compiled it yet, or there is nothing to check."""
-    launch = _kvcache_launch(cache_seqlens, n_new, capacity, block_table, num_pages, cache_leftpad)
-    if launch is None:
-        return None
-    grid, pointers, args, meta = launch
-    bound = _KVCACHE.bind(grid, pointers, args, meta)
-    if bound is None:
-        return None
-    paged = meta["PAGED"]
-
-    def check(cache_seqlens, block_table, cache_leftpad):
-        bound(*_kvcache_pointers(cache_seqlens, block_table, cache_leftpad, paged))
-
-    return check
 
 
 def _kvcache_pointers(cache_seqlens, block_table, cache_leftpad, paged: bool) -> tuple:

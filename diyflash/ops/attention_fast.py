@@ -9,8 +9,8 @@ bound launches run, nothing else. Where the plan cannot run (another current dev
 or where no plan exists (the decode route, the interpreter, very large batches), the ordinary path runs.
 
 `flash_attention_with_kvcache` without new keys, ALiBi or sinks (a decode step against a cache of fixed
-layout) has the same path: its plan and its launches' arguments (kernels' FastKV), after the value
-check that `validate=True` queues.
+layout) has the same path: its plan and its launches' arguments (kernels' FastKV), whose decode launch
+checks the values where `validate=True` asks (the plan was made so).
 
 The same conditions as the ordinary path's shortcuts decide the route (ops/eager.py): without autograd
 the plan alone; with autograd `_FastEagerAttention`, the attention's autograd formula with the plan as
@@ -21,8 +21,6 @@ takes the ordinary path, which dispatches the op. Results are bit-identical to t
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.autograd.forward_ad as forward_ad
 
@@ -31,11 +29,10 @@ from ..kernels.contract import few_query_rows
 from .attention import (attention_backward, attention_fwd_impl, kernels_module, resolve_deterministic, resolve_scale,
                         setup_context)
 from .eager import PLAIN_TYPES, dispatcher_free
-from .runtime import value_checks
 
 _FAST: dict = {}  # fast_key -> (FastForward, causal, sm_scale, left, right, softcap, return_lse, deterministic),
 # or None: no plan
-_FAST_KV: dict = {}  # kv_fast_key -> (FastKV, the value check validate=True queues, else None), or None
+_FAST_KV: dict = {}  # kv_fast_key -> FastKV (its decode launch checks the values where validate=True), or None
 keep("attention fast calls", lambda: (_FAST, _FAST_KV))
 
 
@@ -169,14 +166,11 @@ def kv_fast_key(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, 
 
 
 def call_kv_fast(key: tuple, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
-    """A known decode call's result by its plan (its value check queued first), or None where the ordinary
-    path must run."""
-    entry = _FAST_KV.get(key)
-    if entry is None or not dispatcher_free(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
+    """A known decode call's result by its plan (which checks the values where validate=True), or None where
+    the ordinary path must run."""
+    fast = _FAST_KV.get(key)
+    if fast is None or not dispatcher_free(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
         return None
-    fast, check = entry
-    if check is not None:
-        check(cache_seqlens, block_table, cache_leftpad)
     result = fast(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad)
     if result is None:
         return None
@@ -193,15 +187,5 @@ def remember_kv_fast(key: tuple, q, k_cache, v_cache, cache_seqlens, block_table
     if q.is_cuda:
         fast = kernels_module().fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal,
                                              resolve_scale(sm_scale, q.shape[-1]), (left, right), softcap, num_splits,
-                                             return_lse)
-    check = None
-    if fast is not None and validate:  # the ordinary path just queued it (the API's arguments): bound to its kernel
-        checks, num_pages = value_checks(), k_cache.shape[0]
-        check = checks.bound_kvcache_check(cache_seqlens, 0, fast.capacity, block_table, num_pages, cache_leftpad)
-        if check is None and cache_seqlens.shape[0]:
-            check = functools.partial(_unbound_kv_check, checks, fast.capacity, num_pages)
-    remember(_FAST_KV, key, None if fast is None else (fast, check))
-
-
-def _unbound_kv_check(checks, capacity, num_pages, cache_seqlens, block_table, cache_leftpad):
-    checks.check_kvcache(cache_seqlens, 0, capacity, block_table, num_pages, cache_leftpad)
+                                             return_lse, check=validate)
+    remember(_FAST_KV, key, fast)

@@ -20,6 +20,7 @@ import triton.language as tl  # noqa: E402  (after the friendly import check abo
 from .semantics import (LN2, SINK_CAP2, _decode_keys, _from_start, _inv, _normalize, _online_softmax,  # noqa: E402
                         _prescaled, _scores, _sink_lse, _sink_start, _slope, _visible)
 from .tiles import _load  # noqa: E402
+from ..value_checks import kvcache_row_check  # noqa: E402
 
 
 @triton.jit
@@ -99,6 +100,8 @@ def _attn_decode_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, LENGTHS: tl.constexpr, LEFTPAD: tl.constexpr,
+    # the API's value check of the lengths and pages, folded in (a kernel compiled with debug)
+    CHECK: tl.constexpr,
     # numerics of the dtype
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     # tiles: how (the tuned config and layout facts of the call)
@@ -111,7 +114,9 @@ def _attn_decode_kernel(
     can see (causal and window bands) are cut into num_splits BLOCK_N-aligned ranges; this program takes
     range program_id(2). out/lse have a split axis (stride_os, stride_ls): with one split they are the final
     output (the sink, SINKS, enters the running max and sum here), else fp32 partials that
-    _attn_decode_combine_kernel merges."""
+    _attn_decode_combine_kernel merges. CHECK (with LENGTHS): each batch row's first program asserts its
+    lengths and pages (value_checks.kvcache_row_check), where an eager validate=True call would launch the
+    check kernel."""
     bh = tl.program_id(0)
     b = bh // num_kv_heads
     off_hk = bh % num_kv_heads
@@ -122,6 +127,11 @@ def _attn_decode_kernel(
     else:
         kv_len = capacity
     causal_offset = kv_len - n_q
+    if CHECK:
+        if (off_hk == 0) & (tl.program_id(1) == 0) & (split == 0):
+            kvcache_row_check(cache_seqlens_ptr, leftpad_ptr, block_table_ptr, b.to(tl.int64), 1, 1, stride_btb, 1,
+                              n_new, capacity, PAGE_SIZE, capacity // PAGE_SIZE, num_pages, HAS_PAD=LEFTPAD,
+                              PAGED=PAGED, BLOCK=64)
 
     rows = start_r + tl.arange(0, BLOCK_M)
     row_ok = rows < n_q * kv_group

@@ -14,6 +14,7 @@ from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, variant
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from .._launch import DirectLauncher, current_stream, int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
+from ..value_checks import check_kvcache  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad  # noqa: E402
 from .plans import (MAX_GRID_Z, aligned, bind_plan, Launch, layout_key, replay_with,  # noqa: E402
                     replayable_here, run_launches)
@@ -99,6 +100,7 @@ def attention_kvcache(
     cache_leftpad: torch.Tensor | None = None,
     need_lse: bool = True,
     keep_scratch: bool = False,
+    check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Write k_new / v_new (B, H_kv, N_new, D) into the cache at cache_seqlens[b] + j (in place), then
     attend q (B, H, N_q, D) to each batch's first cache_seqlens[b] + N_new keys. The cache is (B, H_kv,
@@ -114,7 +116,11 @@ def attention_kvcache(
     whose memory pool must hold nothing beyond the call (mode="reduce-overhead", transformers' static cache).
     A call with the layouts of an earlier one, the caches' strides and lengths of the same classes (_kv_key),
     replays that call's bound launches with its own arguments (launch._replay_with: ~the launches' own host
-    cost)."""
+    cost).
+    check: assert cache_seqlens' and the pages' values on the device (value_checks' KV-cache rules) inside
+    the decode launch, where the API's eager call would queue the check kernel (validate=True): one launch
+    less. The check kernel runs where no decode launch does."""
+    check = check and cache_seqlens is not None
     keep = keep_scratch and _keeps(q)
     out, lse = _outputs(q, v_cache.shape[-1], need_lse, keep)
     call = _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
@@ -122,17 +128,19 @@ def attention_kvcache(
     env = _env(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad,
                out, lse)
     if call.var is None:  # nothing to attend: the append alone
-        run_launches(env, _launches(q, k_cache, v_cache, call, env))
+        if check:
+            check_kvcache(cache_seqlens, call.n_new, call.capacity, block_table, call.num_pages, cache_leftpad)
+        run_launches(env, _launches(q, k_cache, v_cache, call, env, check))
         return out, lse if need_lse else None
     env.update(_partials(q, out, lse, call.splits, keep))
     others = (cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad)
-    key = _kv_key(q, k_cache, v_cache, call, others, scale, num_splits)
+    key = _kv_key(q, k_cache, v_cache, call, others, scale, num_splits, check)
     if key is not None and not aligned(out, lse, env["dst"], env["dst_lse"]):  # the key assumes it
         key = None
     hit = _KV_PLANS.get(key) if key is not None else None
     if hit is not None and replay_with(hit, env, call.args):
         return out, lse if need_lse else None
-    launches = _launches(q, k_cache, v_cache, call, env)
+    launches = _launches(q, k_cache, v_cache, call, env, check)
     run_launches(env, launches)
     if key is not None:
         plan = bind_plan((env, launches), False)
@@ -163,14 +171,13 @@ class FastKV:
     exact layouts (ops/attention_fast.py, the API's fast path for a decode step without new keys): calling
     it allocates out (and lse, or takes kept buffers as the API's eager calls do) and replays the plan.
     Returns (out, lse or None), or None where the plan cannot run now (another current device, changed JIT
-    knobs, an unaligned buffer). capacity: the cache's, for the caller's value check."""
+    knobs, an unaligned buffer)."""
 
-    __slots__ = ("plan", "args", "splits", "dv", "need_lse", "device", "runtime", "capacity")
+    __slots__ = ("plan", "args", "splits", "dv", "need_lse", "device", "runtime")
 
     def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime):
         self.plan, self.args, self.splits, self.dv = plan, call.args, call.splits, dv
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
-        self.capacity = call.capacity
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
         if not replayable_here(self.device, self.runtime):
@@ -185,9 +192,10 @@ class FastKV:
 
 
 def fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal: bool, scale: float,
-                 window: tuple[int, int], softcap: float, num_splits: int, need_lse: bool) -> FastKV | None:
+                 window: tuple[int, int], softcap: float, num_splits: int, need_lse: bool,
+                 check: bool = False) -> FastKV | None:
     """The plan attention_kvcache made for this call (just run, from the API's eager path: no new keys,
-    ALiBi or sinks) as a FastKV; None where it made none."""
+    ALiBi or sinks; check as it was given) as a FastKV; None where it made none."""
     if q.get_device() != torch.cuda.current_device():
         return None
     out = empty_out(q, v_cache.shape[-1])  # its layout, for the arguments (the call's own was the same)
@@ -196,7 +204,7 @@ def fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad,
     if call.var is None:
         return None
     others = (cache_seqlens, None, None, block_table, None, None, cache_leftpad)
-    key = _kv_key(q, k_cache, v_cache, call, others, scale, num_splits)
+    key = _kv_key(q, k_cache, v_cache, call, others, scale, num_splits, check and cache_seqlens is not None)
     plan = _KV_PLANS.get(key) if key is not None else None
     if plan is None:
         return None
@@ -260,7 +268,8 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
                       (*k_strides, *v_strides, capacity, var.left, var.right))
 
 
-def _kv_key(q, k_cache, v_cache, call: CallLayout, others: tuple, scale: float, num_splits: int) -> tuple | None:
+def _kv_key(q, k_cache, v_cache, call: CallLayout, others: tuple, scale: float, num_splits: int,
+            check: bool) -> tuple | None:
     """The key of a call's plan (None where there is none: the interpreter, a batch past MAX_GRID_Z): every
     exact layout the launches depend on, except that the caches' strides and lengths (`call.grows`: the
     strides, the capacity, and the band's sides, whose unbounded value N_q + N_k grows with the cache) count
@@ -273,7 +282,8 @@ def _kv_key(q, k_cache, v_cache, call: CallLayout, others: tuple, scale: float, 
     return ("kvcache", q.device, torch.cuda.current_device(), *runtime_key(), q.dtype, q.shape, q.stride(),
             k_cache.dtype, v_cache.dtype, k_shape[0], k_shape[1], k_shape[3], v_cache.shape[3], call.page_size,
             (q.data_ptr() % 16, k_cache.data_ptr() % 16, v_cache.data_ptr() % 16), *map(layout_key, others),
-            var.causal, var.window, var.cap2, var.kv_group, scale, num_splits, call.splits, _classes(call.grows))
+            var.causal, var.window, var.cap2, var.kv_group, scale, num_splits, call.splits, check,
+            _classes(call.grows))
 
 
 _CLASSES: dict[tuple, tuple] = {}  # exact ints -> their int_class tuple: a fixed-shape loop asks for the same ones
@@ -288,9 +298,11 @@ def _classes(ints: tuple[int, ...]) -> tuple:
     return hit
 
 
-def _launches(q, k_cache, v_cache, call: CallLayout, env: dict) -> list[Launch]:
+def _launches(q, k_cache, v_cache, call: CallLayout, env: dict, check: bool) -> list[Launch]:
     """The call's launches (append, decode, combine; those `call.args` has arguments for), with their grids
-    and options: what a call that replays no plan runs, and binds. env: the call's tensors by name."""
+    and options: what a call that replays no plan runs, and binds. env: the call's tensors by name. check:
+    the decode kernel asserts the lengths and pages (attention_kvcache), compiled with Triton's debug on and
+    its integer-overflow checks off (they would cost every address computation)."""
     b, h, n_q, d = q.shape
     h_kv, dv = k_cache.shape[1], v_cache.shape[-1]
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
@@ -315,7 +327,8 @@ def _launches(q, k_cache, v_cache, call: CallLayout, env: dict) -> list[Launch]:
              CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=env["alibi"] is not None,
              SINKS=env["sinks"] is not None and splits == 1, DOT_PRECISION=dot_precision(q.dtype),
              UPCAST=upcast(q.dtype), LENGTHS=env["cache_seqlens"] is not None, LEFTPAD=env["leftpad"] is not None,
-             num_warps=DECODE_WARPS, num_stages=decode_stages(b * h_kv * row_tiles, splits, q.device), **common)))
+             CHECK=check, **(dict(debug=True, sanitize_overflow=False) if check else {}), num_warps=DECODE_WARPS,
+             num_stages=decode_stages(b * h_kv * row_tiles, splits, q.device), **common)))
     if splits > 1:
         launches.append(Launch(
             _COMBINE, (b, h, n_q), ("dst", "dst_lse", "out", "lse", "sinks"), args[1],
