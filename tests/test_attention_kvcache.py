@@ -58,6 +58,51 @@ def test_split_kv(device, splits):
     check_kvcache(case, causal=True, sinks=sinks, num_splits=splits)
 
 
+@pytest.mark.parametrize("n_q,h_kv", [(1, 2), (5, 1)])
+def test_the_decode_launch_merges_its_splits_with_the_combine_kernels_bits(device, monkeypatch, n_q, h_kv):
+    """An eager call's splits (up to MERGE_MAX_SPLITS) are merged by the decode launch itself (its last
+    program to finish, rows a step: one step, and several with N_q = 5 x 8 heads), with no combine launch;
+    past MERGE_MAX_SPLITS the combine kernel merges them, to the same bits (sinks included), as it does for
+    a call through the op. The merge leaves its counters zero: repeated calls give the same bits."""
+    from diyflash.kernels.attention import kvcache
+
+    combines = []
+    real = kvcache._COMBINE
+
+    class Spy:
+        def __call__(self, *args, **meta):
+            combines.append(args[0])
+            return real(*args, **meta)
+
+        def bind(self, *args):
+            return None  # no plan: every call launches through here
+
+        _compiled = real._compiled  # (what clear_caches empties)
+
+    monkeypatch.setattr(kvcache, "_COMBINE", Spy())
+    monkeypatch.setattr(kvcache, "MERGE_ELEMENTS", 512)  # 2 rows a merge step at 4 splits, D 64
+    case = KVCase(h=8, h_kv=h_kv, n_q=n_q, n_new=0, lens=(300, 7, 509), capacity=512, d=64, dtype=torch.float32,
+                  device=device)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0] * 2, device=device)
+    diyflash.clear_caches()
+    try:
+        merged = [check_kvcache(case, causal=True, sinks=sinks, num_splits=4)[:2] for _ in range(3)]
+        assert not combines
+        counts = [t for key, t in kvcache._KEPT.items() if key[-1] == "counts"]
+        assert all(not t.any() for t in counts) and (len(counts) > 0) == ON_GPU
+        op = torch.ops.diyflash.attention_with_kvcache(case.q, case.k_cache, case.v_cache, case.seqlens, None, None,
+                                                       None, True, None, -1, -1, 0.0, None, sinks, 4, None)
+        assert len(combines) == (1 if ON_GPU else 0)  # (the interpreter merges in the decode launch throughout)
+        monkeypatch.setattr(kvcache, "MERGE_MAX_SPLITS", 3)
+        diyflash.clear_caches()
+        combined = check_kvcache(case, causal=True, sinks=sinks, num_splits=4)[:2]
+        assert len(combines) == (2 if ON_GPU else 1)
+        for other in (*merged[1:], combined, op):
+            assert all(torch.equal(a, b) for a, b in zip(merged[0], other))
+    finally:
+        diyflash.clear_caches()  # (the plans made here merged or not by the patched limit)
+
+
 def test_page_size_256_and_paged_equals_contiguous_bitwise(device):
     case = KVCase(n_q=3, n_new=3, lens=(200, 0, 509), capacity=512, page_size=256, device=device)
     for splits in (1, 3):

@@ -90,9 +90,14 @@ def test_split_partials_are_kept_per_stream(device):
 
     results = [call(case, splits) for case, splits in cases]
     count, size = kept()
-    # the out and lse partials, fp32, each as large as the largest call's: (B, H, N_q, splits, D_v), (.., splits)
+    # the out and lse partials, fp32, each as large as the largest call's: (B, H, N_q, splits, D_v), (.., splits),
+    # and the merge's int32 counters, one a (batch, kv head, row tile) of a merging call (every case here has one
+    # row tile; 33 splits are merged by the combine kernel)
     out_numel, lse_numel = (max(c.b * c.h * c.n_q * s * (c.dv if d else 1) for c, s in cases) for d in (True, False))
-    assert count == 2 and size == 4 * (out_numel + lse_numel)
+    from diyflash.kernels.attention.kvcache import MERGE_MAX_SPLITS
+
+    tiles = max(c.b * c.h_kv for c, s in cases if s <= MERGE_MAX_SPLITS)
+    assert count == 3 and size == 4 * (out_numel + lse_numel + tiles)
     for (case, splits), (out, lse) in zip(cases, results):
         diyflash.clear_caches()
         fresh_out, fresh_lse = call(case, splits)
@@ -107,7 +112,7 @@ def test_split_partials_are_kept_per_stream(device):
     torch.cuda.current_stream().wait_stream(side)
     assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
     count_side, size_side = kept()
-    assert count_side == 4 and size_side > size  # the side stream's own pair
+    assert count_side == 6 and size_side > size  # the side stream's own partials and counters (case 0 merges)
     outs = []
     worker = threading.Thread(target=lambda: outs.append(call(*cases[0])))
     worker.start()
@@ -115,7 +120,7 @@ def test_split_partials_are_kept_per_stream(device):
     torch.cuda.synchronize()
     assert torch.equal(outs[0][0], results[0][0]) and torch.equal(outs[0][1], results[0][1])
     count_thread, size_thread = kept()
-    assert count_thread == 6 and size_thread - size_side == size_side - size  # the thread's own pair
+    assert count_thread == 9 and size_thread - size_side == size_side - size  # the thread's own three
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out, lse = call(*cases[0])
@@ -175,8 +180,8 @@ def test_an_lse_nobody_asked_for_goes_to_a_kept_buffer(device, splits):
     k_cache, v_cache, _ = case.caches(False)
     out, _ = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, causal=True,
                                                    num_splits=splits, return_lse=True)
-    partials = kept()[0]  # 2 with splits, else 0: no lse kept
-    assert partials == (2 if splits > 1 else 0)
+    partials = kept()[0]  # 3 with splits (the partials and the merge's counters), else 0: no lse kept
+    assert partials == (3 if splits > 1 else 0)
     alone = diyflash.flash_attention_with_kvcache(case.q, k_cache, v_cache, case.seqlens, causal=True,
                                                   num_splits=splits)
     assert kept()[0] == partials + 1  # the scratch lse

@@ -283,7 +283,7 @@ def kvcache_error(q, k_cache, v_cache, cache_seqlens, k, v, block_table, num_spl
             return TypeError, f"cache_leftpad must be an int32 tensor, got {getattr(cache_leftpad, 'dtype', cache_leftpad)}"
         if cache_leftpad.shape != (b,):
             return ValueError, f"cache_leftpad must have shape ({b},), got {tuple(cache_leftpad.shape)}"
-    if qs[2] > MAX_KVCACHE_ROWS:  # the combine's grid holds the query rows on an axis CUDA caps at 65535
+    if qs[2] > MAX_KVCACHE_ROWS:  # (the decode grid holds the rows' tiles on an axis CUDA caps at 65535)
         return ValueError, f"q may have at most {MAX_KVCACHE_ROWS} query rows (N_q) a KV-cache call, got {qs[2]}"
     if (k is None) != (v is None):
         return ValueError, "k and v must be given together (the new keys and values), or neither"

@@ -4,10 +4,11 @@ A decode step has few query rows (N_q from 1 to a few hundred) against a long ca
 reading K and V once. The decode kernel packs the G query heads of a kv head with their N_q rows into one
 tile (row r is query r // G of head h_kv * G + r % G: GQA packing, K/V loaded once per group), and splits
 the keys over programs (split-KV, flash-decoding) when B * H_kv * row tiles cannot fill the GPU; each
-split writes its normalised partial output and lse, and the combine kernel merges the splits in a fixed
-order (deterministic). Scores and masks are semantics.py's (_scores, _visible); a paged cache is read
-through its block table: one entry a step of keys where a page holds whole steps (ONE_PAGE), else one a
-key column.
+split writes its normalised partial output and lse, and the splits are merged in a fixed order
+(deterministic): by the last program of a row tile to finish, counted on a self-resetting counter (MERGE,
+one launch), or by the combine kernel (a program per query row, where a tile has many splits). Scores and
+masks are semantics.py's (_scores, _visible); a paged cache is read through its block table: one entry a
+step of keys where a page holds whole steps (ONE_PAGE), else one a key column.
 """
 
 from __future__ import annotations
@@ -88,11 +89,14 @@ def _cache_append_kernel(
 @triton.jit
 def _attn_decode_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, lse_ptr, cache_seqlens_ptr, block_table_ptr, alibi_ptr, sinks_ptr, leftpad_ptr,
+    fin_out_ptr, fin_lse_ptr, counts_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_oz, stride_oh, stride_om, stride_os, stride_od,
     stride_lz, stride_lh, stride_lm, stride_ls,
+    stride_fz, stride_fh, stride_fm, stride_fd,
+    stride_flz, stride_flh, stride_flm,
     stride_btb, stride_az,
     num_kv_heads, n_q, n_new, capacity, num_pages, num_splits,
     qk_scale, kv_group, win_left, win_right, cap2,
@@ -105,18 +109,20 @@ def _attn_decode_kernel(
     # numerics of the dtype
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     # tiles: how (the tuned config and layout facts of the call)
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ONE_PAGE: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
+    MERGE_ROWS: tl.constexpr, MERGE_SPLITS_PAD: tl.constexpr,
 ):
     """One (batch, kv head, row tile, split): rows r = i * kv_group + g of the tile are query i of head
     h_kv * kv_group + g. Batch b attends to its first kv_len = min(cache_seqlens[b] + n_new, capacity) keys
     (every key, kv_len = capacity, without LENGTHS: a dense call), bottom-right aligned (off = kv_len -
     n_q), and with LEFTPAD only to those from cache_leftpad[b] on (_from_start). The keys the tile's rows
     can see (causal and window bands) are cut into num_splits BLOCK_N-aligned ranges; this program takes
-    range program_id(2). out/lse have a split axis (stride_os, stride_ls): with one split they are the final
-    output (the sink, SINKS, enters the running max and sum here), else fp32 partials that
-    _attn_decode_combine_kernel merges. CHECK (with LENGTHS): each batch row's first program asserts its
-    lengths and pages (value_checks.kvcache_row_check), where an eager validate=True call would launch the
-    check kernel."""
+    range program_id(2). out/lse have a split axis (stride_os, stride_ls): without SPLIT (one split) they are
+    the final output (the sink, SINKS, enters the running max and sum here), else fp32 partials, which with
+    MERGE the tile's last program to finish merges into fin_out / fin_lse (counts_ptr: one int32 a row tile,
+    zero before the launch and after it), and without it _attn_decode_combine_kernel does. CHECK (with
+    LENGTHS): each batch row's first program asserts its lengths and pages (value_checks.kvcache_row_check),
+    where an eager validate=True call would launch the check kernel."""
     bh = tl.program_id(0)
     b = bh // num_kv_heads
     off_hk = bh % num_kv_heads
@@ -163,6 +169,9 @@ def _attn_decode_kernel(
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
     if SINKS:
         sink = tl.load(sinks_ptr + off_h, mask=row_ok, other=0.0).to(tl.float32)
+    else:
+        sink = 0.0
+    if SINKS and not SPLIT:
         m_i, l_i = _sink_start(sink, BLOCK_M=BLOCK_M)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -201,14 +210,73 @@ def _attn_decode_kernel(
         m_i = m_new
 
     out, lse = _normalize(acc, m_i, l_i, l_i > 0)
+    if SINKS and not SPLIT:
+        lse = _sink_lse(lse, sink)
+    row_o = b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh + qi.to(tl.int64) * stride_om
+    row_l = b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + qi.to(tl.int64) * stride_lm
+    o_ptrs = out_ptr + row_o[:, None] + split.to(tl.int64) * stride_os + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_mask[None, :])
+    tl.store(lse_ptr + row_l + split.to(tl.int64) * stride_ls, lse, mask=row_ok)
+    if MERGE:
+        tl.debug_barrier()  # every thread's partial stored before the count says so (release, gpu scope)
+        tile = counts_ptr + bh * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == num_splits - 1:  # the tile's last split
+            tl.store(tile, 0)  # zero again for the next launch
+            for r0 in range(start_r, tl.minimum(start_r + BLOCK_M, n_q * kv_group), MERGE_ROWS):
+                r = r0 + tl.arange(0, MERGE_ROWS)
+                ok = (r < start_r + BLOCK_M) & (r < n_q * kv_group)
+                mi, mh = r // kv_group, off_hk * kv_group + r % kv_group
+                if SINKS:
+                    m_sink = tl.load(sinks_ptr + mh, mask=ok, other=0.0).to(tl.float32)
+                else:
+                    m_sink = 0.0
+                m_out, m_lse = _merge_rows(
+                    out_ptr + b.to(tl.int64) * stride_oz + mh.to(tl.int64) * stride_oh + mi.to(tl.int64) * stride_om,
+                    lse_ptr + b.to(tl.int64) * stride_lz + mh.to(tl.int64) * stride_lh + mi.to(tl.int64) * stride_lm,
+                    ok, m_sink, num_splits, stride_os, stride_ls, offs_dv, dv_mask, SINKS=SINKS,
+                    SPLITS_PAD=MERGE_SPLITS_PAD,
+                )
+                tl.store(fin_out_ptr + b.to(tl.int64) * stride_fz + mh.to(tl.int64)[:, None] * stride_fh
+                         + mi.to(tl.int64)[:, None] * stride_fm + offs_dv[None, :] * stride_fd,
+                         m_out.to(fin_out_ptr.dtype.element_ty), mask=ok[:, None] & dv_mask[None, :])
+                tl.store(fin_lse_ptr + b.to(tl.int64) * stride_flz + mh.to(tl.int64) * stride_flh
+                         + mi.to(tl.int64) * stride_flm, m_lse, mask=ok)
+
+
+@triton.jit
+def _merge_rows(part_out, part_lse, row_ok, sink, num_splits, stride_os, stride_ls, offs_dv, dv_mask,
+                SINKS: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    """Merge the splits of some query rows (part_out / part_lse: [ROWS] pointers to each row's split 0, fp32,
+    a partial's columns contiguous): out = sum_s exp(lse_s - lse) out_s, lse = log(sum_s exp(lse_s)
+    [+ exp(sink)]), a row no split saw 0 with lse -inf (the sink's with SINKS). The splits are added one
+    after another in split order (a static unroll: every load in flight at once), so the bits depend on the
+    values alone: MERGE in the decode launch and the combine kernel give the same. Loads bypass L1 (.cg:
+    other programs wrote the partials)."""
+    m = tl.full(row_ok.shape, float("-inf"), dtype=tl.float32)
+    none = tl.zeros(row_ok.shape, dtype=tl.int32)  # (a split's index as a tensor: one mask type everywhere)
+    for s in tl.static_range(SPLITS_PAD):
+        m = tl.maximum(m, tl.load(part_lse + s * stride_ls, mask=row_ok & (none + s < num_splits),
+                                  other=float("-inf"), cache_modifier=".cg"))
+    if SINKS:  # natural units here: the sink capped as _sink_start caps it (SINK_CAP2 * ln 2)
+        sink_c = tl.minimum(sink, SINK_CAP2 * LN2)
+        m = tl.maximum(m, sink_c)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros(row_ok.shape, dtype=tl.float32)
+    acc = tl.zeros([row_ok.shape[0], offs_dv.shape[0]], dtype=tl.float32)
+    for s in tl.static_range(SPLITS_PAD):
+        ok = row_ok & (none + s < num_splits)
+        w = tl.exp(tl.load(part_lse + s * stride_ls, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_sub)
+        total += w
+        acc += tl.load(part_out[:, None] + s * stride_os + offs_dv[None, :], mask=ok[:, None] & dv_mask[None, :],
+                       other=0.0, cache_modifier=".cg") * w[:, None]
+    if SINKS:
+        total += tl.exp(sink_c - m_sub)
+    live = total > 0
+    total = tl.where(live, total, 1.0)
+    lse = tl.where(live, m_sub + tl.log(total), float("-inf"))
     if SINKS:
         lse = _sink_lse(lse, sink)
-    o_ptrs = (out_ptr + b.to(tl.int64) * stride_oz + off_h.to(tl.int64)[:, None] * stride_oh
-              + qi.to(tl.int64)[:, None] * stride_om + split.to(tl.int64) * stride_os + offs_dv[None, :] * stride_od)
-    l_ptrs = (lse_ptr + b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + qi.to(tl.int64) * stride_lm
-              + split.to(tl.int64) * stride_ls)
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_mask[None, :])
-    tl.store(l_ptrs, lse, mask=row_ok)
+    return acc / total[:, None], lse
 
 
 @triton.jit
@@ -216,39 +284,25 @@ def _attn_decode_combine_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, sinks_ptr,
     stride_oz, stride_oh, stride_om, stride_od,
     stride_lz, stride_lh, stride_lm,
-    num_heads, n_q, num_splits,
+    num_heads, n_q, num_splits, n_rows,
     HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr, SINKS: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    """Merge the splits of one query row: out = sum_s exp(lse_s - lse) out_s, lse = log(sum_s exp(lse_s)
-    [+ exp(sink)]), in split order (deterministic). The partials are contiguous (B, H, N_q, S, D_v) and
-    (B, H, N_q, S) fp32. A row no split saw outputs 0 with lse -inf (the sink with SINKS). Grid (B, H, N_q):
-    the batch on axis 0, which CUDA does not cap at 65535."""
-    b = tl.program_id(0)
-    off_h = tl.program_id(1)
-    i = tl.program_id(2)
-    row = (b.to(tl.int64) * num_heads + off_h) * n_q + i
-    offs_s = tl.arange(0, SPLITS_PAD)
+    """Merge the splits of ROWS query rows of the n_rows = B x H x N_q (in that order; _merge_rows). The
+    partials are contiguous (B, H, N_q, S, D_v) and (B, H, N_q, S) fp32. Grid (cdiv(n_rows, ROWS),)."""
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = r < n_rows
+    i = r % n_q
+    off_h = (r // n_q) % num_heads
+    b = r // n_q // num_heads
+    if SINKS:
+        sink = tl.load(sinks_ptr + off_h, mask=row_ok, other=0.0).to(tl.float32)
+    else:
+        sink = 0.0
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
-    s_ok = offs_s < num_splits
-    lse_s = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=s_ok, other=float("-inf"))
-    m = tl.max(lse_s, 0)
-    if SINKS:  # natural units here: the sink capped as _sink_start caps it (SINK_CAP2 * ln 2)
-        sink = tl.load(sinks_ptr + off_h).to(tl.float32)
-        sink_c = tl.minimum(sink, SINK_CAP2 * LN2)
-        m = tl.maximum(m, sink_c)
-    m_sub = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse_s - m_sub)
-    total = tl.sum(w, 0)
-    if SINKS:
-        total += tl.exp(sink_c - m_sub)
-    parts = tl.load(part_out_ptr + (row * num_splits + offs_s[:, None]) * HEAD_DIM_V + offs_dv[None, :],
-                    mask=s_ok[:, None] & (offs_dv < HEAD_DIM_V)[None, :], other=0.0)
-    live = total > 0
-    total_safe = tl.where(live, total, 1.0)
-    out = tl.sum(parts * (w / total_safe)[:, None], 0)
-    lse = tl.where(live, m_sub + tl.log(total_safe), float("-inf"))
-    if SINKS:
-        lse = _sink_lse(lse, sink)
-    tl.store(out_ptr + b.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh + i.to(tl.int64) * stride_om
-             + offs_dv * stride_od, out.to(out_ptr.dtype.element_ty), mask=offs_dv < HEAD_DIM_V)
-    tl.store(lse_ptr + b.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + i.to(tl.int64) * stride_lm, lse)
+    dv_mask = offs_dv < HEAD_DIM_V
+    out, lse = _merge_rows(part_out_ptr + r * num_splits * HEAD_DIM_V, part_lse_ptr + r * num_splits, row_ok, sink,
+                           num_splits, HEAD_DIM_V, 1, offs_dv, dv_mask, SINKS=SINKS, SPLITS_PAD=SPLITS_PAD)
+    tl.store(out_ptr + (b * stride_oz + off_h * stride_oh + i * stride_om)[:, None] + offs_dv[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_mask[None, :])
+    tl.store(lse_ptr + b * stride_lz + off_h * stride_lh + i * stride_lm, lse, mask=row_ok)

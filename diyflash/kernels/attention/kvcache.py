@@ -1,4 +1,4 @@
-"""The KV-cache launcher (attention_kvcache): the append, the split count, the decode and combine launches."""
+"""The KV-cache launcher (attention_kvcache): the append, the split count, the decode (and combine) launches."""
 
 from __future__ import annotations
 
@@ -26,7 +26,30 @@ _COMBINE = DirectLauncher(_attn_decode_combine_kernel)
 DECODE_BLOCK_N = 64  # keys per step: a paged cache of 16-row pages reads four pages a step
 DECODE_WARPS = 4
 MAX_SPLITS = 64
-MIN_KEYS_PER_SPLIT = 128  # below this a split's fixed cost (q load, partial store, combine) dominates
+MIN_KEYS_PER_SPLIT = 128  # below this a split's fixed cost (q load, partial store, merge) dominates
+# An eager call's splits (up to MERGE_MAX_SPLITS a row tile) are merged by the tile's last program to finish
+# (MERGE): one launch less, 4-9 us of host time a decode step on the H200's hosts, for 0.3-1.5 us more GPU
+# time than the combine launch (bench/results/decode_merge_ab_h200.jsonl). Calls through the op (torch.compile,
+# CUDA graphs: GPU time is all they pay) and paged calls (64 splits at B1, where a merge of all 64 took the
+# kernel from 18 to 31 us) take the combine kernel; both merge with _merge_rows, so the bits are the same.
+MERGE_MAX_SPLITS = 16
+MERGE_ELEMENTS = 8192  # fp32 partials a merge step holds: 64 registers a thread of the decode's 4 warps
+
+
+def merge_rows(splits: int, dv_pad: int, block_m: int) -> int:
+    """Rows a merge step takes: as many as MERGE_ELEMENTS holds with all their splits' partials."""
+    return max(1, min(block_m, MERGE_ELEMENTS // (_pow2(splits) * dv_pad)))
+
+
+def _merges(splits: int, keep: bool, paged: bool) -> bool:
+    """Whether the decode launch merges its splits (MERGE): an eager call's (keep) on a contiguous cache with
+    at most MERGE_MAX_SPLITS; under the interpreter every call's up to that many (no host cost to save, but
+    CI runs both merges there)."""
+    return 1 < splits <= MERGE_MAX_SPLITS and (INTERPRETED or keep and not paged)
+
+
+def _pow2(n: int) -> int:
+    return max(2, 1 << (n - 1).bit_length())
 # plans of earlier calls (plans.Plan), keyed (_kv_key) on the layouts, with the caches' strides and lengths
 # by their classes, the variant as the kernels take it, scale, num_splits and the split count
 _KV_PLANS: dict[tuple, object] = {}
@@ -124,7 +147,7 @@ def attention_kvcache(
     keep = keep_scratch and _keeps(q)
     out, lse = _outputs(q, v_cache.shape[-1], need_lse, keep)
     call = _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
-                        num_splits, out)
+                        num_splits, out, keep)
     env = _env(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad,
                out, lse)
     if call.var is None:  # nothing to attend: the append alone
@@ -132,7 +155,7 @@ def attention_kvcache(
             check_kvcache(cache_seqlens, call.n_new, call.capacity, block_table, call.num_pages, cache_leftpad)
         run_launches(env, _launches(q, k_cache, v_cache, call, env, check))
         return out, lse if need_lse else None
-    env.update(_partials(q, out, lse, call.splits, keep))
+    env.update(_partials(q, out, lse, call, keep))
     others = (cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad)
     key = _kv_key(q, k_cache, v_cache, call, others, scale, num_splits, check)
     if key is not None and not aligned(out, lse, env["dst"], env["dst_lse"]):  # the key assumes it
@@ -173,10 +196,10 @@ class FastKV:
     Returns (out, lse or None), or None where the plan cannot run now (another current device, changed JIT
     knobs, an unaligned buffer)."""
 
-    __slots__ = ("plan", "args", "splits", "dv", "need_lse", "device", "runtime")
+    __slots__ = ("plan", "call", "dv", "need_lse", "device", "runtime")
 
     def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime):
-        self.plan, self.args, self.splits, self.dv = plan, call.args, call.splits, dv
+        self.plan, self.call, self.dv = plan, call, dv
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
@@ -185,8 +208,8 @@ class FastKV:
         keep = _keeps(q)
         out, lse = _outputs(q, self.dv, self.need_lse, keep)
         env = _env(q, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, cache_leftpad, out, lse)
-        env.update(_partials(q, out, lse, self.splits, keep))
-        if not aligned(out, lse, env["dst"], env["dst_lse"]) or not replay_with(self.plan, env, self.args):
+        env.update(_partials(q, out, lse, self.call, keep))
+        if not aligned(out, lse, env["dst"], env["dst_lse"]) or not replay_with(self.plan, env, self.call.args):
             return None
         return out, lse if self.need_lse else None
 
@@ -200,7 +223,7 @@ def fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad,
         return None
     out = empty_out(q, v_cache.shape[-1])  # its layout, for the arguments (the call's own was the same)
     call = _call_layout(q, k_cache, v_cache, None, None, block_table, causal, scale, window, softcap, None,
-                        num_splits, out)
+                        num_splits, out, _keeps(q))
     if call.var is None:
         return None
     others = (cache_seqlens, None, None, block_table, None, None, cache_leftpad)
@@ -213,15 +236,17 @@ def fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad,
 
 class CallLayout(NamedTuple):
     """What a KV-cache call's launches take beyond their pointers, from its layout and arguments alone:
-    each launch's arguments (append with new keys, decode, combine when split), the variant (None where
-    no query row attends: the append alone), the decode tile rows, row tiles, the split count, and the
-    cache's geometry."""
+    each launch's arguments (append with new keys, decode, combine where split and not merged), the variant
+    (None where no query row attends: the append alone), the decode tile rows, row tiles, the split count,
+    whether the decode launch merges the splits, and the cache's geometry."""
 
     args: tuple
     var: Variant | None
     block_m: int
     row_tiles: int
     splits: int
+    tiles: int  # programs a split: B x H_kv x row tiles
+    merge: bool
     paged: bool
     page_size: int
     n_new: int
@@ -231,7 +256,7 @@ class CallLayout(NamedTuple):
 
 
 def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
-                 num_splits, out) -> CallLayout:
+                 num_splits, out, keep: bool) -> CallLayout:
     b, h, n_q, d = q.shape
     k_shape = k_cache.shape
     h_kv, dv = k_shape[1], v_cache.shape[-1]
@@ -244,11 +269,11 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
         page_size, num_pages, bt_stride, capacity = 1, 1, 0, k_shape[2]
     n_new = 0 if k_new is None else k_new.shape[2]
     k_strides, v_strides = k_cache.stride(), v_cache.stride()
-    args = []  # each launch's arguments after its pointers: append (with new keys), decode, combine (if split)
+    args = []  # each launch's arguments after its pointers: append (new keys), decode, combine (many splits)
     if n_new and b:
         args.append((*k_new.stride(), *v_new.stride(), *k_strides, *v_strides, bt_stride, n_new, capacity, num_pages))
     if out.numel() == 0:
-        return CallLayout(tuple(args), None, 0, 0, 1, paged, page_size, n_new, capacity, num_pages, ())
+        return CallLayout(tuple(args), None, 0, 0, 1, 0, False, paged, page_size, n_new, capacity, num_pages, ())
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
     row_tiles = cdiv(n_q * var.kv_group, block_m)
@@ -259,13 +284,14 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
     else:
         o_strides = (*out.stride()[:3], 0, out.stride(3))
         l_strides = (*lse_strides, 0)
-    args.append((*q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, bt_stride, alibi_stride(alibi_slopes),
-                 h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group, var.left, var.right,
-                 var.cap2))
-    if splits > 1:
-        args.append((*out.stride(), *lse_strides, h, n_q, splits))
-    return CallLayout(tuple(args), var, block_m, row_tiles, splits, paged, page_size, n_new, capacity, num_pages,
-                      (*k_strides, *v_strides, capacity, var.left, var.right))
+    args.append((*q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, *out.stride(), *lse_strides, bt_stride,
+                 alibi_stride(alibi_slopes), h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group,
+                 var.left, var.right, var.cap2))
+    merge = _merges(splits, keep, paged)
+    if splits > 1 and not merge:
+        args.append((*out.stride(), *lse_strides, h, n_q, splits, b * h * n_q))
+    return CallLayout(tuple(args), var, block_m, row_tiles, splits, b * h_kv * row_tiles, merge, paged, page_size,
+                      n_new, capacity, num_pages, (*k_strides, *v_strides, capacity, var.left, var.right))
 
 
 def _kv_key(q, k_cache, v_cache, call: CallLayout, others: tuple, scale: float, num_splits: int,
@@ -282,7 +308,7 @@ def _kv_key(q, k_cache, v_cache, call: CallLayout, others: tuple, scale: float, 
     return ("kvcache", q.device, torch.cuda.current_device(), *runtime_key(), q.dtype, q.shape, q.stride(),
             k_cache.dtype, v_cache.dtype, k_shape[0], k_shape[1], k_shape[3], v_cache.shape[3], call.page_size,
             (q.data_ptr() % 16, k_cache.data_ptr() % 16, v_cache.data_ptr() % 16), *map(layout_key, others),
-            var.causal, var.window, var.cap2, var.kv_group, scale, num_splits, call.splits, check,
+            var.causal, var.window, var.cap2, var.kv_group, scale, num_splits, call.splits, call.merge, check,
             _classes(call.grows))
 
 
@@ -319,52 +345,67 @@ def _launches(q, k_cache, v_cache, call: CallLayout, env: dict, check: bool) -> 
             args.pop(0), dict(BLOCK=block, num_warps=4, **common)))
     if not args:
         return launches
+    merge = call.merge
+    rows = merge_rows(splits, dv_pad, block_m)
     launches.append(Launch(
         _DECODE, (b * h_kv, row_tiles, splits),
-        ("q", "k_cache", "v_cache", "dst", "dst_lse", "cache_seqlens", "block_table", "alibi", "sinks", "leftpad"),
+        ("q", "k_cache", "v_cache", "dst", "dst_lse", "cache_seqlens", "block_table", "alibi", "sinks", "leftpad",
+         "out", "lse", "counts"),
         args[0],
         dict(BLOCK_M=block_m, BLOCK_N=DECODE_BLOCK_N, ONE_PAGE=paged and page_size % DECODE_BLOCK_N == 0,
+             SPLIT=splits > 1, MERGE=merge, MERGE_ROWS=rows if merge else 1,
+             MERGE_SPLITS_PAD=_pow2(splits) if merge else 2,
              CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, ALIBI=env["alibi"] is not None,
-             SINKS=env["sinks"] is not None and splits == 1, DOT_PRECISION=dot_precision(q.dtype),
+             SINKS=env["sinks"] is not None, DOT_PRECISION=dot_precision(q.dtype),
              UPCAST=upcast(q.dtype), LENGTHS=env["cache_seqlens"] is not None, LEFTPAD=env["leftpad"] is not None,
              CHECK=check, **(dict(debug=True, sanitize_overflow=False) if check else {}), num_warps=DECODE_WARPS,
              num_stages=decode_stages(b * h_kv * row_tiles, splits, q.device), **common)))
-    if splits > 1:
+    if splits > 1 and not merge:
         launches.append(Launch(
-            _COMBINE, (b, h, n_q), ("dst", "dst_lse", "out", "lse", "sinks"), args[1],
-            dict(HEAD_DIM_V=dv, HEAD_DIM_V_PAD=head_dim_pad(dv), SPLITS_PAD=max(2, 1 << (splits - 1).bit_length()),
-                 SINKS=env["sinks"] is not None, num_warps=4)))
+            _COMBINE, (cdiv(b * h * n_q, rows),), ("dst", "dst_lse", "out", "lse", "sinks"), args[1],
+            dict(HEAD_DIM_V=dv, HEAD_DIM_V_PAD=head_dim_pad(dv), SPLITS_PAD=_pow2(splits),
+                 SINKS=env["sinks"] is not None, ROWS=rows, num_warps=4)))
     return launches
 
 
-def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int, keep: bool) -> dict:
+def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: CallLayout, keep: bool) -> dict:
     """Where the decode kernel writes: out and lse themselves (one split), or fp32 partials, contiguous (B,
-    H, N_q, splits, D_v) and (B, H, N_q, splits), that the combine kernel merges into them: the leading
-    elements of buffers kept per device, stream and thread (_kept) where `keep` (keep_scratch and _keeps: an
-    eager CUDA call of the API), fresh ones otherwise."""
+    H, N_q, splits, D_v) and (B, H, N_q, splits), that the merge (or the combine kernel) merges into them,
+    and the merge's counters ("counts", one int32 zero a row tile: call.tiles): the leading elements of
+    buffers kept per device, stream and thread (_kept) where `keep` (keep_scratch and _keeps: an eager CUDA
+    call of the API), fresh ones otherwise. A launch that reads no counters gets a stand-in pointer."""
+    splits = call.splits
     if splits == 1:
-        return {"dst": out, "dst_lse": lse}
+        return {"dst": out, "dst_lse": lse, "counts": lse}  # (no counts read: a stand-in pointer)
     b, h, n_q = q.shape[:3]
     rows = b * h * n_q * splits
+    if not call.merge:
+        counts = lse
+    elif keep:
+        counts = _kept(q, "counts", call.tiles, zeros=True)
+    else:  # (a merging plan replayed while a CUDA graph is captured: FastKV)
+        counts = torch.zeros(call.tiles, dtype=torch.int32, device=q.device)
     if keep:
-        return {"dst": _kept(q, "out", rows * out.shape[-1]), "dst_lse": _kept(q, "lse partials", rows)}
+        return {"dst": _kept(q, "out", rows * out.shape[-1]), "dst_lse": _kept(q, "lse partials", rows),
+                "counts": counts}
     return {"dst": torch.empty(rows * out.shape[-1], dtype=torch.float32, device=q.device),
-            "dst_lse": torch.empty(rows, dtype=torch.float32, device=q.device)}
+            "dst_lse": torch.empty(rows, dtype=torch.float32, device=q.device), "counts": counts}
 
 
 # Buffers that only the launches of one call use (split-KV's partials, which the decode kernel writes and
-# the combine kernel reads; an lse nobody asked for), kept per device, stream and thread between eager
-# calls: a torch.empty costs ~5-7 us of the H200 host's time (bench/results/host_budget_h200.txt), and a B1
-# decode step three of them, against ~17-25 us of GPU time. Launches on one stream run in order, so a
-# call's kernels write these after the previous call's kernels read them; a call on another stream gets
-# buffers of its own, and so does a call from another thread (two threads launching on one stream could
-# interleave one call's decode and combine with another's), and a call while a CUDA graph is captured gets
-# fresh ones (the graph's pool holds them), as do calls through the op (attention_kvcache's keep_scratch: a
-# CUDA-graph tree's warmup would find a kept buffer live in its pool and refuse to record). A buffer only
+# its merge or the combine kernel reads; the merge's counters, zero between calls; an lse nobody asked for),
+# kept per device, stream and thread between eager calls: a torch.empty costs ~5-7 us of the H200 host's
+# time (bench/results/host_budget_h200.txt), and a B1 decode step three or four of them, against ~17-25 us
+# of GPU time. Launches on one stream run in order, so a call's kernels write these after the previous
+# call's kernels read them; a call on another stream gets buffers of its own, and so does a call from
+# another thread (two threads launching on one stream could interleave one call's partials and counters
+# with another's), and a call while a CUDA graph is captured gets fresh ones (the graph's pool holds them),
+# as do calls through the op (attention_kvcache's keep_scratch: a CUDA-graph tree's warmup would find a
+# kept buffer live in its pool and refuse to record). A buffer only
 # grows: split-KV's partials are B x H x N_q x splits x (D_v + 1) fp32, where B x H_kv x row tiles x splits
 # is at most the GPU's SMs (four times that for a paged cache) unless num_splits asks for more.
 _KEPT: dict[tuple, torch.Tensor] = {}
-MAX_KEPT = 192  # buffers (three a stream and thread): a program with ever-new streams or threads starts over
+MAX_KEPT = 256  # buffers (four a stream and thread): a program with ever-new streams or threads starts over
 # (a freed buffer returns to the pool of the stream it was allocated on)
 
 
@@ -374,15 +415,17 @@ def _keeps(q: torch.Tensor) -> bool:
     return not PLAIN and q.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
-def _kept(q: torch.Tensor, slot: str, numel: int) -> torch.Tensor:
+def _kept(q: torch.Tensor, slot: str, numel: int, zeros: bool = False) -> torch.Tensor:
     """The kept fp32 buffer `slot` of q's device, the current stream and thread, at least numel long
-    (contiguous; the kernels use its leading numel elements)."""
+    (contiguous; the kernels use its leading numel elements); zeros: int32 zeros (MERGE's counters, which
+    the decode kernel leaves zero)."""
     index = q.get_device()
     key = (index, current_stream(index), get_ident(), slot)
     buf = _KEPT.get(key)
     if buf is None or buf.numel() < numel:
-        buf = remember(_KEPT, key, torch.empty(max(numel, 0 if buf is None else buf.numel()), dtype=torch.float32,
-                                               device=q.device), MAX_KEPT)
+        size = max(numel, 0 if buf is None else buf.numel())
+        buf = remember(_KEPT, key, torch.zeros(size, dtype=torch.int32, device=q.device) if zeros else
+                       torch.empty(size, dtype=torch.float32, device=q.device), MAX_KEPT)
     return buf
 
 
