@@ -5,10 +5,11 @@ reading K and V once. The decode kernel packs the G query heads of a kv head wit
 tile (row r is query r // G of head h_kv * G + r % G: GQA packing, K/V loaded once per group), and splits
 the keys over programs (split-KV, flash-decoding) when B * H_kv * row tiles cannot fill the GPU; each
 split writes its normalised partial output and lse, and the splits are merged in a fixed order
-(deterministic): by the last program of a row tile to finish, counted on a self-resetting counter (MERGE,
-one launch), or by the combine kernel (a program per query row, where a tile has many splits). Scores and
-masks are semantics.py's (_scores, _visible); a paged cache is read through its block table: one entry a
-step of keys where a page holds whole steps (ONE_PAGE), else one a key column.
+(deterministic, _merge_rows): by the last program of a row tile to finish, counted on a self-resetting
+counter (MERGE: an eager call in one launch), or by the combine kernel, rows a program (calls through the
+op, CUDA graphs, paged caches, many splits), with the same bits. Scores and masks are semantics.py's
+(_scores, _visible); a paged cache is read through its block table: one entry a step of keys where a page
+holds whole steps (ONE_PAGE), else one a key column.
 """
 
 from __future__ import annotations
