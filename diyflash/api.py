@@ -15,8 +15,8 @@ from .ops.attention_varlen import call_attention_varlen
 from .ops.matmul import call_matmul
 from .ops import runtime
 from .ops.runtime import interpreter_active
-from .ops.checks import (attention_shape_error, cu_seqlens_error, kvcache_error, kvcache_values_error, one_device,
-                         seq_lens_error, variant_error, varlen_error)
+from .ops.checks import (attention_shape_error, cu_seqlens_error, kvcache_capacity, kvcache_error,
+                         kvcache_values_error, one_device, seq_lens_error, variant_error, varlen_error)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -395,9 +395,9 @@ def flash_attention_with_kvcache(
             (or by a small kernel queued before the op where the op is dispatched), with no device sync (a
             bad value stops the program with a device-side assert naming the rule; the CUDA context is then
             lost), on the CPU on the host. "sync": on the host, a ValueError naming the entry and its value,
-            at the cost of one device sync (skipped while a CUDA graph is captured). False: not checked. Never while compiling or
-            exporting. The kernels clamp either way: positions past the capacity are neither written nor
-            read, page entries are clamped into the cache.
+            at the cost of one device sync (skipped while a CUDA graph is captured). False: not checked.
+            Never while compiling or exporting. The kernels clamp either way: positions past the capacity
+            are neither written nor read, page entries are clamped into the cache.
 
     Returns:
         (batch, heads, N_q, head_dim_v) in q's dtype and layout; with return_lse, (out, lse).
@@ -434,9 +434,9 @@ def flash_attention_with_kvcache(
     left, right, softcap = _check_variant_args(q, window_size, softcap, alibi_slopes, sinks)
     mode = _value_check(validate, cache_seqlens)
     if mode == "sync":
-        capacity = block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
-        error = kvcache_values_error(cache_seqlens, 0 if k is None else k.shape[2], capacity, block_table,
-                                     k_cache.shape[0], cache_leftpad)
+        error = kvcache_values_error(cache_seqlens, 0 if k is None else k.shape[2],
+                                     kvcache_capacity(k_cache, block_table), block_table, k_cache.shape[0],
+                                     cache_leftpad)
         if error:
             raise ValueError(error)
     return_lse = _check_bool("return_lse", return_lse)

@@ -16,7 +16,7 @@ from ..kernels.attention_torch import attention_kvcache_torch
 from ..kernels.contract import empty_out
 from .attention import kernels_module, lse_dtype, prepare_variants, resolve_scale, variant_kwargs
 from .autocast import register_autocast
-from .checks import check_dtype, check_kvcache, check_variants
+from .checks import check_dtype, check_kvcache, check_variants, kvcache_capacity
 from .eager import dispatcher_free
 from .forward_ad import guard_autograd
 from .registry import entry
@@ -88,11 +88,10 @@ register_autocast(attention_with_kvcache, cast=("q", "k", "v"))  # the caches ke
 def queue_value_check(q, k_cache, cache_seqlens, k, block_table, cache_leftpad) -> None:
     """Queue the device-side check of cache_seqlens', cache_leftpad's and the block table's values (the
     API's validate=True), as its own launch (value_checks.check_kvcache)."""
-    paged = block_table is not None
-    capacity = block_table.shape[1] * k_cache.shape[2] if paged else k_cache.shape[2]
     with device_guard(q):
-        value_checks().check_kvcache(cache_seqlens, 0 if k is None else k.shape[2], capacity, block_table,
-                                     k_cache.shape[0], cache_leftpad)
+        value_checks().check_kvcache(cache_seqlens, 0 if k is None else k.shape[2],
+                                     kvcache_capacity(k_cache, block_table), block_table, k_cache.shape[0],
+                                     cache_leftpad)
 
 
 def call_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale, window_left,

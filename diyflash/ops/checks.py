@@ -317,6 +317,11 @@ def check_kvcache(op: str, *args) -> None:
         raise kind(f"diyflash::{op}: {message}")
 
 
+def kvcache_capacity(k_cache, block_table) -> int:
+    """The keys a KV cache holds per batch row: N_cache, or max_pages * page_size for a paged one."""
+    return block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
+
+
 def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, num_pages: int,
                          cache_leftpad=None) -> str | None:
     """The values, checked on the host (validate="sync", or CPU tensors; one device sync for CUDA ones;
