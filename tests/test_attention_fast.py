@@ -160,6 +160,30 @@ def test_cpu_calls_stay_ordinary(device):
         diyflash.flash_attention(q, k, v, causal="yes")
 
 
+def test_decode_route_calls_of_a_known_layout_skip_the_checks(device, fresh_caches, no_checks):
+    """A few query rows (the decode route) against keys one step longer each call, as on transformers'
+    DynamicCache: after one ordinary call, calls of other key lengths and strides skip the argument checks
+    and the op layers (checks refused), with the op's results bit for bit; what the key cannot vouch for
+    still reaches the ordinary path: k and v of two lengths, inputs that need grad."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(2, 8, 1, 64, generator=gen).to(device, torch.float16)
+    caches = [torch.randn(2, 2, n, 64, generator=gen).to(device, torch.float16) for n in (40, 41, 90)]
+    caches.append(torch.randn(2, 97, 2, 64, generator=gen).to(device, torch.float16).transpose(1, 2))
+    kw = dict(causal=True, window_size=(50, 0))
+    want = [torch.ops.diyflash.attention_fwd(q, kv, kv, True, None, None, 50, 0) for kv in caches]
+    assert torch.equal(diyflash.flash_attention(q, caches[0], caches[0], **kw), want[0][0])  # ordinary: checks
+    diyflash.flash_attention(q, caches[0], caches[0], return_lse=True, **kw)
+    no_checks()
+    for kv, (out, lse) in zip(caches, want):
+        assert torch.equal(diyflash.flash_attention(q, kv, kv, **kw), out)
+        got = diyflash.flash_attention(q, kv, kv, return_lse=True, **kw)
+        assert torch.equal(got[0], out) and torch.equal(got[1], lse)
+    with pytest.raises(AssertionError, match="the ordinary path ran"):
+        diyflash.flash_attention(q, caches[0], caches[1], **kw)  # k and v of two lengths: no key
+    with pytest.raises(AssertionError, match="the ordinary path ran"):
+        diyflash.flash_attention(q.detach().requires_grad_(), caches[0], caches[0], **kw)
+
+
 KV_CASES = [  # (b, h, h_kv, n_q, cache, d, dtype, paged, kwargs)
     (1, 32, 8, 1, 1024, 128, torch.bfloat16, False, dict()),
     (2, 8, 8, 3, 512, 64, torch.float16, False, dict(causal=True, window_size=(100, 0), return_lse=True)),

@@ -8,6 +8,12 @@ and left a plan, goes straight to that plan (kernels' FastForward): out and lse 
 bound launches run, nothing else. Where the plan cannot run (another current device, changed JIT knobs),
 or where no plan exists (the decode route, the interpreter, very large batches), the ordinary path runs.
 
+A call on the decode route (a few query rows: launch.decode_route), which has no dense plan, has a key
+without the keys' length and the caches' strides (a DynamicCache is one token longer, with new strides,
+every step; the argument rules do not depend on them beyond k and v having one length): a known one skips the
+argument checks and the op layers and calls the launcher the ordinary path ends in
+(kernels.attention_fwd, whose KV-cache plans are keyed on those lengths' classes).
+
 `flash_attention_with_kvcache` without new keys, ALiBi or sinks (a decode step against a cache of fixed
 layout) has the same path: its plan and its launches' arguments (kernels' FastKV), whose decode launch
 checks the values where `validate=True` asks (the plan was made so).
@@ -21,9 +27,12 @@ takes the ordinary path, which dispatches the op. Results are bit-identical to t
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.autograd.forward_ad as forward_ad
 
+from ..kernels import uses_triton
 from ..kernels._runtime import PLAIN, keep, remember
 from ..kernels.contract import few_query_rows
 from .attention import (attention_backward, attention_fwd_impl, kernels_module, resolve_deterministic, resolve_scale,
@@ -31,7 +40,7 @@ from .attention import (attention_backward, attention_fwd_impl, kernels_module, 
 from .eager import PLAIN_TYPES, dispatcher_free
 
 _FAST: dict = {}  # fast_key -> (FastForward, causal, sm_scale, left, right, softcap, return_lse, deterministic),
-# or None: no plan
+# or, for a decode key (_DECODE first), _Decode; None: no plan
 _FAST_KV: dict = {}  # kv_fast_key -> FastKV (its decode launch checks the values where validate=True), or None
 keep("attention fast calls", lambda: (_FAST, _FAST_KV))
 
@@ -63,13 +72,40 @@ def fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse, determ
             or not _keyable(causal, sm_scale, window_size, softcap, return_lse, (q, k, v))):
         return None
     try:
-        if few_query_rows(q.shape, k.shape):
-            return None  # the decode route: no dense plan to replay (and a growing cache makes every key new)
-        return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+        q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+        if few_query_rows(q_shape, k_shape):  # the decode route: its key leaves out what grows with a cache
+            if len(v_shape) != 4 or k_shape[2] != v_shape[2]:
+                return None  # (the ordinary path says what is wrong)
+            return (_DECODE, q_shape, q.stride(), k_shape[:2], k_shape[3], v_shape[:2], v_shape[3], q.dtype, k.dtype,
+                    v.dtype, q.device, k.device, v.device, causal, sm_scale, window_size, softcap, return_lse,
+                    deterministic)
+        return (q_shape, q.stride(), k_shape, k.stride(), v_shape, v.stride(), q.dtype, k.dtype, v.dtype,
                 q.device, k.device, v.device, (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16 == 0,
                 causal, sm_scale, window_size, softcap, return_lse, deterministic)
     except RuntimeError:  # a tensor without strides or data (nested, ...): the ordinary path explains
         return None
+
+
+_DECODE = "decode"  # the first element of a decode-route key (a dense key starts with q's shape)
+
+
+class _Decode(NamedTuple):
+    """A known decode-route call: the arguments the ordinary path handed the launcher (scale resolved), and
+    the device it ran on (None: the CPU under the interpreter), which must be current (its device_guard)."""
+
+    device: int | None
+    causal: bool
+    scale: float
+    window: tuple[int, int]
+    softcap: float
+    return_lse: bool
+
+    def __call__(self, q, k, v):
+        if not dispatcher_free(q, k, v) or (self.device is not None and torch.cuda.current_device() != self.device):
+            return None
+        out, lse = kernels_module().attention_fwd(q, k, v, self.causal, self.scale, None, window=self.window,
+                                                  softcap=self.softcap, need_lse=self.return_lse, keep_scratch=True)
+        return (out, lse) if self.return_lse else out
 
 
 def call_fast(key: tuple, q, k, v):
@@ -78,6 +114,8 @@ def call_fast(key: tuple, q, k, v):
     entry = _FAST.get(key)
     if entry is None:
         return None
+    if key[0] is _DECODE:
+        return entry(q, k, v)
     fast, causal, sm_scale, left, right, softcap, return_lse, deterministic = entry
     if dispatcher_free(q, k, v):
         result = fast(q, k, v, need_lse=return_lse)
@@ -95,6 +133,11 @@ def remember_fast(key: tuple, q, k, v, causal: bool, sm_scale: float | None, lef
     """After the ordinary path ran a call of this key (its checks passed): keep its plan for the next
     call of the key, or None where it has none (so that later calls do not look again)."""
     if key in _FAST:
+        return
+    if key[0] is _DECODE:  # (the ordinary path ran the decode route: attention_fwd_impl)
+        remember(_FAST, key, _Decode(q.get_device() if q.is_cuda else None, causal,
+                                     resolve_scale(sm_scale, q.shape[-1]), (left, right), softcap, return_lse)
+                 if uses_triton(q) else None)
         return
     fast = None
     if q.is_cuda:

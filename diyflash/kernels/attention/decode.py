@@ -168,11 +168,8 @@ def _attn_decode_kernel(
         slope2 = slope2[:, None]  # a slope per row (the rows are a kv group's query heads)
     q, qk_scale = _prescaled(q, qk_scale)  # the raw dot overflows only where the scaled score does
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
-    if SINKS:
+    if SINKS and not SPLIT:  # (a split's partial leaves the sink to the merge: _merge_rows)
         sink = tl.load(sinks_ptr + off_h, mask=row_ok, other=0.0).to(tl.float32)
-    else:
-        sink = 0.0
-    if SINKS and not SPLIT:
         m_i, l_i = _sink_start(sink, BLOCK_M=BLOCK_M)
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

@@ -144,7 +144,7 @@ def attention_kvcache(
     the decode launch, where the API's eager call would queue the check kernel (validate=True): one launch
     less. The check kernel runs where no decode launch does."""
     check = check and cache_seqlens is not None
-    keep = keep_scratch and _keeps(q)
+    keep = _keeps(q) if keep_scratch else None
     out, lse = _outputs(q, v_cache.shape[-1], need_lse, keep)
     call = _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
                         num_splits, out, keep)
@@ -172,12 +172,12 @@ def attention_kvcache(
     return out, lse if need_lse else None
 
 
-def _outputs(q: torch.Tensor, dv: int, need_lse: bool, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _outputs(q: torch.Tensor, dv: int, need_lse: bool, keep: tuple | None) -> tuple[torch.Tensor, torch.Tensor]:
     """out in q's layout, and lse (B, H, N_q) fp32 contiguous: fresh where a caller sees it (need_lse) or
-    nothing may be kept, else a kept buffer (_kept)."""
+    nothing may be kept (keep None), else a kept buffer (_kept)."""
     out = empty_out(q, dv)
-    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or not keep
-           else _kept(q, "lse", q.numel() // q.shape[-1]))
+    lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or keep is None
+           else _kept(q, keep, "lse", q.numel() // q.shape[-1]))
     return out, lse
 
 
@@ -256,7 +256,7 @@ class CallLayout(NamedTuple):
 
 
 def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
-                 num_splits, out, keep: bool) -> CallLayout:
+                 num_splits, out, keep: tuple | None) -> CallLayout:
     b, h, n_q, d = q.shape
     k_shape = k_cache.shape
     h_kv, dv = k_shape[1], v_cache.shape[-1]
@@ -287,7 +287,7 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
     args.append((*q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, *out.stride(), *lse_strides, bt_stride,
                  alibi_stride(alibi_slopes), h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group,
                  var.left, var.right, var.cap2))
-    merge = _merges(splits, keep, paged)
+    merge = _merges(splits, keep is not None, paged)
     if splits > 1 and not merge:
         args.append((*out.stride(), *lse_strides, h, n_q, splits, b * h * n_q))
     return CallLayout(tuple(args), var, block_m, row_tiles, splits, b * h_kv * row_tiles, merge, paged, page_size,
@@ -368,7 +368,7 @@ def _launches(q, k_cache, v_cache, call: CallLayout, env: dict, check: bool) -> 
     return launches
 
 
-def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: CallLayout, keep: bool) -> dict:
+def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: CallLayout, keep: tuple | None) -> dict:
     """Where the decode kernel writes: out and lse themselves (one split), or fp32 partials, contiguous (B,
     H, N_q, splits, D_v) and (B, H, N_q, splits), that the merge (or the combine kernel) merges into them,
     and the merge's counters ("counts", one int32 zero a row tile: call.tiles): the leading elements of
@@ -381,12 +381,12 @@ def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: CallL
     rows = b * h * n_q * splits
     if not call.merge:
         counts = lse
-    elif keep:
-        counts = _kept(q, "counts", call.tiles, zeros=True)
+    elif keep is not None:
+        counts = _kept(q, keep, "counts", call.tiles, zeros=True)
     else:  # (a merging plan replayed while a CUDA graph is captured: FastKV)
         counts = torch.zeros(call.tiles, dtype=torch.int32, device=q.device)
-    if keep:
-        return {"dst": _kept(q, "out", rows * out.shape[-1]), "dst_lse": _kept(q, "lse partials", rows),
+    if keep is not None:
+        return {"dst": _kept(q, keep, "out", rows * out.shape[-1]), "dst_lse": _kept(q, keep, "lse partials", rows),
                 "counts": counts}
     return {"dst": torch.empty(rows * out.shape[-1], dtype=torch.float32, device=q.device),
             "dst_lse": torch.empty(rows, dtype=torch.float32, device=q.device), "counts": counts}
@@ -409,18 +409,21 @@ MAX_KEPT = 256  # buffers (four a stream and thread): a program with ever-new st
 # (a freed buffer returns to the pool of the stream it was allocated on)
 
 
-def _keeps(q: torch.Tensor) -> bool:
-    """Whether this call's scratch buffers come from _KEPT: an eager CUDA call (not the interpreter, not
-    while capturing a CUDA graph)."""
-    return not PLAIN and q.is_cuda and not torch.cuda.is_current_stream_capturing()
-
-
-def _kept(q: torch.Tensor, slot: str, numel: int, zeros: bool = False) -> torch.Tensor:
-    """The kept fp32 buffer `slot` of q's device, the current stream and thread, at least numel long
-    (contiguous; the kernels use its leading numel elements); zeros: int32 zeros (MERGE's counters, which
-    the decode kernel leaves zero)."""
+def _keeps(q: torch.Tensor) -> tuple | None:
+    """Where this call's scratch buffers come from in _KEPT, (device index, current stream, thread), for an
+    eager CUDA call; None where nothing is kept (the interpreter, a CUDA graph being captured). Found once a
+    call: each _kept of the call takes it."""
+    if PLAIN or not q.is_cuda or torch.cuda.is_current_stream_capturing():
+        return None
     index = q.get_device()
-    key = (index, current_stream(index), get_ident(), slot)
+    return index, current_stream(index), get_ident()
+
+
+def _kept(q: torch.Tensor, where: tuple, slot: str, numel: int, zeros: bool = False) -> torch.Tensor:
+    """The kept fp32 buffer `slot` of `where` (_keeps: q's device, the current stream and thread), at least
+    numel long (contiguous; the kernels use its leading numel elements); zeros: int32 zeros (MERGE's counters,
+    which the decode kernel leaves zero)."""
+    key = (*where, slot)
     buf = _KEPT.get(key)
     if buf is None or buf.numel() < numel:
         size = max(numel, 0 if buf is None else buf.numel())
