@@ -199,46 +199,6 @@ def test_a_positional_constexpr_is_keyed_by_value(fake_driver):
     assert kinds(kernel.log) == ["jit", "jit", "direct"]
 
 
-class WarmKernel(FakeKernel):
-    """FakeKernel with the JIT's warmup (compile without launching), logging whether an asynchronous
-    compile mode was active (compile_together's)."""
-
-    def __init__(self, name, fails=False):
-        super().__init__()
-        self.name, self.fails = name, fails
-
-    def warmup(self, *args, grid, **meta):
-        from triton.runtime import _async_compile
-
-        self.log.append(("warmup", self.name, _async_compile.active_mode.get() is not None))
-        if self.fails:
-            raise RuntimeError("cannot compile")
-
-
-def test_a_calls_unbound_kernels_compile_together_before_it_runs(fake_driver):
-    """run_launches warms every kernel no earlier call bound, under Triton's AsyncCompileMode (its compiles
-    then run side by side), where two or more need it; bound kernels are left alone; a kernel that fails to
-    compile there is left to its launch."""
-    from diyflash.kernels.attention.plans import Launch, run_launches
-
-    def launch_of(kernel):
-        launcher = DirectLauncher(kernel)
-        launcher.interpreted = False  # (a stand-in for a compiled kernel)
-        return Launch(launcher, (1,), ("x", "y"), (8,), dict(BLOCK=16, FLAG=True))
-
-    env = {"x": torch.zeros(8, dtype=torch.float16), "y": torch.zeros(8, dtype=torch.float16)}
-    kernels = WarmKernel("a"), WarmKernel("b", fails=True), WarmKernel("c")
-    launches = [launch_of(kernel) for kernel in kernels]
-    run_launches(env, launches)
-    for kernel in kernels:
-        assert kinds(kernel.log) == ["warmup", "jit"] and kernel.log[0][2]  # warmed in the async mode, then run
-    run_launches(env, launches)
-    assert [kinds(kernel.log) for kernel in kernels] == [["warmup", "jit", "direct"]] * 3
-    lone = WarmKernel("d")
-    run_launches(env, [launches[0], launch_of(lone)])
-    assert kinds(lone.log) == ["jit"]  # one unbound kernel: nothing to compile beside it
-
-
 def test_int_classes_match_tritons_specialization():
     """_int_class puts two ints together exactly where Triton's own specialization does (the installed
     Triton's native_specialize_impl: what its JIT keys a compiled kernel on)."""
@@ -331,38 +291,6 @@ def test_attention_direct_launches_match():
     assert [x.direct_launches for x in launchers] == [n + 1 for n in before]
     for first, second in zip(*results):
         assert torch.equal(first, second)
-
-
-@gpu
-def test_a_first_backward_compiles_its_kernels_side_by_side(tmp_path):
-    """In a fresh process with an empty Triton cache, the first backward's kernels are compiled by
-    compile_together's worker threads, and the gradients are those of the next (compiled) call."""
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "first.py"
-    script.write_text(
-        "import threading, torch, triton.compiler as tc\n"
-        "names = []\n"
-        "real = tc.compile\n"
-        "def spy(*a, **k):\n"
-        "    names.append(threading.current_thread().name)\n"
-        "    return real(*a, **k)\n"
-        "tc.compile = spy\n"
-        "import diyflash\n"
-        "g = torch.Generator(device='cuda').manual_seed(0)\n"
-        "q, k, v = (torch.randn(1, 2, 77, 64, device='cuda', dtype=torch.float16, generator=g).requires_grad_()\n"
-        "           for _ in range(3))\n"
-        "grads = [torch.autograd.grad(diyflash.flash_attention(q, k, v, causal=True, deterministic=True), (q, k, v),\n"
-        "                             torch.ones_like(q)) for _ in range(2)]\n"
-        "assert all(torch.equal(a, b) for a, b in zip(*grads))\n"
-        "print('THREADS', sum(n.startswith('diyflash-compile') for n in names), len(names))\n")
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), DIYFLASH_CACHE_DIR=str(tmp_path / "diyflash"))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    threaded, total = map(int, done.stdout.split("THREADS")[1].split())
-    assert threaded >= 3 and total >= 4, done.stdout  # the backward's three kernels in workers, the forward here
 
 
 @gpu

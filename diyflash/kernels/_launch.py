@@ -33,7 +33,6 @@ else Triton's launcher; `run_bound` runs a plan's bound launches with one stream
 
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
@@ -44,11 +43,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._claunch import make as pack_launch, module as c_launcher, scratch_bytes
 from ._runtime import MAX_ENTRIES, PLAIN, keep, remember
-
-try:  # Triton's asynchronous compilation (compile_together); a private module: absent, compiles stay serial
-    from triton.runtime import _async_compile
-except ImportError:
-    _async_compile = None
 
 try:  # where Triton keeps the scratch allocator its launcher calls (the C launcher calls the same one)
     from triton.runtime import _allocation
@@ -191,10 +185,6 @@ class DirectLauncher:
                 return
         self._jit_launch(grid, args, meta)
 
-    def compiled_for(self, args: tuple, meta: dict) -> bool:
-        """Whether a launch with these arguments would find its kernel bound already (no JIT, no compile)."""
-        return self._driver is not None and self._signature(self._driver[0](), args, meta) in self._compiled
-
     def bind(self, grid, pointers: tuple, args: tuple, meta: dict) -> BoundLaunch | None:
         """This launch with its leading pointer arguments left open: `bound(*pointers)` later runs the
         kernel compiled for this signature with other tensors in those places. The caller guarantees
@@ -228,43 +218,6 @@ class DirectLauncher:
             self._driver = active_driver()
         signature = self._signature(self._driver[0](), args, meta)
         remember(self._compiled, signature, (compiled, tuple(names)), MAX_SIGNATURES)
-
-
-# A call's launches that no earlier call compiled are compiled side by side before the first one runs, as
-# Triton's AsyncCompileMode does it: the JIT binds each in this thread and hands triton.compile to worker
-# threads (its LLVM and ptxas stages run without the GIL). A first forward + backward compiles four
-# kernels, and each new configuration pays this once per process (bench/results/coldstart_h200.jsonl).
-# DIYFLASH_COMPILE_THREADS=1 compiles one kernel at a time.
-def _compile_threads() -> int:
-    text = os.environ.get("DIYFLASH_COMPILE_THREADS", "4")
-    try:
-        return max(int(text), 1)
-    except ValueError:
-        raise ValueError(f"DIYFLASH_COMPILE_THREADS must be an integer (1: one compile at a time), got {text!r}") from None
-
-
-COMPILE_THREADS = _compile_threads()
-
-
-def compile_together(launches) -> None:
-    """Compile the kernels of `launches` ((launcher, grid, args, meta), ...: what each launch passes its
-    DirectLauncher) that are not bound yet, concurrently, where two or more are; their launches then find
-    them in the JIT's cache. A compile that fails here is left to its launch, which raises as it would
-    have. Nothing to do under the interpreter, DIYFLASH_PLAIN or DIYFLASH_COMPILE_THREADS=1, or where Triton
-    has no AsyncCompileMode."""
-    todo = [(launcher, grid, args, meta) for launcher, grid, args, meta in launches
-            if not launcher.interpreted and not launcher.compiled_for(args, meta)]
-    if len(todo) < 2 or COMPILE_THREADS < 2 or PLAIN or _async_compile is None:
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(min(len(todo), COMPILE_THREADS), thread_name_prefix="diyflash-compile") as pool:
-        with _async_compile.AsyncCompileMode(pool, ignore_errors=True):
-            for launcher, grid, args, meta in todo:
-                try:
-                    launcher.kernel.warmup(*args, grid=grid, **meta)
-                except Exception:  # (the launch will say it)
-                    pass
 
 
 class BoundLaunch:

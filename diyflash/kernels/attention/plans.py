@@ -15,8 +15,7 @@ from .._runtime import remember, require_triton
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from .._launch import (BoundLaunch, DirectLauncher, compile_together, ensure_scratch_allocator, run_bound,  # noqa: E402
-                       runtime_key)
+from .._launch import BoundLaunch, DirectLauncher, ensure_scratch_allocator, run_bound, runtime_key  # noqa: E402
 
 
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -71,13 +70,9 @@ def launch_chunks(chunks, key: tuple | None, tma: bool, descs: tuple = (), scrat
 
 
 def run_launches(env: dict, launches) -> None:
-    """Each launch through its launcher, its pointers looked up by name in env; kernels no earlier call
-    compiled are compiled side by side first (compile_together)."""
-    calls = [(lc.launcher, lc.grid, (*(env[name] for name in lc.pointers), *lc.args), lc.meta) for lc in launches]
-    if len(calls) > 1:
-        compile_together(calls)
-    for launcher, grid, args, meta in calls:
-        launcher(grid, *args, **meta)
+    """Each launch through its launcher, its pointers looked up by name in env."""
+    for lc in launches:
+        lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
 
 
 def bind_plan(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> Plan | None:
