@@ -160,11 +160,12 @@ def test_cpu_calls_stay_ordinary(device):
         diyflash.flash_attention(q, k, v, causal="yes")
 
 
-def test_decode_route_calls_of_a_known_layout_skip_the_checks(device, fresh_caches, no_checks):
+def test_decode_route_calls_of_a_known_layout_skip_the_checks(device, fresh_caches, no_checks, monkeypatch):
     """A few query rows (the decode route) against keys one step longer each call, as on transformers'
     DynamicCache: after one ordinary call, calls of other key lengths and strides skip the argument checks
-    and the op layers (checks refused), with the op's results bit for bit; what the key cannot vouch for
-    still reaches the ordinary path: k and v of two lengths, inputs that need grad."""
+    and the op layers (checks refused), with the op's results bit for bit, and on CUDA a layout seen before
+    replays its KV-cache plan (FastKV); what the key cannot vouch for still reaches the ordinary path: k and
+    v of two lengths, inputs that need grad."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     q = torch.randn(2, 8, 1, 64, generator=gen).to(device, torch.float16)
     caches = [torch.randn(2, 2, n, 64, generator=gen).to(device, torch.float16) for n in (40, 41, 90)]
@@ -178,6 +179,15 @@ def test_decode_route_calls_of_a_known_layout_skip_the_checks(device, fresh_cach
         assert torch.equal(diyflash.flash_attention(q, kv, kv, **kw), out)
         got = diyflash.flash_attention(q, kv, kv, return_lse=True, **kw)
         assert torch.equal(got[0], out) and torch.equal(got[1], lse)
+    if ON_GPU:  # caches of a layout seen before (a decode step's later layers) replay its FastKV
+        from diyflash.kernels.attention import kvcache
+
+        replays = []
+        real = kvcache.FastKV.__call__
+        monkeypatch.setattr(kvcache.FastKV, "__call__", lambda *a: replays.append(1) or real(*a))
+        for _ in range(2):
+            assert torch.equal(diyflash.flash_attention(q, caches[2], caches[2], **kw), want[2][0])
+        assert len(replays) == 2
     with pytest.raises(AssertionError, match="the ordinary path ran"):
         diyflash.flash_attention(q, caches[0], caches[1], **kw)  # k and v of two lengths: no key
     with pytest.raises(AssertionError, match="the ordinary path ran"):

@@ -6,13 +6,14 @@ All of them are functions of the call's layout (shapes, strides, dtypes, devices
 and its scalar arguments, so a call whose `fast_key` was seen before, and which then passed the checks
 and left a plan, goes straight to that plan (kernels' FastForward): out and lse are allocated and the
 bound launches run, nothing else. Where the plan cannot run (another current device, changed JIT knobs),
-or where no plan exists (the decode route, the interpreter, very large batches), the ordinary path runs.
+or where no plan exists (the interpreter, very large batches), the ordinary path runs.
 
 A call on the decode route (a few query rows: launch.decode_route), which has no dense plan, has a key
 without the keys' length and the caches' strides (a DynamicCache is one token longer, with new strides,
 every step; the argument rules do not depend on them beyond k and v having one length): a known one skips the
-argument checks and the op layers and calls the launcher the ordinary path ends in
-(kernels.attention_fwd, whose KV-cache plans are keyed on those lengths' classes).
+argument checks and the op layers: the caches' layout of the call before (the layers of one decode step share
+it) replays its KV-cache plan with its arguments (kernels' FastKV), any other layout goes to the launcher the
+ordinary path ends in (kernels.attention_fwd, whose KV-cache plans are keyed on those lengths' classes).
 
 `flash_attention_with_kvcache` without new keys, ALiBi or sinks (a decode step against a cache of fixed
 layout) has the same path: its plan and its launches' arguments (kernels' FastKV), whose decode launch
@@ -26,8 +27,6 @@ takes the ordinary path, which dispatches the op. Results are bit-identical to t
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import torch.autograd.forward_ad as forward_ad
@@ -89,20 +88,37 @@ def fast_key(q, k, v, causal, sm_scale, window_size, softcap, return_lse, determ
 _DECODE = "decode"  # the first element of a decode-route key (a dense key starts with q's shape)
 
 
-class _Decode(NamedTuple):
+class _Decode:
     """A known decode-route call: the arguments the ordinary path handed the launcher (scale resolved), and
-    the device it ran on (None: the CPU under the interpreter), which must be current (its device_guard)."""
+    the device it ran on (None: the CPU under the interpreter), which must be current (its device_guard).
+    On CUDA it keeps the FastKV (kernels.fast_kvcache: the KV-cache plan with its launches' arguments) of the
+    latest caches' layout: the layers of one decode step attend to caches of one length and strides, so all
+    but the first replay it; a layout whose class has no plan yet runs the launcher, which makes one."""
 
-    device: int | None
-    causal: bool
-    scale: float
-    window: tuple[int, int]
-    softcap: float
-    return_lse: bool
+    __slots__ = ("device", "causal", "scale", "window", "softcap", "return_lse", "last")
+
+    def __init__(self, device: int | None, causal: bool, scale: float, window: tuple[int, int], softcap: float,
+                 return_lse: bool):
+        self.device, self.causal, self.scale, self.window = device, causal, scale, window
+        self.softcap, self.return_lse = softcap, return_lse
+        self.last = None  # (the caches' layout, its FastKV)
 
     def __call__(self, q, k, v):
-        if not dispatcher_free(q, k, v) or (self.device is not None and torch.cuda.current_device() != self.device):
+        if not dispatcher_free(q, k, v):
             return None
+        if self.device is not None:
+            if torch.cuda.current_device() != self.device:
+                return None
+            layout = (k.shape[2], k.stride(), v.stride(), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+            last = self.last
+            if last is None or last[0] != layout:
+                fast = kernels_module().fast_kvcache(q, k, v, None, None, None, self.causal, self.scale, self.window,
+                                                     self.softcap, 0, self.return_lse)
+                last = self.last = None if fast is None else (layout, fast)
+            if last is not None:
+                result = last[1](q, k, v, None, None, None)
+                if result is not None:
+                    return result if self.return_lse else result[0]
         out, lse = kernels_module().attention_fwd(q, k, v, self.causal, self.scale, None, window=self.window,
                                                   softcap=self.softcap, need_lse=self.return_lse, keep_scratch=True)
         return (out, lse) if self.return_lse else out
