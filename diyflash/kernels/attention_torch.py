@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from .contract import SINK_CAP, band, empty_out
+from .contract import SINK_CAP, band, empty_out, kvcache_capacity
 
 BLOCK_N = 128
 
@@ -337,7 +337,7 @@ def attention_kvcache_torch(q, k_cache, v_cache, cache_seqlens, k_new, v_new, bl
     if given) gathered (pages through the block table) and attended to, bottom-right aligned."""
     paged = block_table is not None
     page_size = k_cache.shape[2] if paged else 1
-    capacity = block_table.shape[1] * page_size if paged else k_cache.shape[2]
+    capacity = kvcache_capacity(k_cache, block_table)
     num_pages = k_cache.shape[0]
     n_new = 0 if k_new is None else k_new.shape[2]
     if n_new:

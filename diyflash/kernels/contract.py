@@ -25,6 +25,12 @@ SINK_CAP = SINK_CAP2 * LN2
 DECODE_MAX_ROWS = 64  # the decode kernel's largest row tile (kvcache.decode_rows), also decode_route's bound
 
 
+def kvcache_capacity(k_cache, block_table) -> int:
+    """The keys a KV cache holds per batch row: N_cache, or max_pages * page_size for a paged one
+    (k_cache (num_pages, H_kv, page_size, D) read through block_table (B, max_pages))."""
+    return block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
+
+
 def few_query_rows(q_shape, k_shape) -> bool:
     """The decode route's shape rule (launch.decode_route): 4-D q and k whose N_q query rows times the GQA
     group fit one decode tile."""

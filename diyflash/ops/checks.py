@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.contract import kvcache_capacity  # noqa: F401  (the API's and the ops' capacity rule)
 from .rules import softcap_error
 
 
@@ -315,11 +316,6 @@ def check_kvcache(op: str, *args) -> None:
     if error:
         kind, message = error
         raise kind(f"diyflash::{op}: {message}")
-
-
-def kvcache_capacity(k_cache, block_table) -> int:
-    """The keys a KV cache holds per batch row: N_cache, or max_pages * page_size for a paged one."""
-    return block_table.shape[1] * k_cache.shape[2] if block_table is not None else k_cache.shape[2]
 
 
 def kvcache_values_error(cache_seqlens, n_new: int, capacity: int, block_table, num_pages: int,

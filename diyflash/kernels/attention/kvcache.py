@@ -9,7 +9,7 @@ import torch
 
 from .._runtime import PLAIN, device_limits, keep, remember, require_triton
 from ..attention_configs import head_dim_pad
-from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, variant
+from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, kvcache_capacity, variant
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from .._launch import DirectLauncher, current_stream, int_class, cdiv, runtime_key  # noqa: E402
@@ -264,9 +264,9 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
     paged = block_table is not None
     if paged:
         page_size, num_pages, bt_stride = k_shape[2], k_shape[0], block_table.stride(0)
-        capacity = block_table.shape[1] * page_size
     else:
-        page_size, num_pages, bt_stride, capacity = 1, 1, 0, k_shape[2]
+        page_size, num_pages, bt_stride = 1, 1, 0
+    capacity = kvcache_capacity(k_cache, block_table)
     n_new = 0 if k_new is None else k_new.shape[2]
     k_strides, v_strides = k_cache.stride(), v_cache.stride()
     args = []  # each launch's arguments after its pointers: append (new keys), decode, combine (many splits)
