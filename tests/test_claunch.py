@@ -92,6 +92,15 @@ class FakeC:
     def launch_with(self, packed, stream, scratch, pointers, args):
         return self._fire(("launch_with", packed, stream, scratch, pointers, args))
 
+    def launch_seq(self, stream, scratch, values, *tail):  # logs each launch as launch() would
+        self.seq_calls = getattr(self, "seq_calls", 0) + 1
+        for i in range(0, len(tail), 3):
+            packed, at, gets_scratch = tail[i:i + 3]
+            if not self._fire(("launch", packed, stream, scratch if gets_scratch else None,
+                               tuple(values[j] for j in at))):
+                return i // 3
+        return len(tail) // 3
+
     def _fire(self, entry):
         if self.no_context_at is not None and len(self.log) >= self.no_context_at:
             return False
@@ -99,10 +108,9 @@ class FakeC:
         return True
 
 
-def test_a_plans_launches_share_one_scratch_and_fall_back_per_launch(monkeypatch):
-    """_launch.run_bound (a plan's replay) on CPU, with a stand-in C module: one allocator call for the
-    largest scratch, handed only to the launches that need it; a launch without a current context and the
-    rest after it go through Triton's launcher; switched off, every launch does."""
+def _three_bound_launches(monkeypatch):
+    """Three bound launches of a stand-in kernel (scratch 64, none, 128 bytes), with a stand-in driver and
+    allocator: (bounds as plans keep them, env, the kernel, the allocator's requests)."""
     from test_launch import FakeKernel
 
     monkeypatch.setattr(_launch, "active_driver", lambda: (lambda: 0, lambda device: 1234))
@@ -118,10 +126,18 @@ def test_a_plans_launches_share_one_scratch_and_fall_back_per_launch(monkeypatch
         bound = launcher.bind((4,), (x, y), (n,), dict(BLOCK=16, FLAG=True))
         bound.packed, bound.scratch, bound.align = f"L{n}", scratch, align
         bounds.append((bound, lambda env: (env["x"], env["y"])))
-    env = {"x": y, "y": x}
+    kernel.log.clear()
+    return bounds, {"x": y, "y": x}, kernel, asked
+
+
+def test_a_plans_launches_share_one_scratch_and_fall_back_per_launch(monkeypatch):
+    """_launch.run_bound (a plan's replay) on CPU, with a stand-in C module: one allocator call for the
+    largest scratch, handed only to the launches that need it; a launch without a current context and the
+    rest after it go through Triton's launcher; switched off, every launch does."""
+    bounds, env, kernel, asked = _three_bound_launches(monkeypatch)
+    x, y = env["y"], env["x"]
     fake = FakeC()
     monkeypatch.setattr(_launch, "c_launcher", lambda: fake)
-    kernel.log.clear()
     _launch.run_bound(bounds, env)
     assert asked == [(128, 16, 1234)] and kernel.log == []
     assert fake.log == [("launch", "L16", 1234, "scratch", (y, x)), ("launch", "L32", 1234, None, (y, x)),
@@ -138,6 +154,65 @@ def test_a_plans_launches_share_one_scratch_and_fall_back_per_launch(monkeypatch
     finally:
         _launch.use_c_launcher(before)
     assert len(fake.log) == 1 and len(kernel.log) == 5
+
+
+def test_a_plans_sequence_is_one_c_call_of_the_same_launches(monkeypatch):
+    """With the plan's Sequence (_launch.sequence) run_bound makes one C call (launch_seq) that launches what
+    the launch-by-launch path does: each launch's pointers by name, the largest scratch to those needing it;
+    where a context is missing the rest go through Triton's launcher; with new arguments (a decode step),
+    a pre-run hook added since binding, or the C launcher switched off, it goes launch by launch."""
+    bounds, env, kernel, asked = _three_bound_launches(monkeypatch)
+    x, y = env["y"], env["x"]
+    seq = _launch.sequence([b for b, _ in bounds], [("x", "y"), ("y",), ("y", "x")])
+    assert seq is not None and seq.need == 128 and seq.align == 16
+    bounds = [(bounds[0][0], lambda env: (env["x"], env["y"])), (bounds[1][0], lambda env: (env["y"],)),
+              (bounds[2][0], lambda env: (env["y"], env["x"]))]
+    fake = FakeC()
+    monkeypatch.setattr(_launch, "c_launcher", lambda: fake)
+    _launch.run_bound(bounds, env, seq=seq)
+    assert fake.seq_calls == 1 and asked == [(128, 16, 1234)] and kernel.log == []
+    assert fake.log == [("launch", "L16", 1234, "scratch", (y, x)), ("launch", "L32", 1234, None, (x,)),
+                        ("launch", "L48", 1234, "scratch", (x, y))]
+    _launch.run_bound(bounds, env, [(17,), (33,), (49,)], seq=seq)
+    assert fake.seq_calls == 1 and [entry[0] for entry in fake.log[3:]] == ["launch_with"] * 3
+    fake = FakeC(no_context_at=1)
+    monkeypatch.setattr(_launch, "c_launcher", lambda: fake)
+    _launch.run_bound(bounds, env, seq=seq)
+    assert len(fake.log) == 1 and [entry[0] for entry in kernel.log] == ["direct", "direct"]
+    kernel.log.clear()
+    fake = FakeC()
+    monkeypatch.setattr(_launch, "c_launcher", lambda: fake)
+    kernel.pre_run_hooks.append(lambda *a, **k: None)
+    try:
+        _launch.run_bound(bounds, env, seq=seq)
+    finally:
+        kernel.pre_run_hooks.clear()
+    assert fake.log == [] and len(kernel.log) == 3
+    before = _launch.use_c_launcher(False)
+    try:
+        _launch.run_bound(bounds, env, seq=seq)
+    finally:
+        _launch.use_c_launcher(before)
+    assert fake.log == [] and len(kernel.log) == 6
+    bounds[1][0].packed = None
+    assert _launch.sequence([b for b, _ in bounds], [("x", "y"), ("y",), ("y", "x")]) is None
+
+
+def test_launch_seq_takes_each_launchs_pointers_by_index(built):
+    """The built module's launch_seq: every launch's open pointers from the values at its indices, how many
+    launched returned (empty grids launch nothing, so this runs without a GPU), bad indices refused."""
+    t, u = torch.zeros(4), torch.ones(4)
+    a = built.make(1, (0, 1, 1), 32, 0, "ppi", (t, t, 5), 2, 1)
+    b = built.make(1, (0, 1, 1), 32, 0, "pf", (t, 0.5), 1, 1)
+    assert built.launch_seq(0, None, (t, u), a, (1, 0), False, b, (1,), True) == 2
+    assert struct.unpack("<QQq", built.packed(a)[:24]) == (u.data_ptr(), t.data_ptr(), 5)
+    assert struct.unpack("<Q", built.packed(b)[:8])[0] == u.data_ptr()
+    with pytest.raises(IndexError, match="launch 0 reads value 1 of 1"):
+        built.launch_seq(0, None, (t,), a, (1, 0), False)
+    with pytest.raises(TypeError, match="1 pointers given, the launch takes 2"):
+        built.launch_seq(0, None, (t, u), a, (1,), False)
+    with pytest.raises(TypeError, match="launch 0 is not"):
+        built.launch_seq(0, None, (t, u), "a", (1,), False)
 
 
 def compiled_like(signature, **metadata):
@@ -201,11 +276,13 @@ def test_gpu_c_launcher_is_used_and_matches_tritons_launcher(monkeypatch):
 
     train(), decode()  # (first calls make the plans whose bound launches later calls replay)
     used = []
-    real = _launch._c_fire  # (a single launch and a plan's launches both fire through it)
+    real, real_seq = _launch._c_fire, _launch._c_fire_seq  # (single launches, a plan's launches as one call)
     monkeypatch.setattr(_launch, "_c_fire", lambda *args: used.append(1) or real(*args))
+    monkeypatch.setattr(_launch, "_c_fire_seq", lambda *args: used.append(2) or real_seq(*args))
     train(), decode()
     monkeypatch.undo()
     assert used, "no bound launch went through the C launcher"
+    assert 2 in used, "no plan's launches went through the C launcher as one call"
     for fn in (train, decode):
         for c_path, triton_path in zip(_calls(fn, True), _calls(fn, False)):
             assert torch.equal(c_path, triton_path)

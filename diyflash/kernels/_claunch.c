@@ -275,6 +275,51 @@ static PyObject *launch_with(PyObject *self, PyObject *const *args, Py_ssize_t n
     return PyBool_FromLong(fired);
 }
 
+/* launch_seq(stream, scratch, values, L1, at1, s1, L2, at2, s2, ...) -> how many launched, in order: a plan's
+ * launches in one C call. Launch i takes its pointers from the tuple `values` at the indices of the tuple
+ * at_i (ints), and the global scratch where s_i is true (None elsewhere). Stops where no CUDA context is
+ * current (returning the count so far: the caller launches the rest through Triton's launcher) */
+#define MAX_SEQ_POINTERS 64
+static PyObject *launch_seq(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 3 || (nargs - 3) % 3 != 0 || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "launch_seq(stream, scratch, values: tuple, L, at: tuple, scratch?: bool, ...)");
+        return NULL;
+    }
+    PyObject *values = args[2];
+    Py_ssize_t nvalues = PyTuple_GET_SIZE(values), n = (nargs - 3) / 3;
+    PyObject *pointers[MAX_SEQ_POINTERS];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *at = args[4 + 3 * i];
+        if (Py_TYPE(args[3 + 3 * i]) != &LaunchType || !PyTuple_Check(at)) {
+            PyErr_Format(PyExc_TypeError, "launch_seq: launch %zd is not (Launch, tuple of indices, bool)", i);
+            return NULL;
+        }
+        Launch *L = (Launch *)args[3 + 3 * i];
+        Py_ssize_t np = PyTuple_GET_SIZE(at);
+        if (np > MAX_SEQ_POINTERS) {
+            PyErr_Format(PyExc_ValueError, "launch_seq: launch %zd has %zd pointers (at most %d)", i, np,
+                         MAX_SEQ_POINTERS);
+            return NULL;
+        }
+        for (Py_ssize_t j = 0; j < np; j++) {
+            Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(at, j));
+            if (k == -1 && PyErr_Occurred()) return NULL;
+            if (k < 0 || k >= nvalues) {
+                PyErr_Format(PyExc_IndexError, "launch_seq: launch %zd reads value %zd of %zd", i, k, nvalues);
+                return NULL;
+            }
+            pointers[j] = PyTuple_GET_ITEM(values, k);
+        }
+        int use_scratch = PyObject_IsTrue(args[5 + 3 * i]);
+        if (use_scratch < 0) return NULL;
+        if (write_pointers(L, pointers, np) || write_scratch(L, use_scratch ? args[1] : Py_None)) return NULL;
+        int fired = fire(L, args[0]);
+        if (fired < 0) return NULL;
+        if (fired == 0) return PyLong_FromSsize_t(i);
+    }
+    return PyLong_FromSsize_t(n);
+}
+
 /* packed(L) -> the parameters as the kernel receives them (bytes, 8 per parameter): for tests */
 static PyObject *packed(PyObject *self, PyObject *arg) {
     if (Py_TYPE(arg) != &LaunchType) {
@@ -313,6 +358,8 @@ static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "launch(L, stream, scratch, *pointers) -> bool"},
     {"launch_with", (PyCFunction)(void (*)(void))launch_with, METH_FASTCALL,
      "launch_with(L, stream, scratch, pointers, values) -> bool"},
+    {"launch_seq", (PyCFunction)(void (*)(void))launch_seq, METH_FASTCALL,
+     "launch_seq(stream, scratch, values, L, at, scratch?, ...) -> int: launched"},
     {"packed", packed, METH_O, "packed(L) -> bytes"},
     {"load", load, METH_NOARGS, "load() -> bool: libcuda found"},
     {NULL, NULL, 0, NULL},

@@ -33,7 +33,9 @@ else Triton's launcher; `run_bound` runs a plan's bound launches with one stream
 
 from __future__ import annotations
 
+import operator
 import threading
+from typing import Callable, NamedTuple
 
 import torch
 import triton
@@ -267,12 +269,58 @@ class BoundLaunch:
         launcher.direct_launches += 1
 
 
-def run_bound(launches, env, args: list[tuple] | None = None) -> None:
+class Sequence(NamedTuple):
+    """A plan's bound launches as one C call (the C launcher's launch_seq): the tensors they read, looked up
+    in the call's env in one C call (`values`), each launch with the indices of its pointers among them."""
+
+    values: Callable[[dict], tuple]  # env -> the pointer values, in the order of `names`
+    tail: tuple  # (packed launch, indices of its pointers in values, whether it gets the scratch), flattened
+    bounds: tuple  # the BoundLaunches, in order
+    kernels: tuple  # their JIT kernels (a pre-run hook added since binding sends the plan through the JIT)
+    need: int  # the global scratch bytes of the largest launch, and its alignment
+    align: int
+
+
+def sequence(bounds, pointer_names) -> Sequence | None:
+    """The Sequence of these BoundLaunches, each reading the env entries `pointer_names[i]`; None where some
+    launch is not packed for the C launcher (run_bound then goes launch by launch)."""
+    if not bounds or any(b.packed is None for b in bounds):
+        return None
+    names: list[str] = []
+    tail = []
+    for bound, launch_names in zip(bounds, pointer_names):
+        at = []
+        for name in launch_names:
+            if name not in names:
+                names.append(name)
+            at.append(names.index(name))
+        tail += [bound.packed, tuple(at), bool(bound.scratch)]
+    values = (lambda env: (env[names[0]],)) if len(names) == 1 else operator.itemgetter(*names)
+    return Sequence(values, tuple(tail), tuple(bounds), tuple(b.launcher.kernel for b in bounds),
+                    max(b.scratch for b in bounds), max(b.align for b in bounds))
+
+
+def run_bound(launches, env, args: list[tuple] | None = None, seq: Sequence | None = None) -> None:
     """A plan's bound launches ((BoundLaunch, env -> its pointers), ...) in order, their pointers looked up
     in env; with args, each with its own arguments after the pointers (BoundLaunch.run_with). Where every
     one is packed for the C launcher (and it is on, no launch hook is set), the stream, the hooks and the
     global scratch are looked up once for all of them (the launches of one stream run one after another, so
-    one scratch buffer, the largest they need, serves each in turn); else each launch decides alone."""
+    one scratch buffer, the largest they need, serves each in turn), and with `seq` (the launches' Sequence)
+    and no args they are one C call; else each launch decides alone."""
+    if seq is not None and args is None and _c_on():
+        for kernel in seq.kernels:
+            if kernel.pre_run_hooks:
+                break
+        else:
+            first = seq.bounds[0]
+            stream = first.launcher._driver[1](first.device)
+            scratch = _allocation._allocator.get()(seq.need, seq.align, stream) if seq.need else None
+            done = _c_fire_seq(c_launcher(), stream, scratch, seq.values(env), seq.tail)
+            for bound in seq.bounds[:done]:
+                bound.launcher.direct_launches += 1
+            if done < len(seq.bounds):  # no current context on this thread: Triton's launcher makes one
+                _each(launches[done:], env, None)
+            return
     if (not _c_on() or not all(bound.packed is not None and not bound.launcher.kernel.pre_run_hooks
                                for bound, _ in launches)
             or (args is not None and not all(len(a) == len(b.args) for (b, _), a in zip(launches, args)))):
@@ -336,6 +384,11 @@ def _c_fire(mod, bound: BoundLaunch, stream, scratch, pointers: tuple, args: tup
     return mod.launch_with(bound.packed, stream, scratch, pointers, args)
 
 
+def _c_fire_seq(mod, stream, scratch, values: tuple, tail: tuple) -> int:
+    """A Sequence's launches in one C call; how many launched (fewer where no CUDA context is current)."""
+    return mod.launch_seq(stream, scratch, values, *tail)
+
+
 def _run(compiled, grid, stream, values) -> None:
     """What the JIT does with a compiled kernel once it has its arguments in signature order, minus the
     work of launch hooks where none is set (_hook): then neither Triton's launch_metadata (built for the
@@ -362,5 +415,5 @@ def runtime_key() -> tuple:
     return knobs.runtime.debug, getattr(knobs.compilation, "instrumentation_mode", None)
 
 
-__all__ = ["BoundLaunch", "DirectLauncher", "MAX_SIGNATURES", "cdiv", "current_stream", "ensure_scratch_allocator",
-           "run_bound", "runtime_key", "use_c_launcher"]
+__all__ = ["BoundLaunch", "DirectLauncher", "MAX_SIGNATURES", "Sequence", "cdiv", "current_stream",
+           "ensure_scratch_allocator", "run_bound", "runtime_key", "sequence", "use_c_launcher"]

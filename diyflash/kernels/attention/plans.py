@@ -15,7 +15,8 @@ from .._runtime import remember, require_triton
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from .._launch import BoundLaunch, DirectLauncher, ensure_scratch_allocator, run_bound, runtime_key  # noqa: E402
+from .._launch import (BoundLaunch, DirectLauncher, Sequence, ensure_scratch_allocator, run_bound,  # noqa: E402
+                       runtime_key, sequence)
 
 
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -37,6 +38,7 @@ class Plan(NamedTuple):
     tma: bool  # some launch builds TMA descriptors on the device: Triton needs a scratch allocator
     descs: tuple = ()  # (name, block_rows, block_cols): tensors the launches read through host descriptors
     scratch: tuple = ()  # (name, shape, dtype): buffers the launches use within the call, allocated per call
+    seq: Sequence | None = None  # the launches as one C call (_launch.sequence), where each is packed for it
 
 
 def layout_key(t: torch.Tensor | None):
@@ -85,7 +87,7 @@ def bind_plan(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> Plan 
         if b is None:
             return None
         bound.append((b, _pointer_getter(lc.pointers)))
-    return Plan(tuple(bound), tma, descs, scratch)
+    return Plan(tuple(bound), tma, descs, scratch, sequence([b for b, _ in bound], [lc.pointers for lc in launches]))
 
 
 def _pointer_getter(names: tuple[str, ...]):
@@ -113,7 +115,7 @@ def replay(plan: Plan, env: dict) -> None:
         ensure_scratch_allocator()  # per thread: autograd's backward thread starts without one
     if plan.descs:
         env = _with_descriptors(env, plan.descs)
-    run_bound(plan.launches, env)
+    run_bound(plan.launches, env, seq=plan.seq)
 
 
 def replay_with(plan: Plan, env: dict, args: list[tuple]) -> bool:
