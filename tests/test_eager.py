@@ -7,7 +7,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import diyflash
-from diyflash.ops.eager import dispatcher_free
+from diyflash.ops.eager import DIRECT, DIRECT_WITH_AUTOGRAD, DISPATCH, dispatcher_free, eager_route
 from helpers import make_qkv
 
 
@@ -31,13 +31,17 @@ def test_dispatcher_free_only_when_unobservable(device):
     assert dispatcher_free(x, x, None)
     assert dispatcher_free(torch.nn.Parameter(x, requires_grad=False))
     assert not dispatcher_free(x, w)  # autograd must record the op's formula
+    assert dispatcher_free(x, w, autograd=True)  # (a caller that runs that formula itself)
+    assert eager_route(x, None) == DIRECT and eager_route(x, w) == DIRECT_WITH_AUTOGRAD
+    assert eager_route(w, x.as_subclass(_Sub)) == DISPATCH  # a subclass after a tensor needing grad
+    assert not dispatcher_free(w, x.as_subclass(_Sub), autograd=True)
     with torch.no_grad():
-        assert dispatcher_free(x, w)
+        assert dispatcher_free(x, w) and eager_route(x, w) == DIRECT
     with torch.inference_mode():
         assert dispatcher_free(x, w)
     assert not dispatcher_free(x.as_subclass(_Sub))
     with _Noop():
-        assert not dispatcher_free(x)
+        assert not dispatcher_free(x) and eager_route(x) == DISPATCH
     with _NoopDispatch():
         assert not dispatcher_free(x)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):

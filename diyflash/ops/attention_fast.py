@@ -36,7 +36,7 @@ from ..kernels._runtime import PLAIN, keep, remember
 from ..kernels.contract import few_query_rows
 from .attention import (attention_backward, attention_fwd_impl, kernels_module, resolve_deterministic, resolve_scale,
                         setup_context)
-from .eager import PLAIN_TYPES, dispatcher_free
+from .eager import DIRECT, DIRECT_WITH_AUTOGRAD, PLAIN_TYPES, dispatcher_free, eager_route, op_observed
 
 _FAST: dict = {}  # fast_key -> (FastForward, causal, sm_scale, left, right, softcap, return_lse, deterministic),
 # or, for a decode key (_DECODE first), _Decode; None: no plan
@@ -133,9 +133,10 @@ def call_fast(key: tuple, q, k, v):
     if key[0] is _DECODE:
         return entry(q, k, v)
     fast, causal, sm_scale, left, right, softcap, return_lse, deterministic = entry
-    if dispatcher_free(q, k, v):
+    route = eager_route(q, k, v)
+    if route == DIRECT:
         result = fast(q, k, v, need_lse=return_lse)
-    elif dispatcher_free(q, k, v, autograd=True):
+    elif route == DIRECT_WITH_AUTOGRAD:
         result = _FastEagerAttention.apply(fast, q, k, v, causal, sm_scale, left, right, softcap, deterministic)
     else:
         return None
@@ -181,17 +182,20 @@ class _FastEagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        # (this runs on autograd's device thread, where the host's work measured twice its cost on the
+        # calling thread: bench/results/overhead_h200.jsonl, table "host breakdown")
         layout = None
         if dlse is None and type(dout) in PLAIN_TYPES:  # (a subclass may have no data pointer)
             deterministic = resolve_deterministic(ctx.deterministic)
             layout = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16 == 0, deterministic)
             replay = ctx.fast.backwards.get(layout)
-            if replay is not None:
+            # q, k, v: the forward's plain tensors (fast_key), out and lse its own: with grad mode off (no
+            # double backward) only a mode, tracer or profiler could see the op
+            if replay is not None and not torch.is_grad_enabled() and not op_observed():
                 q, k, v, out, lse = ctx.saved_tensors[:5]
-                if dispatcher_free(dout, q, k, v, out, lse):
-                    grads = replay(dout, q, k, v, out, lse)
-                    if grads is not None:
-                        return None, *grads, None, None, None, None, None, None
+                grads = replay(dout, q, k, v, out, lse)
+                if grads is not None:
+                    return None, *grads, None, None, None, None, None, None
         dq, dk, dv = attention_backward(ctx, dout, dlse)[:3]
         if layout is not None and layout not in ctx.fast.backwards:
             q, k, v, out, lse = ctx.saved_tensors[:5]

@@ -30,11 +30,10 @@ from ..kernels._runtime import PLAIN
 PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)  # exactly these types: subclasses dispatch through the op
 
 
-def dispatcher_free(*tensors: torch.Tensor | None, autograd: bool = False) -> bool:
-    """True when calling the implementation directly is indistinguishable from calling the op.
-    autograd=True drops the "no autograd" condition: for callers that skip only a composite op's
-    own dispatch and call the op it lowers to, whose autograd formula still runs."""
-    if (
+def op_observed() -> bool:
+    """Whether something could see the op being skipped: DIYFLASH_PLAIN, a tracer, a mode, a functorch
+    transform, the autograd profiler or autocast (the conditions above but the tensors' own)."""
+    return bool(
         PLAIN  # DIYFLASH_PLAIN=1: always the op
         or torch.compiler.is_compiling()
         or torch.compiler.is_exporting()
@@ -44,12 +43,34 @@ def dispatcher_free(*tensors: torch.Tensor | None, autograd: bool = False) -> bo
         or torch._C._functorch.peek_interpreter_stack() is not None
         or torch.autograd._profiler_enabled()
         or torch._C._is_any_autocast_enabled()  # the ops' autocast kernels cast the inputs (ops/autocast.py)
-    ):
-        return False
-    grad = not autograd and torch.is_grad_enabled()
+    )
+
+
+DISPATCH, DIRECT, DIRECT_WITH_AUTOGRAD = 0, 1, 2  # eager_route's answers
+
+
+def eager_route(*tensors: torch.Tensor | None) -> int:
+    """DIRECT where calling the implementation directly is indistinguishable from calling the op;
+    DIRECT_WITH_AUTOGRAD where it would be but for autograd (grad mode on and some tensor requires grad:
+    a caller running the op's autograd formula itself may still skip the dispatch); else DISPATCH.
+    (One pass over the checks for callers that take either shortcut.)"""
+    if op_observed():
+        return DISPATCH
+    grad = torch.is_grad_enabled()
+    route = DIRECT
     for t in tensors:
         if t is None:
             continue
-        if type(t) not in PLAIN_TYPES or (grad and t.requires_grad):
-            return False
-    return True
+        if type(t) not in PLAIN_TYPES:
+            return DISPATCH
+        if grad and t.requires_grad:
+            route = DIRECT_WITH_AUTOGRAD
+    return route
+
+
+def dispatcher_free(*tensors: torch.Tensor | None, autograd: bool = False) -> bool:
+    """True when calling the implementation directly is indistinguishable from calling the op.
+    autograd=True drops the "no autograd" condition: for callers that skip only a composite op's
+    own dispatch and call the op it lowers to, whose autograd formula still runs."""
+    route = eager_route(*tensors)
+    return route == DIRECT or (autograd and route == DIRECT_WITH_AUTOGRAD)

@@ -21,20 +21,26 @@ from .plans import Plan, aligned, replay, replayable_here, scratch_buffers
 # stream run in order, so a call writes them after the previous call's kernels read them; a CUDA graph being
 # captured gets fresh ones. Above this many rows a call's GPU time hides the allocation and nothing is kept.
 KEEP_ROWS_MAX = 1 << 18
-MAX_KEPT_ROWS = 16  # buffers per holder (slots x streams x threads): more start over
+MAX_KEPT_ROWS = 16  # kept entries per holder (streams x threads, each one set of slots): more start over
 
 
-def _rows(store: dict | None, device: int, q: torch.Tensor, slot: str) -> torch.Tensor:
-    """An fp32 buffer of q's rows (q.shape[:-1]): the one kept in `store` as `slot` for the current stream and
-    thread, or a fresh one where nothing is kept (store None: a large call, or a caller that reads it; a
-    capture). (q.new_empty: ~2 us less host time than torch.empty's device=.)"""
+def _rows(store: dict | None, device: int, q: torch.Tensor, slots: tuple[str, ...]) -> tuple:
+    """fp32 buffers of q's rows (q.shape[:-1]), one per slot: those kept in `store` for these slots, the
+    current stream and thread (one lookup for all of them), or fresh ones where nothing is kept (store None:
+    a large call, or a caller that reads them; a capture). (q.new_empty: ~2 us less host time than
+    torch.empty's device=.)"""
     if store is None or torch._C._cuda_isCurrentStreamCapturing():
-        return q.new_empty(q.shape[:-1], dtype=torch.float32)
-    key = (current_stream(device), get_ident(), slot)
-    buf = store.get(key)
-    if buf is None:
-        buf = remember(store, key, q.new_empty(q.shape[:-1], dtype=torch.float32), MAX_KEPT_ROWS)
-    return buf
+        return tuple([q.new_empty(q.shape[:-1], dtype=torch.float32) for _ in slots])
+    key = (current_stream(device), get_ident(), slots)
+    bufs = store.get(key)
+    if bufs is None:
+        bufs = remember(store, key, tuple([q.new_empty(q.shape[:-1], dtype=torch.float32) for _ in slots]),
+                        MAX_KEPT_ROWS)
+    return bufs
+
+
+_LSE = ("lse",)
+_BACKWARD_ROWS = ("delta", "lse2")
 
 
 def _keeps(q: torch.Tensor) -> dict | None:
@@ -61,7 +67,7 @@ class FastForward:
         if not replayable_here(self.device, self.runtime):
             return None
         out = empty_out(q, self.dv)
-        lse = _rows(None if need_lse else self.kept, self.device, q, "lse")
+        (lse,) = _rows(None if need_lse else self.kept, self.device, q, _LSE)
         if not aligned(out, lse):
             return None
         replay(self.plan, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None,
@@ -107,7 +113,7 @@ class FastBackward:
         if not replayable_here(self.device, self.runtime):
             return None
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        delta, lse2 = _rows(self.kept, self.device, q, "delta"), _rows(self.kept, self.device, q, "lse2")
+        delta, lse2 = _rows(self.kept, self.device, q, _BACKWARD_ROWS)
         env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": None, "delta": delta,
                "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None,
                "dq_acc": None}
