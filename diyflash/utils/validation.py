@@ -162,6 +162,9 @@ def variants_cell(device, dtype: torch.dtype, d: int, n: int, gen: torch.Generat
 
 
 def variants_call(q, k, v, sinks, kw) -> torch.Tensor:
-    """The variants cell's attention (variants_cell's kw), through the op."""
-    return torch.ops.diyflash.attention(q, k, v, True, None, None, kw["window_size"][0], -1, kw["softcap"],
-                                        kw["alibi_slopes"], sinks)
+    """The variants cell's attention (variants_cell's kw), through the public call (as the main job's
+    other cells: it does not import torch._dynamo, as the op's first call by name does)."""
+    import diyflash
+
+    return diyflash.flash_attention(q, k, v, True, window_size=(kw["window_size"][0], -1), softcap=kw["softcap"],
+                                    alibi_slopes=kw["alibi_slopes"], sinks=sinks)
