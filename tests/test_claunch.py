@@ -194,6 +194,9 @@ def test_a_plans_sequence_is_one_c_call_of_the_same_launches(monkeypatch):
     finally:
         _launch.use_c_launcher(before)
     assert fake.log == [] and len(kernel.log) == 6
+    one = _launch.sequence([bounds[1][0]], [("y",)])
+    assert one.values(env) == (x,) and one.tail == ("L32", (0,), False)
+    assert _launch.sequence([bounds[1][0]], [()]).values(env) == ()  # a launch without open pointers
     bounds[1][0].packed = None
     assert _launch.sequence([b for b, _ in bounds], [("x", "y"), ("y",), ("y", "x")]) is None
 

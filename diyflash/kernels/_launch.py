@@ -295,7 +295,10 @@ def sequence(bounds, pointer_names) -> Sequence | None:
                 names.append(name)
             at.append(names.index(name))
         tail += [bound.packed, tuple(at), bool(bound.scratch)]
-    values = (lambda env: (env[names[0]],)) if len(names) == 1 else operator.itemgetter(*names)
+    if len(names) > 1:
+        values = operator.itemgetter(*names)
+    else:  # (itemgetter of one name returns the value, not a tuple; of none it cannot be made)
+        values = lambda env: tuple(env[name] for name in names)  # noqa: E731
     return Sequence(values, tuple(tail), tuple(bounds), tuple(b.launcher.kernel for b in bounds),
                     max(b.scratch for b in bounds), max(b.align for b in bounds))
 
