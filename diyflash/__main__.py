@@ -91,14 +91,13 @@ def _cells(reports) -> str:
 
 
 def validate_attention_part(device, dtypes, head_dims, causals, n) -> bool:
+    import diyflash
     from diyflash.utils.validation import attention_error_reports
 
     def op(q, k, v, causal, scale, seq_lens):
         # the public call (its eager path runs the implementation the op runs: tests/test_eager.py), not
         # the op by name, whose first call in a process imports torch._dynamo (PyTorch's custom-op layer):
         # 4.5 s where Python has no cached bytecode (bench/results/coldstart_mainjob_ab_h200.jsonl)
-        import diyflash
-
         return diyflash.flash_attention(q, k, v, causal, scale, seq_lens)
 
     ok = True

@@ -148,8 +148,8 @@ def validate_attention(flash_fn, batch: int, heads: int, seq_len: int, head_dim:
 def variants_cell(device, dtype: torch.dtype, d: int, n: int, gen: torch.Generator):
     """The main job's cell with every variant at once: GQA 4/2, D_v = D/2 (at least 8), a causal window of
     n/4 keys, softcap 20, per-head ALiBi slopes and sinks, N_k = N_q + 5. Returns (q, k, v, sinks, kw):
-    diyflash::attention(q, k, v, True, None, None, left, -1, softcap, alibi_slopes, sinks) with kw's
-    window_size, softcap and alibi_slopes (variants_call makes it). `python -m diyflash` validates it, and
+    causal diyflash.flash_attention with kw's window_size (its left side; the right one -1), softcap and
+    alibi_slopes, and the sinks (variants_call makes it). `python -m diyflash` validates it, and
     its precompile step compiles the same call (shapes pick kernel variants, so both build it here)."""
     dv = max(8, d // 2 // 8 * 8)
     q = torch.randn(1, 4, n, d, generator=gen).to(device, dtype)
