@@ -40,7 +40,7 @@ def build(d, causal, window, softcap, dtype, pass_):
     out, lse = torch.empty_like(q), torch.empty(2, 4, 1000)
     descs = [host_descriptor(q, r, d, gluon=True) for r in (hopper.CONSUMER_ROWS, tiles.block_n, tiles.block_n)]
     fn = hopper.kernel_module()._hopper_fwd_kernel
-    values = [*descs, out, lse, *out.stride(), *lse.stride()[:2], 1000, 1000, 0.1, 3, 2, 7, 0, 0.5]
+    values = [*descs, out, lse, *out.stride(), *lse.stride()[:2], 1000, 1000, 0.1, 8, 4, 8, 3, 2, 7, 0, 0.5]
     consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, PASS=pass_,
                   **tiles.meta(1000))
     sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else mangle_type(v)
@@ -183,6 +183,33 @@ def test_both_backends_within_2x(backend, case, dtype):
     ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v, **kw))
     hopper_here = backend == "hopper" and not few_query_rows(q.shape, k.shape)  # few rows: the decode kernel
     assert ("hopper" in ran) == hopper_here, ran
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", [c for c in CASES if c[3] > 1])
+def test_persistent_programs_take_every_tile(fresh_caches, monkeypatch, case):
+    """The persistent grid: one, three or five programs, each taking several tiles in turns (their rows, key
+    blocks and slots' phases carried from tile to tile; causal tiles of unequal work, windows, rows that see
+    no key, GQA), give the full grid's out and lse bit for bit, with head groups of one and of every head."""
+    b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
+    q = make_qkv(b, h, n_q, n_q, d, torch.bfloat16, seed=3)[0]
+    k, v = make_qkv(b, h_kv, n_k, n_k, d, torch.bfloat16, seed=4)[1:]
+    kw = dict(causal=causal, window_size=window, softcap=softcap, return_lse=True)
+    hopper.use("hopper")
+    try:
+        assert "hopper" in _kernels_run(lambda: diyflash.flash_attention(q, k, v, **kw))
+        full = diyflash.flash_attention(q, k, v, **kw)
+        grids = []
+        for programs in (1, 3, 5):
+            for group in (1, 3, b * h):  # 3: a short last group where it does not divide the heads
+                monkeypatch.setattr(hopper, "schedule", lambda tiles, bh, causal, device, n=programs, g=group: (
+                    min(tiles * bh, n), min(g, bh) if causal else 1))
+                diyflash.clear_caches()  # the plans bound the grid and groups of before
+                grids.append(diyflash.flash_attention(q, k, v, **kw))
+        for out, lse in grids:
+            assert torch.equal(out, full[0]) and torch.equal(lse, full[1])
+    finally:
+        hopper.use("auto")
 
 
 @needs_hopper

@@ -1,13 +1,16 @@
 """The Hopper (sm_90) forward: a warp-specialized Gluon kernel in the manner of FlashAttention-3.
 
-A program computes 64 query rows per consumer warpgroup (two, or three for D64: hopper.TILES) of one
-(batch, head). The partitions run side by side:
-- a loader warp streams the key and value blocks through TMA into STAGES shared-memory slots (an mbarrier
-  pair per slot and tensor: ready when its copy lands, empty when every consumer is done with it);
+A tile is 64 query rows per consumer warpgroup (two, or three for D64: hopper.TILES) of one (batch, head);
+the kernel is persistent: a program per SM takes tiles in turns (_tile_at's order). The partitions run side
+by side:
+- a loader warp fetches each tile's query rows (once the consumers are done with the last tile's), then
+  streams its key and value blocks through TMA into STAGES shared-memory slots (an mbarrier pair per slot
+  and tensor: ready when its copy lands, empty when every consumer is done with it), so the next tile's
+  first blocks arrive while the consumers still finish and store the one before;
 - the consumer warpgroups (64 rows each, 240 registers a thread for two, 160 for three) run the online
   softmax with asynchronous wgmma: block j's q.k^T is issued before block j-1's p @ v and waited for first,
   so the softmax of block j runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap).
-The semantics are semantics.py's (_tile, _band, _scores, _visible, _online_softmax, _normalize), called
+The semantics are semantics.py's (_tile_at, _band, _scores, _visible, _online_softmax, _normalize), called
 from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
 module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
 
@@ -17,7 +20,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .semantics import _band, _inv, _normalize, _online_softmax, _scores, _tile, _visible
+from .semantics import _band, _inv, _normalize, _online_softmax, _scores, _tile_at, _turn, _turns, _visible
 
 # TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -26,21 +29,43 @@ LOADER_REGS = gl.constexpr(24)  # the loader's registers a thread (setmaxnreg): 
 
 
 @gluon.jit
-def _loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, off_z, off_hk, lo, hi,
-            BLOCK_N: gl.constexpr):
-    """The loader partition: key and value blocks [lo, hi) into the slots, in the consumers' order."""
+def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+            seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads, num_bh, head_group,
+            kv_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+            EVEN_N: gl.constexpr):
+    """The loader partition: for each of the program's tiles (_turn's order), the consumers' query rows once
+    they are done with the last tile's, then the key and value blocks of _band into the slots, in the
+    consumers' order (i counts the blocks over every tile: slot and phase)."""
     STAGES: gl.constexpr = k_bufs.shape[0]
+    CONSUMERS: gl.constexpr = q_bufs.shape[0]
+    SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
     i = 0
-    for start_n in range(lo, hi, BLOCK_N):
-        s = i % STAGES
-        ph = (i // STAGES) & 1
-        mbarrier.wait(k_empty.index(s), ph ^ 1)
-        mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [off_z, off_hk, start_n, 0], k_ready.index(s), k_bufs.index(s))
-        mbarrier.wait(v_empty.index(s), ph ^ 1)
-        mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-        _tma_load(v_desc, [off_z, off_hk, start_n, 0], v_ready.index(s), v_bufs.index(s))
-        i += 1
+    n = 0
+    for t in range(_turns(num_tiles, num_bh, head_group, DEAL=CAUSAL)):
+        lin, live = _turn(t, num_tiles, num_bh, head_group, DEAL=CAUSAL)
+        if live:
+            pid_m, off_h, off_z = _tile_at(lin, num_tiles, num_heads, num_bh, head_group, DEAL=CAUSAL,
+                                           REVERSE=CAUSAL)
+            start_m = pid_m * BLOCK_M
+            lo, _fl, _fh, hi = _band(start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
+                                     BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
+                                     EVEN_N=EVEN_N, WINDOW=WINDOW)
+            off_hk = off_h // kv_group
+            mbarrier.wait(q_empty, (n & 1) ^ 1)
+            mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+            for c in gl.static_range(CONSUMERS):
+                _tma_load(q_desc, [off_z, off_h, start_m + c * SUB_M, 0], q_ready, q_bufs.index(c))
+            for start_n in range(lo, hi, BLOCK_N):
+                s = i % STAGES
+                ph = (i // STAGES) & 1
+                mbarrier.wait(k_empty.index(s), ph ^ 1)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [off_z, off_hk, start_n, 0], k_ready.index(s), k_bufs.index(s))
+                mbarrier.wait(v_empty.index(s), ph ^ 1)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                _tma_load(v_desc, [off_z, off_hk, start_n, 0], v_ready.index(s), v_bufs.index(s))
+                i += 1
+            n += 1
 
 
 @gluon.jit
@@ -83,12 +108,13 @@ def _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_l
 
 
 @gluon.jit
-def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, lo, hi, full_lo, full_hi,
+def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, lo, hi, full_lo, full_hi,
              offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
              KEY_MASK: gl.constexpr):
-    """Key blocks [lo, hi) of a consumer's rows (i counts them: slot and phase). Block j's q.k^T is issued
+    """Key blocks [lo, hi) of a consumer's rows (i counts the blocks of the program's tiles so far: slot and
+    phase; returned past this tile's). Block j's q.k^T is issued
     before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps that p @ v;
     the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns, FA3's ping-pong,
     through an mbarrier pair measured 0-2 % slower on the H200: bench/results/attention_sm90.jsonl.)"""
@@ -98,7 +124,6 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     SUB_M: gl.constexpr = q.shape[0]
     zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)
-    i = 0
     if lo < hi:
         s_idx = i % STAGES
         ph = (i // STAGES) & 1
@@ -142,53 +167,72 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
         acc = warpgroup_mma(p16, v, acc, is_async=True)
         acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
         mbarrier.arrive(v_empty.index(prev), count=1)
-    return acc, m_i, l_i
+    return acc, m_i, l_i, i
 
 
 @gluon.jit
-def _consumer(q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off, l_off,
-              stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k, causal_offset, qk_scale,
-              win_left, win_right, cap2, SUB_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-              HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-              EVEN_N: gl.constexpr, PASS: gl.constexpr, WHICH: gl.constexpr):
-    """A consumer partition: rows start_m + WHICH * SUB_M onward, over the key blocks of _band (masks where
-    forward.py has them), then the epilogue (_normalize) and the stores."""
+def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
+              stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset,
+              qk_scale, num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
+              WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr, PASS: gl.constexpr,
+              WHICH: gl.constexpr):
+    """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
+    blocks of _band (masks where forward.py has them), then the epilogue (_normalize) and the stores, while
+    the loader already fetches the next tile's rows and blocks."""
+    CONSUMERS: gl.constexpr = q_bufs.shape[0]
+    SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
-    q = q_bufs.index(WHICH).reshape([SUB_M, HEAD_DIM])
-    row0 = start_m + WHICH * SUB_M
-    offs_m = row0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
-    inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
-    mbarrier.wait(q_bar, 0)
-    acc, m_i, l_i = _consume(
-        q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, lo, hi, full_lo, full_hi, offs_m,
-        offs_n, seq_len_k, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2, BLOCK_N=BLOCK_N,
-        HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N, CAUSAL=CAUSAL,
-        WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_o = gl.convert_layout(m_i, row_o)
-    l_o = gl.convert_layout(l_i, row_o)
-    out, lse = _normalize(acc, m_o, l_o, l_o > 0)
-    if PASS == 1:  # as forward.py's first pass: mark rows whose raw q.k left fp32's range (all 64 of them)
-        overflow = gl.max(((l_o != l_o) | (m_o == float("-inf"))).to(gl.int32), 0)
-        lse = gl.where(overflow > 0, float("nan"), lse)
-    rows = row0 + gl.arange(0, SUB_M, layout=row_o)
+    q = q_bufs.index(WHICH).reshape([SUB_M, HEAD_DIM])
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
-    row_in = rows < seq_len_q
-    o_ptrs = out_ptr + o_off + rows.to(gl.int64)[:, None] * stride_om + cols[None, :] * stride_od
-    gl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None])
-    gl.store(lse_ptr + l_off + rows, lse, mask=row_in)
+    inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
+    i = 0
+    n = 0
+    for t in range(_turns(num_tiles, num_bh, head_group, DEAL=CAUSAL)):
+        lin, live = _turn(t, num_tiles, num_bh, head_group, DEAL=CAUSAL)
+        if live:
+            pid_m, off_h, off_z = _tile_at(lin, num_tiles, num_heads, num_bh, head_group, DEAL=CAUSAL,
+                                           REVERSE=CAUSAL)
+            start_m = pid_m * BLOCK_M
+            lo, full_lo, full_hi, hi = _band(start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
+                                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
+                                             EVEN_N=EVEN_N, WINDOW=WINDOW)
+            row0 = start_m + WHICH * SUB_M
+            offs_m = row0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
+            m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
+            mbarrier.wait(q_ready, n & 1)
+            acc, m_i, l_i, i = _consume(
+                q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, lo, hi, full_lo, full_hi,
+                offs_m, offs_n, seq_len_k, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+                BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
+                CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N)
+            mbarrier.arrive(q_empty, count=1)  # the loader may fetch the next tile's rows into q's slot
+            n += 1
+            m_o = gl.convert_layout(m_i, row_o)
+            l_o = gl.convert_layout(l_i, row_o)
+            out, lse = _normalize(acc, m_o, l_o, l_o > 0)
+            if PASS == 1:  # as forward.py's first pass: mark rows whose raw q.k left fp32's range (all 64 of them)
+                overflow = gl.max(((l_o != l_o) | (m_o == float("-inf"))).to(gl.int32), 0)
+                lse = gl.where(overflow > 0, float("nan"), lse)
+            rows = row0 + gl.arange(0, SUB_M, layout=row_o)
+            row_in = rows < seq_len_q
+            o_off = off_z.to(gl.int64) * stride_oz + off_h.to(gl.int64) * stride_oh
+            l_off = off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
+            o_ptrs = out_ptr + o_off + rows.to(gl.int64)[:, None] * stride_om + cols[None, :] * stride_od
+            gl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None])
+            gl.store(lse_ptr + l_off + rows, lse, mask=row_in)
 
 
-@gluon.jit(do_not_specialize=["head_group"])
+@gluon.jit(do_not_specialize=["num_tiles", "num_bh", "head_group"])
 def _hopper_fwd_kernel(
     q_desc, k_desc, v_desc, out_ptr, lse_ptr,
     stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh,
-    seq_len_q, seq_len_k, qk_scale, head_group, kv_group, win_left, win_right, cap2,
+    seq_len_q, seq_len_k, qk_scale, num_tiles, num_heads, num_bh, head_group, kv_group, win_left, win_right, cap2,
     # semantics: what is computed
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, PASS: gl.constexpr,
@@ -201,62 +245,64 @@ def _hopper_fwd_kernel(
     portable forward's (forward.py) for causal, WINDOW, SOFTCAP and GQA (kv_group) without seq_lens; PASS 1
     marks a consumer's 64 rows with a NaN lse where a raw q.k left fp32's range, for forward.py's second pass
     (run on 64-row blocks) to redo. EVEN_N: every key block is full. CONSUMERS (2 or 3) warpgroups of
-    BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES)."""
+    BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES).
+    Persistent: the grid's programs (hopper.schedule) take the num_tiles x num_bh tiles (num_tiles of BLOCK_M
+    rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over
+    head groups back and forth), so the loader fetches a tile's first blocks while the consumers finish the
+    one before."""
     SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
-    pid_m, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
-    off_hk = off_h // kv_group
-    start_m = pid_m * BLOCK_M
     causal_offset = seq_len_k - seq_len_q
-    lo, full_lo, full_hi, hi = _band(
-        start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        CAUSAL=CAUSAL, HAS_SEQ_LENS=False, EVEN_N=EVEN_N, WINDOW=WINDOW)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=CONSUMERS)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(k_empty.index(s), count=CONSUMERS)
         mbarrier.init(v_empty.index(s), count=CONSUMERS)
-    mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
-    for c in gl.static_range(CONSUMERS):
-        _tma_load(q_desc, [off_z, off_h, start_m + c * SUB_M, 0], q_bar, q_bufs.index(c))
-    o_off = off_z.to(gl.int64) * stride_oz + off_h.to(gl.int64) * stride_oh
-    l_off = off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
     # (the partitions' argument lists are written out: a tuple of them, concatenated, loses the constexprs)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
-                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
-                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
-                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 0)),
-            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
-                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
-                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
-                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 1)),
-            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
-                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
-                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
-                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 2)),
-            (_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, off_z, off_hk, lo, hi,
-                       BLOCK_N)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 0)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 1)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 2)),
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                       v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
+                       num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
-                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
-                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
-                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 0)),
-            (_consumer, (q_bufs, q_bar, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr, o_off,
-                         l_off, stride_om, stride_od, start_m, lo, full_lo, full_hi, hi, seq_len_q, seq_len_k,
-                         causal_offset, qk_scale, win_left, win_right, cap2, SUB_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V,
-                         CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, 1)),
-            (_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, off_z, off_hk, lo, hi,
-                       BLOCK_N)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 0)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 1)),
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                       v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
+                       num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

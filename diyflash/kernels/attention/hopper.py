@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import torch
 
-from .._runtime import clear_caches
+from .._runtime import clear_caches, device_limits
 from ..attention_configs import AttnConfig
 
 BACKENDS = ("auto", "hopper", "portable")
@@ -71,6 +71,21 @@ AUTO_TILES = (128,)
 # the portable route's 36 us, whose GPU time is 15 us (H200, bench/results/hopper_threshold_h200.jsonl).
 # forward.py's second pass over this kernel's marks: blocks of CONSUMER_ROWS rows, as the consumers mark them
 RESCUE_TILES = AttnConfig(CONSUMER_ROWS, 64, 4, 1)
+
+
+def schedule(num_tiles: int, num_bh: int, causal: bool, device: torch.device) -> tuple[int, int]:
+    """The persistent kernel's (programs, head group) for num_tiles tiles of each of num_bh (batch, head)
+    pairs: a program per SM (one fits: its shared memory), fewer for fewer tiles. Causal tiles, of unequal
+    work, are dealt back and forth over a head group (semantics._turn): the fewest heads that divide num_bh
+    and hold two tiles per program, so every program takes a heavy and a light one of each group. (Taken in
+    plain turns, one tile per program after the other, the heavy ones piled up on some programs: the MHA
+    D128 causal B2 H16 N8192 forward 543 -> 462 TFLOPS, bench/results/attention_sm90.jsonl.)"""
+    total = num_tiles * num_bh
+    programs = max(1, min(total, device_limits(device).sms or total))
+    if not causal:
+        return programs, 1
+    group = next(g for g in range(1, num_bh + 1) if num_bh % g == 0 and (g * num_tiles >= 2 * programs or g == num_bh))
+    return programs, group
 
 
 def use(backend: str) -> None:

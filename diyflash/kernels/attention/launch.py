@@ -347,13 +347,17 @@ def attention_fwd(
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
     if sm90 is not None:  # the Hopper kernel takes the first pass; forward.py's second (if any) stays
-        sm90_args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E,
-                     head_group(causal, cdiv(n_q, sm90.block_m), z * h, q.device), var.kv_group, var.left,
-                     var.right, var.cap2)
+        sm90_tiles = cdiv(n_q, sm90.block_m)
         sm90_meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, CAUSAL=causal, WINDOW=var.window, SOFTCAP=var.softcap,
                          PASS=passes[0]["PASS"], **sm90.meta(n_k), num_warps=4)
-        chunks = [(env_, [Launch(hopper.launcher(), (cdiv(n_q, sm90.block_m), *launches[0].grid[1:]),
-                                 hopper.POINTERS, sm90_args, sm90_meta), *launches[1:]]) for env_, launches in chunks]
+
+        def sm90_launch(zc: int) -> Launch:  # persistent: its programs take the chunk's tiles in turns
+            programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
+            args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h, group,
+                    var.kv_group, var.left, var.right, var.cap2)
+            return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, args, sm90_meta)
+
+        chunks = [(env_, [sm90_launch(launches[0].grid[2]), *launches[1:]]) for env_, launches in chunks]
         descs = hopper.descriptors(sm90.block_n, d)
     # the interpreter emulates descriptors without scratch memory; host descriptors need none
     launch_chunks(chunks, key if aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs, plans=PLANS)

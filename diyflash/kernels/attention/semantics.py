@@ -71,8 +71,18 @@ def _tile(head_group, DEAL: tl.constexpr, REVERSE: tl.constexpr):
         return tl.program_id(0), tl.program_id(1), tl.program_id(2)
     num_tiles = tl.num_programs(0)
     num_heads = tl.num_programs(1)
-    num_bh = num_heads * tl.num_programs(2)
     lin = tl.program_id(0) + num_tiles * (tl.program_id(1) + num_heads * tl.program_id(2).to(tl.int64))
+    return _tile_at(lin, num_tiles, num_heads, num_heads * tl.num_programs(2), head_group, DEAL=True,
+                    REVERSE=REVERSE)
+
+
+@triton.jit
+def _tile_at(lin, num_tiles, num_heads, num_bh, head_group, DEAL: tl.constexpr, REVERSE: tl.constexpr):
+    """_tile's (tile, head, batch) of the lin-th program of a (num_tiles, num_heads, num_bh / num_heads)
+    grid in CUDA's start order: what a persistent kernel's program takes for its lin-th tile."""
+    if not DEAL:
+        bh = lin // num_tiles
+        return lin - bh * num_tiles, bh % num_heads, bh // num_heads
     per_group = num_tiles * head_group
     group = lin // per_group
     first = group * head_group
@@ -85,6 +95,41 @@ def _tile(head_group, DEAL: tl.constexpr, REVERSE: tl.constexpr):
     else:
         tile = rank
     return tile, bh % num_heads, bh // num_heads
+
+
+@triton.jit
+def _turns(num_tiles, num_bh, head_group, DEAL: tl.constexpr):
+    """How many turns (_turn) a persistent kernel's program takes over a (num_tiles, heads, batch) grid's
+    num_tiles x num_bh tiles, its num_programs(0) programs side by side."""
+    programs = tl.num_programs(0)
+    if DEAL:
+        return tl.cdiv(num_bh, head_group) * 2 * tl.cdiv(num_tiles * head_group, 2 * programs)
+    else:
+        return tl.cdiv(num_tiles * num_bh, programs)
+
+
+@triton.jit
+def _turn(i, num_tiles, num_bh, head_group, DEAL: tl.constexpr):
+    """(lin, whether this turn has a tile) of this program's i-th turn: the lin-th tile of _tile_at's order.
+    Not DEAL (tiles of equal work): tiles in turns, program p taking p, p + P, p + 2P, ... DEAL (a causal
+    kernel's, heavy first within each head group): each group on its own, its tiles dealt out back and forth,
+    program p taking group positions p and 2P - 1 - p of every 2P, so that one heavy and one light tile make
+    each program's pair (a group holds at least 2P tiles: hopper.schedule) and the programs stay in step
+    group after group; every other group deals from the last program, so that the light tiles of a group's
+    short last round fall on other programs each time."""
+    p = tl.program_id(0)
+    programs = tl.num_programs(0)
+    if DEAL:
+        per_group = 2 * tl.cdiv(num_tiles * head_group, 2 * programs)
+        group = i // per_group
+        s = i - group * per_group
+        p = tl.where(group % 2 == 0, p, programs - 1 - p)  # a group's last, short pair: other programs each time
+        j = 2 * programs * (s // 2) + tl.where(s % 2 == 0, p, 2 * programs - 1 - p)
+        size = tl.minimum(num_bh - group * head_group, head_group)
+        return group * head_group * num_tiles + j, j < size * num_tiles
+    else:
+        lin = p + i * programs
+        return lin, lin < num_tiles * num_bh
 
 
 @triton.jit
