@@ -2,7 +2,8 @@
 kernel before it (one program a tile: BASE_REV's tree, imported as the package `dfbase` from $BASE_DIR, which
 holds `git archive BASE_REV` with an empty dfbase/__init__.py), beside cuDNN (SDPA), FlexAttention on the
 window cell and, at D64, the portable kernel; one process, interleaved turns, each kernel through its
-tree's kernels.attention.attention_fwd. Rows to $OUT/persistent.jsonl."""
+tree's kernels.attention.attention_fwd ($NAME and $BASE_NAME name them; CELLS=bf16 runs the bf16 cells
+only). Rows to $OUT/persistent.jsonl."""
 import importlib
 import json
 import os
@@ -45,12 +46,14 @@ CELLS = [  # (B, H, H_kv, N, D, dtype, causal, window)
     (1, 32, 8, 16384, 128, torch.bfloat16, True, (4095, -1)),
     (4, 32, 8, 4096, 64, torch.bfloat16, True, (-1, -1)), (16, 16, 16, 1024, 64, torch.float16, False, (-1, -1)),
 ]
+if os.environ.get("CELLS") == "bf16":
+    CELLS = [c for c in CELLS if c[5] == torch.bfloat16]
 prov = provenance()
 rows = []
 flex = _flex()
 for b, h, hkv, n, d, dtype, causal, window in CELLS:
     q, k, v = _inputs(b, h, hkv, n, d, dtype, "bhnd")
-    fns = {"persistent": tree(ka), "grid": tree(old_ka)}
+    fns = {os.environ.get("NAME", "persistent"): tree(ka), os.environ.get("BASE_NAME", "grid"): tree(old_ka)}
     if d == 64:
         fns["portable"] = tree(ka, config=fwd_config(d, dtype, q.device, causal, False, n))
     if window == (-1, -1):

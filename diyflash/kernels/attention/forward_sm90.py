@@ -18,12 +18,16 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
 
-from .semantics import _band, _inv, _normalize, _online_softmax, _scores, _tile_at, _turn, _turns, _visible
+from .semantics import (_band, _inv, _normalize, _online_softmax, _prescaled, _scores, _tile_at, _turn, _turns,
+                        _visible)
 
 # TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# a barrier of the calling warps (a partition's own, inside warp_specialize): thread_barrier in 3.6, barrier later
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 LOADER_REGS = gl.constexpr(24)  # the loader's registers a thread (setmaxnreg): the rest go to the consumers
 
@@ -185,6 +189,7 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q = q_bufs.index(WHICH).reshape([SUB_M, HEAD_DIM])
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
@@ -206,9 +211,15 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
             acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
             mbarrier.wait(q_ready, n & 1)
+            score_scale = qk_scale
+            if PASS == 3:  # q times the power of two of the scale, in place: no raw dot leaves fp32's range
+                q_pre, score_scale = _prescaled(q.load(q_layout), qk_scale)
+                q.store(q_pre)
+                fence_async_shared()
+                _barrier()  # the warpgroup's rows are all in before its wgmma reads them
             acc, m_i, l_i, i = _consume(
                 q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, lo, hi, full_lo, full_hi,
-                offs_m, offs_n, seq_len_k, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+                offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
                 BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
                 CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N)
             mbarrier.arrive(q_empty, count=1)  # the loader may fetch the next tile's rows into q's slot
@@ -216,9 +227,6 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             m_o = gl.convert_layout(m_i, row_o)
             l_o = gl.convert_layout(l_i, row_o)
             out, lse = _normalize(acc, m_o, l_o, l_o > 0)
-            if PASS == 1:  # as forward.py's first pass: mark rows whose raw q.k left fp32's range (all 64 of them)
-                overflow = gl.max(((l_o != l_o) | (m_o == float("-inf"))).to(gl.int32), 0)
-                lse = gl.where(overflow > 0, float("nan"), lse)
             rows = row0 + gl.arange(0, SUB_M, layout=row_o)
             row_in = rows < seq_len_q
             o_off = off_z.to(gl.int64) * stride_oz + off_h.to(gl.int64) * stride_oh
@@ -242,9 +250,9 @@ def _hopper_fwd_kernel(
 ):
     """q_desc, k_desc, v_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D) and
     (1, 1, BLOCK_N, D) blocks (hopper.descriptor); out and lse by pointers and strides. The semantics are the
-    portable forward's (forward.py) for causal, WINDOW, SOFTCAP and GQA (kv_group) without seq_lens; PASS 1
-    marks a consumer's 64 rows with a NaN lse where a raw q.k left fp32's range, for forward.py's second pass
-    (run on 64-row blocks) to redo. EVEN_N: every key block is full. CONSUMERS (2 or 3) warpgroups of
+    portable forward's (forward.py) for causal, WINDOW, SOFTCAP and GQA (kv_group) without seq_lens; PASS 3
+    (launch.overflow_passes: where a raw q.k can leave fp32's range) dots q prescaled as forward.py's PASS 3
+    does, in one pass; PASS 0 dots it as it is. EVEN_N: every key block is full. CONSUMERS (2 or 3) warpgroups of
     BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES).
     Persistent: the grid's programs (hopper.schedule) take the num_tiles x num_bh tiles (num_tiles of BLOCK_M
     rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over

@@ -10,9 +10,10 @@ one, and its launch. attention_fwd asks `tiles` per call; the answer is None unl
   asked for, and inputs TMA reads in place (tma_ok, host_descriptors_ok). Every other call runs the
   portable kernels, with the same semantics (tests/test_hopper.py checks which kernel each call ran).
 
-bf16 (and every dtype whose raw q.k can leave fp32's range: launch.overflow_passes) keeps the portable
-forward's second pass: the Hopper kernel marks its 64-row halves whose dot overflowed, and forward.py's
-PASS 2 redoes them on 64-row blocks (RESCUE_TILES)."""
+bf16 (every dtype whose raw q.k can leave fp32's range: launch.overflow_passes) runs in one pass, PASS 3:
+each consumer multiplies its query rows in shared memory by the power of two of the scale once a tile
+(semantics._prescaled), as the portable forward's prescaled pass does in registers, so no dot overflows
+where the scaled score does not."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from typing import NamedTuple
 import torch
 
 from .._runtime import clear_caches, device_limits
-from ..attention_configs import AttnConfig
 
 BACKENDS = ("auto", "hopper", "portable")
 _backend = os.environ.get("DIYFLASH_ATTENTION_BACKEND", "auto").strip().lower()
@@ -69,8 +69,6 @@ AUTO_TILES = (128,)
 # which builds no host descriptors for them: the Hopper kernel's three (Gluon's TensorDescriptor, then
 # Triton's encoding at each launch) made a B1 H32 N128 D128 bf16 forward cost 69 us a call in a loop against
 # the portable route's 36 us, whose GPU time is 15 us (H200, bench/results/hopper_threshold_h200.jsonl).
-# forward.py's second pass over this kernel's marks: blocks of CONSUMER_ROWS rows, as the consumers mark them
-RESCUE_TILES = AttnConfig(CONSUMER_ROWS, 64, 4, 1)
 
 
 def schedule(num_tiles: int, num_bh: int, causal: bool, device: torch.device) -> tuple[int, int]:

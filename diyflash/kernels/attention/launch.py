@@ -214,7 +214,7 @@ def vote_rows(cfg: AttnConfig, d_pad: int) -> int:
     return rows
 
 
-def overflow_passes(dtype: torch.dtype, work: int | None = None) -> tuple[int, ...]:
+def overflow_passes(dtype: torch.dtype, work: int | None) -> tuple[int, ...]:
     """The forward's passes (its PASS): (1, 2) where a raw q.k can leave fp32's range (bf16, fp32 inputs
     of ~1e19), else (0,): fp16 products are below 65504^2 = 4.3e9, so no dot of them comes near 3.4e38.
     The first pass dots q as it is and marks a block whose dot overflowed; the second runs only the marked
@@ -222,11 +222,11 @@ def overflow_passes(dtype: torch.dtype, work: int | None = None) -> tuple[int, .
     load and a return. Prescaling q in every block instead kept it out of shared memory for the dots:
     the bf16 D128 causal forward fell from 532 to 342 TFLOPS at N16384 (H200). A call with less work than
     PRESCALED_MAX_WORK (`work`: Z*H*N_q*N_k*padded head_dim) runs that one prescaled pass (3): its second launch
-    cost more host time than the prescaled dots cost its GPU time. work=None: two passes whatever the size
-    (the Hopper kernel takes the first pass)."""
+    cost more host time than the prescaled dots cost its GPU time. work=None: the one prescaled pass whatever
+    the size (the Hopper kernel, whose q sits in shared memory, prescaled there once a tile)."""
     if dtype == torch.float16:
         return (0,)  # the same rule keeps fp16 raw in semantics._prescaled
-    return (3,) if work is not None and work < PRESCALED_MAX_WORK else (1, 2)
+    return (3,) if work is None or work < PRESCALED_MAX_WORK else (1, 2)
 
 
 # bench/results/overhead_h200.jsonl (table "prescaled", H200): at 2^26-2^28 the one prescaled pass took -2.0 to
@@ -314,10 +314,24 @@ def attention_fwd(
     short = work < HOST_DESC_MIN_WORK  # its host time decides: no host descriptors
     sm90 = hopper.tiles(q4, k4, v4, seq_lens, packed, alibi_slopes, sinks, config is not None or group is not None,
                         lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4), short=short)
+    env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "cu_k": cu_k,
+           "alibi": alibi_slopes, "sinks": sinks}
+    if sm90 is not None:  # the Hopper kernel runs the call, persistent, in one pass (overflow_passes)
+        sm90_tiles = cdiv(n_q, sm90.block_m)
+        sm90_meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, CAUSAL=causal, WINDOW=var.window, SOFTCAP=var.softcap,
+                         PASS=overflow_passes(q.dtype, None)[0], **sm90.meta(n_k), num_warps=4)
+
+        def sm90_launch(zc: int) -> Launch:  # its programs take the chunk's tiles in turns (hopper.schedule)
+            programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
+            args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h, group,
+                    var.kv_group, var.left, var.right, var.cap2)
+            return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, args, sm90_meta)
+
+        launch_chunks([(env_, [sm90_launch(zc)]) for zc, env_ in _z_chunks(z, env)],
+                      key if aligned(out, lse) else None, False, hopper.descriptors(sm90.block_n, d), plans=PLANS)
+        return out, lse
     if config is not None:
         cfg = config
-    elif sm90 is not None:  # the Hopper kernel runs the call; these tiles only redo its overflowed rows
-        cfg = hopper.RESCUE_TILES
     elif var.window and causal:
         cfg = window_fwd_config(max(d_pad, dv_pad), q.dtype, q.device, INTERPRETED, max(n_q, n_k))
     else:
@@ -326,8 +340,6 @@ def attention_fwd(
     # descriptors built on the host where one per tensor serves every program: not with seq_lens, whose
     # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
     host_desc = tma and seq_lens is None and not short and host_descriptors_ok(q4, k4, v4)
-    env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "cu_k": cu_k,
-           "alibi": alibi_slopes, "sinks": sinks}
     group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
     args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), *_strides(lse3)[:2],
             alibi_stride(alibi_slopes), h, len_q, len_k, scale * LOG2E, group, var.kv_group, var.left, var.right,
@@ -342,23 +354,10 @@ def attention_fwd(
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens", "cu_k", "alibi", "sinks")
     passes = [dict(meta, PASS=p, **(_RESCUE_META if p == 2 else {}))
-              for p in overflow_passes(q.dtype, work if sm90 is None else None)]
+              for p in overflow_passes(q.dtype, work)]
     chunks = [(env_, [Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m) for m in passes])
               for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
-    if sm90 is not None:  # the Hopper kernel takes the first pass; forward.py's second (if any) stays
-        sm90_tiles = cdiv(n_q, sm90.block_m)
-        sm90_meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, CAUSAL=causal, WINDOW=var.window, SOFTCAP=var.softcap,
-                         PASS=passes[0]["PASS"], **sm90.meta(n_k), num_warps=4)
-
-        def sm90_launch(zc: int) -> Launch:  # persistent: its programs take the chunk's tiles in turns
-            programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
-            args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h, group,
-                    var.kv_group, var.left, var.right, var.cap2)
-            return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, args, sm90_meta)
-
-        chunks = [(env_, [sm90_launch(launches[0].grid[2]), *launches[1:]]) for env_, launches in chunks]
-        descs = hopper.descriptors(sm90.block_n, d)
     # the interpreter emulates descriptors without scratch memory; host descriptors need none
     launch_chunks(chunks, key if aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs, plans=PLANS)
     return out, lse
