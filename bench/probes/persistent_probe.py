@@ -3,7 +3,7 @@ kernel before it (one program a tile: BASE_REV's tree, imported as the package `
 holds `git archive BASE_REV` with an empty dfbase/__init__.py), beside cuDNN (SDPA), FlexAttention on the
 window cell and, at D64, the portable kernel; one process, interleaved turns, each kernel through its
 tree's kernels.attention.attention_fwd ($NAME and $BASE_NAME name them; CELLS=bf16 runs the bf16 cells
-only). Rows to $OUT/persistent.jsonl."""
+only, CELLS=d128 the head_dim 128 ones). Rows to $OUT/persistent.jsonl."""
 import importlib
 import json
 import os
@@ -48,6 +48,8 @@ CELLS = [  # (B, H, H_kv, N, D, dtype, causal, window)
 ]
 if os.environ.get("CELLS") == "bf16":
     CELLS = [c for c in CELLS if c[5] == torch.bfloat16]
+elif os.environ.get("CELLS") == "d128":
+    CELLS = [c for c in CELLS if c[4] == 128]
 prov = provenance()
 rows = []
 flex = _flex()
