@@ -1,0 +1,345 @@
+"""Draft, not yet run on a GPU: forward_sm90.py with each tile's stores issued under the next tile's first q.k^T,
+inside _consume (issue and wait in one block). Unlike the first deferred-stores draft (c773746, serialized by
+ptxas, C7511) it compiles with Triton 3.6 for sm_90a without C7511 and spills less than the kernel (causal bf16
+D128: 72/128 B spill stores/loads against 260/284). To measure against the kernel with
+bench/probes/persistent_probe.py (c773746).
+
+
+A tile is 64 query rows per consumer warpgroup (two, or three for D64: hopper.TILES) of one (batch, head);
+the kernel is persistent: a program per SM takes tiles in turns (_tile_at's order). The partitions run side
+by side:
+- a loader warp fetches each tile's query rows (once the consumers are done with the last tile's), then
+  streams its key and value blocks through TMA into STAGES shared-memory slots (an mbarrier pair per slot
+  and tensor: ready when its copy lands, empty when every consumer is done with it), so the next tile's
+  first blocks arrive while the consumers still finish and store the one before;
+- the consumer warpgroups (64 rows each, 240 registers a thread for two, 160 for three) run the online
+  softmax with asynchronous wgmma: block j's q.k^T is issued before block j-1's p @ v and waited for first,
+  so the softmax of block j runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap).
+The semantics are semantics.py's (_tile_at, _band, _scores, _visible, _online_softmax, _normalize), called
+from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
+module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .semantics import (_band, _inv, _normalize, _online_softmax, _prescaled, _scores, _tile_at, _turn, _turns,
+                        _visible)
+
+# TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# a barrier of the calling warps (a partition's own, inside warp_specialize): thread_barrier in 3.6, barrier later
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+LOADER_REGS = gl.constexpr(24)  # the loader's registers a thread (setmaxnreg): the rest go to the consumers
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+            seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads, num_bh, head_group,
+            kv_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+            EVEN_N: gl.constexpr):
+    """The loader partition: for each of the program's tiles (_turn's order), the consumers' query rows once
+    they are done with the last tile's, then the key and value blocks of _band into the slots, in the
+    consumers' order (i counts the blocks over every tile: slot and phase)."""
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    CONSUMERS: gl.constexpr = q_bufs.shape[0]
+    SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+    i = 0
+    n = 0
+    for t in range(_turns(num_tiles, num_bh, head_group, DEAL=CAUSAL)):
+        lin, live = _turn(t, num_tiles, num_bh, head_group, DEAL=CAUSAL)
+        if live:
+            pid_m, off_h, off_z = _tile_at(lin, num_tiles, num_heads, num_bh, head_group, DEAL=CAUSAL,
+                                           REVERSE=CAUSAL)
+            start_m = pid_m * BLOCK_M
+            lo, _fl, _fh, hi = _band(start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
+                                     BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
+                                     EVEN_N=EVEN_N, WINDOW=WINDOW)
+            off_hk = off_h // kv_group
+            mbarrier.wait(q_empty, (n & 1) ^ 1)
+            mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+            for c in gl.static_range(CONSUMERS):
+                _tma_load(q_desc, [off_z, off_h, start_m + c * SUB_M, 0], q_ready, q_bufs.index(c))
+            for start_n in range(lo, hi, BLOCK_N):
+                s = i % STAGES
+                ph = (i // STAGES) & 1
+                mbarrier.wait(k_empty.index(s), ph ^ 1)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [off_z, off_hk, start_n, 0], k_ready.index(s), k_bufs.index(s))
+                mbarrier.wait(v_empty.index(s), ph ^ 1)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                _tma_load(v_desc, [off_z, off_hk, start_n, 0], v_ready.index(s), v_bufs.index(s))
+                i += 1
+            n += 1
+
+
+@gluon.jit
+def _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
+                  inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                  KEY_MASK: gl.constexpr):
+    """One key block of the online softmax from its raw q.k^T tile (forward.py's loop body, same helpers)."""
+    cols = start_n + offs_n
+    s, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
+                   SOFTCAP=SOFTCAP, ALIBI=False)
+    if MASKED:
+        vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
+                       KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
+        s = gl.where(vis, s, float("-inf"))
+    p, alpha, grew, m_i, l_i = _online_softmax(s, m_i, l_i, MASKED=MASKED, LAZY=False)
+    return p, alpha, m_i, l_i
+
+
+@gluon.jit
+def _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale,
+                   win_left, win_right, cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr):
+    """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
+    masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
+    causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90.jsonl)."""
+    if MASKED:
+        if (start_n < full_lo) | (start_n >= full_hi):
+            p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
+                                                   qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=True,
+                                                   CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
+        else:
+            p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
+                                                   qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=False,
+                                                   CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False)
+    else:
+        p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
+                                               qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=False,
+                                               CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _store_rows(out_ptr, lse_ptr, out, lse, row0, o_off, l_off, stride_om, stride_od, seq_len_q):
+    """A consumer's normalized rows from row0 on, and their lse (rows past seq_len_q are not stored)."""
+    SUB_M: gl.constexpr = out.shape[0]
+    HEAD_DIM_V: gl.constexpr = out.shape[1]
+    row_o: gl.constexpr = gl.SliceLayout(1, out.type.layout)
+    rows = row0 + gl.arange(0, SUB_M, layout=row_o)
+    cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, out.type.layout))
+    row_in = rows < seq_len_q
+    gl.store(out_ptr + o_off + rows.to(gl.int64)[:, None] * stride_om + cols[None, :] * stride_od, out,
+             mask=row_in[:, None])
+    gl.store(lse_ptr + l_off + rows, lse, mask=row_in)
+
+
+@gluon.jit
+def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, lo, hi, full_lo, full_hi,
+             offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+             out_ptr, lse_ptr, out_p, lse_p, row0_p, o_off_p, l_off_p, have_p, stride_om, stride_od, seq_len_q,
+             BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+             MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+             KEY_MASK: gl.constexpr):
+    """Key blocks [lo, hi) of a consumer's rows (i counts the blocks of the program's tiles so far: slot and
+    phase; returned past this tile's). Block j's q.k^T is issued
+    before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps that p @ v;
+    the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns, FA3's ping-pong,
+    through an mbarrier pair measured 0-2 % slower on the H200: bench/results/attention_sm90.jsonl.)"""
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = acc.type.layout
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    SUB_M: gl.constexpr = q.shape[0]
+    zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)
+    if lo < hi:
+        s_idx = i % STAGES
+        ph = (i // STAGES) & 1
+        mbarrier.wait(k_ready.index(s_idx), ph)
+        k = k_bufs.index(s_idx).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
+        if have_p:  # the last tile's rows, stored under this tile's first q.k^T
+            _store_rows(out_ptr, lse_ptr, out_p, lse_p, row0_p, o_off_p, l_off_p, stride_om, stride_od, seq_len_q)
+        qk, _q0, _k0 = warpgroup_mma_wait(0, deps=(qk, q, k))
+        mbarrier.arrive(k_empty.index(s_idx), count=1)
+        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, lo, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset,
+                                            qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=MASKED,
+                                            CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+        prev = s_idx
+        prev_ph = ph
+        i += 1
+        for start_n in range(lo + BLOCK_N, hi, BLOCK_N):
+            s_idx = i % STAGES
+            ph = (i // STAGES) & 1
+            mbarrier.wait(k_ready.index(s_idx), ph)
+            k = k_bufs.index(s_idx).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+            mbarrier.wait(v_ready.index(prev), prev_ph)
+            v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
+            qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p16, v, acc, is_async=True)
+            qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
+            mbarrier.arrive(k_empty.index(s_idx), count=1)
+            p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_len,
+                                                causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+                                                MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
+                                                KEY_MASK=KEY_MASK)
+            acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+            prev = s_idx
+            prev_ph = ph
+            i += 1
+        mbarrier.wait(v_ready.index(prev), prev_ph)
+        v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
+        acc = warpgroup_mma(p16, v, acc, is_async=True)
+        acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+    else:
+        if have_p:
+            _store_rows(out_ptr, lse_ptr, out_p, lse_p, row0_p, o_off_p, l_off_p, stride_om, stride_od, seq_len_q)
+    return acc, m_i, l_i, i
+
+
+@gluon.jit
+def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
+              stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset,
+              qk_scale, num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
+              WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr, PASS: gl.constexpr,
+              WHICH: gl.constexpr):
+    """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
+    blocks of _band (masks where forward.py has them), then the epilogue (_normalize) and the stores, while
+    the loader already fetches the next tile's rows and blocks."""
+    CONSUMERS: gl.constexpr = q_bufs.shape[0]
+    SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    q = q_bufs.index(WHICH).reshape([SUB_M, HEAD_DIM])
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
+    out_p = gl.zeros([SUB_M, HEAD_DIM_V], out_ptr.dtype.element_ty, o_layout)
+    lse_p = gl.zeros([SUB_M], gl.float32, row_o)
+    row0_p = 0
+    o_off_p = (stride_oz * 0).to(gl.int64)
+    l_off_p = (stride_lz * 0).to(gl.int64)
+    i = 0
+    n = 0
+    for t in range(_turns(num_tiles, num_bh, head_group, DEAL=CAUSAL)):
+        lin, live = _turn(t, num_tiles, num_bh, head_group, DEAL=CAUSAL)
+        if live:
+            pid_m, off_h, off_z = _tile_at(lin, num_tiles, num_heads, num_bh, head_group, DEAL=CAUSAL,
+                                           REVERSE=CAUSAL)
+            start_m = pid_m * BLOCK_M
+            lo, full_lo, full_hi, hi = _band(start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
+                                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
+                                             EVEN_N=EVEN_N, WINDOW=WINDOW)
+            row0 = start_m + WHICH * SUB_M
+            offs_m = row0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
+            m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+            l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
+            mbarrier.wait(q_ready, n & 1)
+            score_scale = qk_scale
+            if PASS == 3:  # q times the power of two of the scale, in place: no raw dot leaves fp32's range
+                q_pre, score_scale = _prescaled(q.load(q_layout), qk_scale)
+                q.store(q_pre)
+                fence_async_shared()
+                _barrier()  # the warpgroup's rows are all in before its wgmma reads them
+            acc, m_i, l_i, i = _consume(
+                q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, lo, hi, full_lo, full_hi,
+                offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
+                out_ptr, lse_ptr, out_p, lse_p, row0_p, o_off_p, l_off_p, n > 0, stride_om, stride_od, seq_len_q,
+                BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
+                CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N)
+            mbarrier.arrive(q_empty, count=1)  # the loader may fetch the next tile's rows into q's slot
+            n += 1
+            m_o = gl.convert_layout(m_i, row_o)
+            l_o = gl.convert_layout(l_i, row_o)
+            out, lse_p = _normalize(acc, m_o, l_o, l_o > 0)
+            out_p = out.to(out_ptr.dtype.element_ty)
+            row0_p = row0
+            o_off_p = off_z.to(gl.int64) * stride_oz + off_h.to(gl.int64) * stride_oh
+            l_off_p = off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
+    if n > 0:
+        _store_rows(out_ptr, lse_ptr, out_p, lse_p, row0_p, o_off_p, l_off_p, stride_om, stride_od, seq_len_q)
+
+
+@gluon.jit(do_not_specialize=["num_tiles", "num_bh", "head_group"])
+def _hopper_fwd_kernel(
+    q_desc, k_desc, v_desc, out_ptr, lse_ptr,
+    stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh,
+    seq_len_q, seq_len_k, qk_scale, num_tiles, num_heads, num_bh, head_group, kv_group, win_left, win_right, cap2,
+    # semantics: what is computed
+    HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+    SOFTCAP: gl.constexpr, PASS: gl.constexpr,
+    # tiles: how
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+):
+    """q_desc, k_desc, v_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D) and
+    (1, 1, BLOCK_N, D) blocks (hopper.descriptor); out and lse by pointers and strides. The semantics are the
+    portable forward's (forward.py) for causal, WINDOW, SOFTCAP and GQA (kv_group) without seq_lens; PASS 3
+    (launch.overflow_passes: where a raw q.k can leave fp32's range) dots q prescaled as forward.py's PASS 3
+    does, in one pass; PASS 0 dots it as it is. EVEN_N: every key block is full. CONSUMERS (2 or 3) warpgroups of
+    BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES).
+    Persistent: the grid's programs (hopper.schedule) take the num_tiles x num_bh tiles (num_tiles of BLOCK_M
+    rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over
+    head groups back and forth), so the loader fetches a tile's first blocks while the consumers finish the
+    one before."""
+    SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+    causal_offset = seq_len_k - seq_len_q
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    mbarrier.init(q_empty, count=CONSUMERS)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=CONSUMERS)
+        mbarrier.init(v_empty.index(s), count=CONSUMERS)
+    # (the partitions' argument lists are written out: a tuple of them, concatenated, loses the constexprs)
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 0)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 1)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 2)),
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                       v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
+                       num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 0)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
+                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+                         seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
+                         win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
+                         PASS, 1)),
+            (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
+                       v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
+                       num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
