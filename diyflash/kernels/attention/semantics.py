@@ -98,14 +98,19 @@ def _tile_at(lin, num_tiles, num_heads, num_bh, head_group, DEAL: tl.constexpr, 
 
 
 @triton.jit
+def _group_turns(num_tiles, head_group):
+    """DEAL's turns a program takes in each head group (_turn): a pair for every 2P of the group's tiles."""
+    return 2 * tl.cdiv(num_tiles * head_group, 2 * tl.num_programs(0))
+
+
+@triton.jit
 def _turns(num_tiles, num_bh, head_group, DEAL: tl.constexpr):
     """How many turns (_turn) a persistent kernel's program takes over a (num_tiles, heads, batch) grid's
     num_tiles x num_bh tiles, its num_programs(0) programs side by side."""
-    programs = tl.num_programs(0)
     if DEAL:
-        return tl.cdiv(num_bh, head_group) * 2 * tl.cdiv(num_tiles * head_group, 2 * programs)
+        return tl.cdiv(num_bh, head_group) * _group_turns(num_tiles, head_group)
     else:
-        return tl.cdiv(num_tiles * num_bh, programs)
+        return tl.cdiv(num_tiles * num_bh, tl.num_programs(0))
 
 
 @triton.jit
@@ -120,7 +125,7 @@ def _turn(i, num_tiles, num_bh, head_group, DEAL: tl.constexpr):
     p = tl.program_id(0)
     programs = tl.num_programs(0)
     if DEAL:
-        per_group = 2 * tl.cdiv(num_tiles * head_group, 2 * programs)
+        per_group = _group_turns(num_tiles, head_group)
         group = i // per_group
         s = i - group * per_group
         p = tl.where(group % 2 == 0, p, programs - 1 - p)  # a group's last, short pair: other programs each time
