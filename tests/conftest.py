@@ -75,3 +75,15 @@ def pytest_report_header(config):
     interp = os.environ.get("TRITON_INTERPRET", "0")
     gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "none"
     return f"diyflash tests: device={DEVICE} TRITON_INTERPRET={interp} gpu={gpu} torch={torch.__version__}"
+
+
+@pytest.fixture(params=["hopper", "portable"])
+def backend(request):
+    """The attention kernels' backend for one test (the Hopper tests run each case on both), restored after."""
+    from diyflash.kernels.attention import hopper
+
+    before = hopper.backend()
+    hopper.use(request.param)
+    yield request.param
+    hopper.use(before)
+

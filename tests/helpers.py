@@ -229,3 +229,27 @@ def check_kvcache(case, paged=False, **kw):
         assert k_cache.shape[2] == pages * case.page_size
     assert torch.equal(k_cache.double(), k_want) and torch.equal(v_cache.double(), v_want)
     return out, lse
+
+
+# -- the Hopper kernels' GPU tests (test_hopper.py, test_hopper_backward.py) --
+
+def hopper_here() -> bool:
+    """Whether this run has an sm_90 GPU where the Hopper kernels can run."""
+    from diyflash.kernels.attention import hopper
+
+    return ON_GPU and hopper.status(torch.device("cuda"))[0]
+
+
+def kernels_run(call, hopper_name: str, portable_name: str) -> set[str]:
+    """Which of two kernels call() launched ({"hopper", "portable"}), from the profiler's kernel names; the
+    caches cleared first, so the call takes a fresh route, not a kept plan."""
+    from torch.profiler import ProfilerActivity, profile
+
+    diyflash.clear_caches()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events()}
+    return ({"hopper"} if any(hopper_name in n for n in names) else set()) | (
+        {"portable"} if any(portable_name in n for n in names) else set())
+

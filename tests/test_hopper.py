@@ -20,7 +20,7 @@ from diyflash.kernels.attention import hopper
 from diyflash.kernels.contract import few_query_rows
 from diyflash.reference import attention_ref
 from diyflash.utils.validation import error_report
-from helpers import ON_GPU, make_qkv, sink_logits, slopes
+from helpers import ON_GPU, hopper_here, kernels_run, make_qkv, sink_logits, slopes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,14 @@ from triton.runtime.jit import mangle_type
 from triton.experimental.gluon._runtime import GluonASTSource
 from diyflash.kernels.attention import hopper
 from diyflash.kernels.contract import few_query_rows
-from diyflash.kernels.attention.plans import host_descriptor
+from diyflash.kernels.attention.plans import _with_descriptors, host_descriptor
+
+def ptxas_report(kernel):
+    with tempfile.TemporaryDirectory() as tmp:  # ptxas's own report on the kernel (Triton's build keeps it quiet)
+        with open(os.path.join(tmp, "k.ptx"), "w") as f:
+            f.write(kernel.asm["ptx"])
+        return subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o",
+                               os.path.join(tmp, "k.cubin")], capture_output=True, text=True).stderr
 
 def build(d, causal, window, softcap, dtype, pass_):
     tiles = hopper.TILES[d]
@@ -49,18 +56,36 @@ def build(d, causal, window, softcap, dtype, pass_):
     sig.update({n: "constexpr" for n in consts})
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-    with tempfile.TemporaryDirectory() as tmp:  # ptxas's own report on the kernel (Triton's build keeps it quiet)
-        with open(os.path.join(tmp, "k.ptx"), "w") as f:
-            f.write(kernel.asm["ptx"])
-        ptxas = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", os.path.join(tmp, "k.ptx"), "-o",
-                                os.path.join(tmp, "k.cubin")], capture_output=True, text=True).stderr
+    ptxas = ptxas_report(kernel)
     return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "consumers": tiles.consumers,
             "wgmma": kernel.asm["ptx"].count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in kernel.asm["ptx"],
             "case": [d, causal, window, softcap, str(dtype), pass_], "ptxas": ptxas}
 
+def build_bwd(causal, window, softcap, dtype):
+    q = torch.empty(2, 4, 1000, 128, dtype=dtype)
+    stats = torch.empty(2, 4, hopper.stat_rows(1000))
+    env = {"q": q, "k": q, "v": q, "dout": q, "dq_acc": q.float(), "lse2": stats, "delta": stats}
+    descs = _with_descriptors(env, hopper.bwd_descriptors(128))
+    fn = hopper.backward_module()._hopper_bwd_kernel
+    values = [*(descs[name] for name in hopper.BWD_POINTERS), q, q, *q.stride(), *q.stride(),
+              4, 1000, 1000, 0.1, 0.1, 3, 2, 2, stats.shape[-1], 7, 0, 0.5]
+    consts = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, HEAD_DIM=128,
+                  **{k: v for k, v in hopper.BWD_META.items() if k != "num_warps"})
+    sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else mangle_type(v)
+           for n, v in zip(fn.arg_names, values)}
+    sig.update({n: "constexpr" for n in consts})
+    src = GluonASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    ptx = kernel.asm["ptx"]
+    return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "consumers": 2,
+            "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in ptx,
+            "reduce": ptx.count("cp.reduce.async.bulk.tensor"), "case": ["bwd", causal, window, softcap, str(dtype)],
+            "ptxas": ptxas_report(kernel)}
+
 print(json.dumps([build(*case) for case in [
     (128, True, False, False, torch.bfloat16, 3), (128, False, False, False, torch.float16, 0),
-    (64, False, True, True, torch.float16, 0)]]))
+    (64, False, True, True, torch.float16, 0)]] + [build_bwd(*case) for case in [
+    (True, False, False, torch.bfloat16), (False, False, False, torch.float16), (True, True, True, torch.float16)]]))
 """
 
 
@@ -79,9 +104,11 @@ def test_kernel_compiles_for_sm90():
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     for kernel in json.loads(run.stdout.strip().splitlines()[-1]):
-        # a warpgroup per consumer and the loader's (padded to one): 12 or 16 warps; wgmma sites in the key loop
+        # a warpgroup per consumer (MMA warpgroup) and the loader's (the backward's writer beside it, padded to
+        # one): 12 or 16 warps; wgmma sites in the key loop; the backward's dq added by TMA reduces
         assert kernel["warps"] == 4 * (kernel["consumers"] + 1), kernel
         assert kernel["setmaxnreg"] and kernel["wgmma"] > 0, kernel
+        assert kernel["case"][0] != "bwd" or kernel["reduce"] > 0, kernel
         assert kernel["shared"] <= 232448, kernel  # the H100/H200 opt-in limit per block
         # ptxas serializes every wgmma of a kernel whose pipeline or function it cannot fit in registers (C7511,
         # C7512): the key loop then waits on each matmul. A draft that deferred a tile's stores under the next
@@ -104,6 +131,8 @@ def test_fallback_without_gluon(monkeypatch):
     try:
         why = hopper.kernel_module()
         assert isinstance(why, str) and "Gluon Hopper API is missing" in why, why
+        hopper.backward_module.cache_clear()
+        assert hopper.backward_module() == why  # the backward needs the same API
         monkeypatch.undo()
         hopper.kernel_module.cache_clear()
         monkeypatch.setattr(triton, "__version__", "3.7.0")
@@ -117,6 +146,7 @@ def test_fallback_without_gluon(monkeypatch):
     finally:
         monkeypatch.undo()
         hopper.kernel_module.cache_clear()
+        hopper.backward_module.cache_clear()
         hopper._device_status.cache_clear()
         diyflash.clear_caches()
 
@@ -140,29 +170,12 @@ def test_backend_switch():
 
 # -- the GPU suite --
 
-needs_hopper = pytest.mark.skipif(not ON_GPU or not hopper.status(torch.device("cuda"))[0],
-                                  reason="needs an sm_90 GPU with Triton's Gluon Hopper API")
+needs_hopper = pytest.mark.skipif(not hopper_here(), reason="needs an sm_90 GPU with Triton's Gluon Hopper API")
 
 
 def _kernels_run(call) -> set[str]:
-    """Which forward kernels a call launched ({"hopper", "portable"}), from the profiler's kernel names."""
-    from torch.profiler import ProfilerActivity, profile
-
-    diyflash.clear_caches()  # a fresh route, not a kept plan
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
-    names = {e.name for e in prof.events()}
-    return ({"hopper"} if any("_hopper_fwd_kernel" in n for n in names) else set()) | (
-        {"portable"} if any("_attn_fwd_kernel" in n for n in names) else set())
-
-
-@pytest.fixture(params=["hopper", "portable"])
-def backend(request):
-    before = hopper.backend()
-    hopper.use(request.param)
-    yield request.param
-    hopper.use(before)
+    """Which forward kernels a call launched ({"hopper", "portable"})."""
+    return kernels_run(call, "_hopper_fwd_kernel", "_attn_fwd_kernel")
 
 
 CASES = [  # (B, H, H_kv, N_q, N_k, D, causal, window, softcap)

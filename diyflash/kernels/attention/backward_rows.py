@@ -19,11 +19,12 @@ def _attn_bwd_preprocess_kernel(
     stride_gz, stride_gh, stride_gm, stride_gd,
     stride_lz, stride_lh, stride_lm,
     stride_dlz, stride_dlh, stride_dlm,
-    num_heads, seq_len_q,
+    num_heads, seq_len_q, stat_stride,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM_Q: tl.constexpr, HEAD_DIM_Q_PAD: tl.constexpr,
 ):
-    """delta and lse2 of BLOCK_M query rows of one head (contiguous (Z, H, N_q) fp32); ZERO_DQ: also the
+    """delta and lse2 of BLOCK_M query rows of one head ((Z, H, stat_stride) fp32: N_q rows a head, or the
+    Hopper backward's N_q rounded up to 4, whose TMA reads need 16-byte aligned rows); ZERO_DQ: also the
     zeros of the rows' fp32 dq accumulator (contiguous (Z, H, N_q, HEAD_DIM_Q)), which the dk/dv kernel's
     atomic adds then fill (DQ_ATOMIC), so that no separate fill runs."""
     off_h = tl.program_id(1)
@@ -48,10 +49,13 @@ def _attn_bwd_preprocess_kernel(
     lse = tl.load(lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
                   + offs_m.to(tl.int64) * stride_lm, mask=row_in, other=float("-inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-    row_off = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q + offs_m
-    tl.store(delta_ptr + row_off, delta, mask=row_in)
-    tl.store(lse2_ptr + row_off, lse2, mask=row_in)
+    # rows N_q .. stat_stride (the Hopper backward's padding, which its TMA reads): delta 0 and lse2 +inf, so that
+    # p and ds are 0 there, not a product with an unwritten value
+    head = (off_z * num_heads + off_h).to(tl.int64)
+    tl.store(delta_ptr + head * stat_stride + offs_m, delta, mask=offs_m < stat_stride)
+    tl.store(lse2_ptr + head * stat_stride + offs_m, lse2, mask=offs_m < stat_stride)
     if ZERO_DQ:
+        row_off = head * seq_len_q + offs_m
         offs_q = tl.arange(0, HEAD_DIM_Q_PAD)
         tl.store(dq_acc_ptr + row_off[:, None] * HEAD_DIM_Q + offs_q[None, :],
                  tl.zeros([BLOCK_M, HEAD_DIM_Q_PAD], dtype=tl.float32),

@@ -131,5 +131,5 @@ def fast_backward(dout, q, k, v, out, lse, causal: bool, scale: float, window: t
     FastBackward; None where it made none."""
     atomic = one_pass_of(q, v, q.shape[-2], k.shape[-2], deterministic, None)
     plan = _dense_plan("bwd", (q, k, v, out, dout, lse, None, None, None, None), q, k, causal, scale, window,
-                       softcap, (None, None, None, atomic))
+                       softcap, (None, None, None, atomic, not deterministic))
     return None if plan is None else FastBackward(plan, q.get_device(), runtime_key(), _keeps(q))

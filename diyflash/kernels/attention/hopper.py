@@ -1,5 +1,6 @@
-"""Where the Hopper forward (forward_sm90.py, a warp-specialized Gluon kernel) runs instead of the portable
-one, and its launch. attention_fwd asks `tiles` per call; the answer is None unless all of these hold:
+"""Where the Hopper forward (forward_sm90.py) and backward (backward_sm90.py), warp-specialized Gluon kernels,
+run instead of the portable ones, and their launch. attention_bwd asks `backward_runs` (below); attention_fwd
+asks `tiles` per call, whose answer is None unless all of these hold:
 
 - the backend: DIYFLASH_ATTENTION_BACKEND (read at import; `use` sets it in a running process) is "auto"
   (the default: the Hopper kernel where it measured faster, the head dims of AUTO_TILES), "hopper" (every
@@ -95,6 +96,7 @@ def use(backend: str) -> None:
         raise ValueError(f"backend={backend!r}: expected one of {', '.join(BACKENDS)}")
     _backend = backend
     kernel_module.cache_clear()
+    backward_module.cache_clear()
     _device_status.cache_clear()
     clear_caches()
 
@@ -165,8 +167,8 @@ def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable,
 def _smem_layout(rows: int, cols: int, dtype: torch.dtype):
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], {torch.float16: gl.float16,
-                                                                     torch.bfloat16: gl.bfloat16}[dtype])
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], {
+        torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[dtype])
 
 
 def descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
@@ -184,13 +186,96 @@ def descriptors(block_n: int, d: int) -> tuple:
     return (("q", CONSUMER_ROWS, d, True), ("k", block_n, d, True), ("v", block_n, d, True))
 
 
-LAUNCHERS: list = []  # the Hopper kernel's DirectLauncher once made (launch.py keeps count of its bound kernels)
+LAUNCHERS: list = []  # the Hopper kernels' DirectLaunchers once made (launch.py keeps count of their bound kernels)
+_LAUNCHER_OF: dict = {}
+
+
+def _launcher(module, name: str):
+    """The DirectLauncher of kernel `name` of module() (imported only where it runs), made once."""
+    if name not in _LAUNCHER_OF:
+        from .._launch import DirectLauncher
+
+        _LAUNCHER_OF[name] = DirectLauncher(getattr(module(), name))
+        LAUNCHERS.append(_LAUNCHER_OF[name])
+    return _LAUNCHER_OF[name]
 
 
 def launcher():
-    """The DirectLauncher of the Hopper kernel, made once (its module is imported only where it runs)."""
-    if not LAUNCHERS:
-        from .._launch import DirectLauncher
+    """The Hopper forward's DirectLauncher."""
+    return _launcher(kernel_module, "_hopper_fwd_kernel")
 
-        LAUNCHERS.append(DirectLauncher(kernel_module()._hopper_fwd_kernel))
-    return LAUNCHERS[0]
+
+# -- the backward (backward_sm90.py) --
+
+# Head dims of the Hopper backward, under "auto" and "hopper" alike. H200, Triton 3.6, in one run beside cuDNN
+# (bench/results/onepass_backward_h200.jsonl, run "integrated"): D128 0.98-1.03x cuDNN on the GQA 32/8 and MHA
+# cells, where the two portable kernels (deterministic=True) ran 0.73-0.80x; 1.32x FlexAttention on the window
+# 4096 cell. The other head dims keep the portable backward (this kernel's tiles are D128's).
+BWD_HEAD_DIMS = (128,)
+BWD_BLOCK_M = 64  # query rows a step
+BWD_BLOCK_N = 128  # keys a program (backward_sm90.BLOCK_N)
+BWD_META = dict(BLOCK_M=BWD_BLOCK_M, STAGES=2, MMA_REGS=240, num_warps=4)
+BWD_DQ_PANEL = 32  # dq's columns a TMA reduce (backward_sm90.PANEL)
+
+
+@functools.cache
+def backward_module():
+    """backward_sm90 where the forward's Gluon API is here (kernel_module), else why not (str)."""
+    module = kernel_module()
+    if isinstance(module, str):
+        return module
+    try:
+        from . import backward_sm90
+
+        return backward_sm90
+    except (ImportError, AttributeError) as e:
+        return f"Triton's Gluon Hopper API is missing here ({type(e).__name__}: {e})"
+
+
+def backward_launcher():
+    """The Hopper backward's DirectLauncher."""
+    return _launcher(backward_module, "_hopper_bwd_kernel")
+
+
+def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministic: bool, one_pass, readable,
+                  short: bool = False) -> bool:
+    """Whether this backward call runs the Hopper backward: as the forward's `tiles` (backend, device, fp16 or
+    bf16, no seq_lens, packed sequences or ALiBi, no tiles asked for, inputs TMA reads in place, short calls left
+    to the portable kernels under "auto"), a head dim of BWD_HEAD_DIMS with D = Dv, and determinism not asked
+    for (its dq is added up in any order) nor the two-kernel backward (one_pass=False). Sinks need nothing
+    here: the saved lse includes them."""
+    if (deterministic or one_pass is False or _backend == "portable" or overrides or seq_lens is not None
+            or packed is not None or alibi is not None or not q4.is_cuda
+            or q4.dtype not in (torch.float16, torch.bfloat16)):
+        return False
+    d = q4.shape[-1]
+    if d != v4.shape[-1] or d not in BWD_HEAD_DIMS or (short and _backend == "auto"):
+        return False
+    return status(q4.device)[0] and not isinstance(backward_module(), str) and readable()
+
+
+def stat_rows(n_q: int) -> int:
+    """Rows a head of the backward's delta and lse2 take for the Hopper backward: N_q rounded up to 4, so each
+    head's rows start 16-byte aligned (the TMA reads them in 64-row blocks of the flat buffer)."""
+    return (n_q + 3) // 4 * 4
+
+
+def _stat_descriptor(t: torch.Tensor):
+    """A TMA descriptor over the whole flat (Z, H, stat_rows) fp32 buffer t in BWD_BLOCK_M blocks."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, [t.numel()], [1], [BWD_BLOCK_M],
+                            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+
+
+# the backward launch's leading arguments by env name (the descriptors of bwd_descriptors), then dk and dv's
+BWD_POINTERS = ("gluon_k", "gluon_v", "gluon_q", "gluon_dout", "gluon_lse2", "gluon_delta", "gluon_dq_acc")
+
+
+def bwd_descriptors(d: int) -> tuple:
+    """The backward launch's host descriptors (plans.launch_chunks' descs): k, v, q, dout, the fp32 dq
+    accumulator, and the flat row statistics (a spec with a function: plans._with_descriptors)."""
+    return (("k", BWD_BLOCK_N, d, True), ("v", BWD_BLOCK_N, d, True), ("q", BWD_BLOCK_M, d, True),
+            ("dout", BWD_BLOCK_M, d, True), ("dq_acc", BWD_BLOCK_M, BWD_DQ_PANEL, True),
+            ("lse2", _stat_descriptor), ("delta", _stat_descriptor))

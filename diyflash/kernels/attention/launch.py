@@ -22,6 +22,7 @@ from . import hopper, kvcache  # noqa: E402  (the decode route; kvcache shares l
 from .forward import _attn_fwd_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad, variant_meta  # noqa: E402
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
+from .grids import head_group, head_split  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, aligned, launch_chunks, Launch, layout_key, Plan,  # noqa: E402
                     replay, scratch_buffers, host_descriptors_ok)
 
@@ -137,56 +138,6 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
             return False
     device = tensors[0].device
     return device_limits(device).tma if device.type == "cuda" else INTERPRETED
-
-
-# Tiles a head group of a causal kernel holds, per SM: two, about one wave of resident programs.
-# Measured on the H200 (the attention_groups probe, bench/results/attention_groups_h200.jsonl): with
-# head groups of 1..128 at D 64/128/256 and N 2048..16384, the fastest group held 128-512 tiles in
-# every shape, and ~256 was within noise of the best everywhere. A group of one wave starts its heads'
-# heavy tiles together and drains on light ones while the next group starts; larger groups spread
-# over more heads than L2 holds, groups that do not divide the heads leave a short group for the end.
-GROUP_TILES_PER_SM = 2
-
-
-def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) -> int:
-    """How many heads a kernel's tiles are dealt over at once (_tile): for causal kernels, whose tiles
-    differ in work, the most heads that divide the batch's heads evenly and hold at most
-    GROUP_TILES_PER_SM tiles (`num_tiles` per head) per SM together; other kernels go head after head."""
-    sms = device_limits(device).sms
-    if not causal or not sms:
-        return 1
-    group = max(1, min(num_bh, GROUP_TILES_PER_SM * sms // num_tiles))
-    while num_bh % group:
-        group -= 1
-    return group
-
-
-# A GQA dk/dv kernel has one program per key block of a kv head, each summing its whole query-head group:
-# a grid a group's size smaller than the dense one. Where it holds fewer than SPLIT_PROGRAMS_PER_SM programs
-# per SM, the group is split over programs (head_split) and their fp32 partial sums added by one more launch.
-# Measured (H200, the gqa_split probe, bench/results/gqa_split_h200.txt; D128 bf16, backward TFLOPS):
-# B1 H16/4 causal N1024 56 -> 117, N2048 121 -> 245, N4096 225 -> 334 (one wave of 128 programs ended on the
-# heaviest key blocks); grids of 256 programs and more (B1 N8192, B2 N4096) gained nothing from a split.
-# Calls of less work than SPLIT_MIN_WORK (Z*H*N_q*N_k*D) keep one launch: through autograd the backward costs
-# ~200 us of host time a call (bench/results/attention_bwd_host_h200.txt), more than such a grid's GPU time, and
-# the split's extra launch and two allocations added ~40 us to it (B1 H16/4 N1024 D128, 2^31: the kernels 190 ->
-# 90 us, yet autograd.grad in a loop 195 -> 250-290 us a call; H200). B1 H16 N2048 D128 is 2^33.
-SPLIT_PROGRAMS_PER_SM = 1
-SPLIT_MIN_WORK = 1 << 32
-
-
-def head_split(kv_group: int, num_programs: int, work: int, device: torch.device) -> int:
-    """Over how many programs the dk/dv kernel splits each kv head's group of kv_group query heads: the
-    smallest divisor of kv_group that gives its grid of num_programs (key blocks x kv heads x batch) at
-    least SPLIT_PROGRAMS_PER_SM programs per SM, or kv_group (one query head a program, the dense grid).
-    1 without GQA, for calls of less work than SPLIT_MIN_WORK, or without a GPU to size the grid to."""
-    sms = device_limits(device).sms
-    if kv_group == 1 or not sms or work < SPLIT_MIN_WORK:
-        return 1
-    for split in range(1, kv_group + 1):
-        if kv_group % split == 0 and num_programs * split >= SPLIT_PROGRAMS_PER_SM * sms:
-            return split
-    return kv_group
 
 
 def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int, row32: bool) -> dict:
@@ -363,6 +314,55 @@ def attention_fwd(
     return out, lse
 
 
+PRE_BLOCK = 64  # query rows a program of the backward's row passes (preprocess, dq convert)
+
+
+def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple) -> None:
+    """The Hopper backward (backward_sm90.py) of attention_bwd's (Z, H, N, D) views in env: the preprocess
+    (delta and lse2 with hopper.stat_rows rows a head, dq's fp32 accumulator zeroed), the kernel (dk, dv, and
+    dq added up by TMA reduces; on a small GQA grid dk and dv as fp32 partials over parts of the query-head
+    group, head_split, summed by a last launch), and dq's conversion (times the scale) into its dtype."""
+    q4, k4, dq4, dk4, dv4, dlse3 = env["q"], env["k"], env["dq"], env["dk"], env["dv"], env["dlse"]
+    z, h, len_q, d = q4.shape
+    h_kv, len_k = k4.shape[1], k4.shape[2]
+    rows = hopper.stat_rows(len_q)
+    key_blocks = cdiv(len_k, hopper.BWD_BLOCK_N)
+    parts = head_split(var.kv_group, key_blocks * h_kv * z, z * h * len_q * len_k * d, q4.device)
+    scratch = (("delta", (z, h, rows), torch.float32), ("lse2", (z, h, rows), torch.float32),
+               ("dq_acc", (z, h, len_q, d), torch.float32))
+    kv_out = ("dk", "dv")
+    if parts > 1:
+        scratch += (("dk_part", (z, h_kv * parts, len_k, d), torch.float32),
+                    ("dv_part", (z, h_kv * parts, len_k, d), torch.float32))
+        kv_out = ("dk_part", "dv_part")
+    env.update(scratch_buffers(scratch, q4.device))
+    dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
+    sum_block = 32  # (sum_block x 128) fp32 of dk and of dv a program: <= 64 registers a thread
+    pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=PRE_BLOCK, HAS_DLSE=dlse3 is not None, ZERO_DQ=True,
+                    HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d)
+    kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HEAD_DIM=d, **hopper.BWD_META)
+
+    def launches(zc: int) -> list[Launch]:
+        row_grid = (cdiv(len_q, PRE_BLOCK), h, zc)
+        args = (*_strides(dk_out), *_strides(dv_out), h, len_q, len_k, scale * LOG2E, scale,
+                head_group(var.causal, key_blocks, zc * h_kv * parts, q4.device), var.kv_group, parts, rows,
+                var.left, var.right, var.cap2)
+        return [Launch(_BWD_PRE, row_grid, ("out", "dout", "lse", "dlse", "delta", "lse2", "dq_acc"),
+                       (*pre_args, rows), pre_meta),
+                Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc), hopper.BWD_POINTERS + kv_out,
+                       args, kernel_meta),
+                *([Launch(_BWD_SUM, (cdiv(len_k, sum_block), h_kv, zc), ("dk_part", "dv_part", "dk", "dv"),
+                          (*_strides(dk4), *_strides(dv4), h_kv, len_k, parts),
+                          dict(HEAD_DIM=d, HEAD_DIM_PAD=d, HEAD_DIM_V=d, HEAD_DIM_V_PAD=d, BLOCK_N=sum_block,
+                               num_warps=4))] if parts > 1 else []),
+                Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"), (*_strides(dq4), h, len_q, scale),
+                       dict(HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=PRE_BLOCK))]
+
+    launch_chunks([(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)],
+                  key if aligned(dq4, dk4, dv4) else None, False, hopper.bwd_descriptors(d), scratch=scratch,
+                  plans=PLANS)
+
+
 # The one-pass backward (dq added up with fp32 atomic adds by the dk/dv kernel: 5 dots a tile pair against the
 # two-kernel backward's 7) where it measured faster than the two-kernel one on the H200, with its own dk/dv
 # tiles: padded head_dim -> (the shortest sequence it serves, the tiles). bench/results/bwd_one_pass_h200.jsonl:
@@ -423,7 +423,9 @@ def attention_bwd(
     Returns (dq, dk, dv) allocated with empty_like(q/k/v). deterministic: bitwise reproducible gradients
     (dq from the dq kernel). one_pass: the one-pass backward, dq added up with atomics by the dk/dv kernel
     (backward.py; not with deterministic, and head_dim <= 128 only; its own dk/dv tiles where ONE_PASS has
-    them); None: where ONE_PASS says it is the faster one and deterministic is False. The variants as in
+    them); None: where ONE_PASS says it is the faster one and deterministic is False. Not deterministic and
+    one_pass not False: on Hopper the Gluon one-pass backward where hopper.backward_runs says so
+    (_hopper_backward). The variants as in
     attention_fwd (sinks need nothing here: the saved lse includes them; their gradient is
     attention_torch.sinks_grad). config and group (the head
     group of both kernels, see head_group) override the tuned choices, for benchmarks. packed: packed
@@ -446,8 +448,9 @@ def attention_bwd(
            "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes,
            "dq_acc": None}  # (scratch buffers join it by name: dq_acc where the one-pass backward runs)
     atomic = one_pass_of(q, v, n_q, n_k, deterministic, one_pass)  # dq from the dk/dv kernel
+    any_order = not deterministic and one_pass is not False  # the Hopper backward may run (hopper.backward_runs)
     key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
-                    (config, group, split, atomic, *extra))
+                    (config, group, split, atomic, any_order, *extra))
     plan = PLANS.get(key) if key is not None else None
     if plan is not None:
         env.update(scratch_buffers(plan.scratch, q.device))
@@ -466,6 +469,14 @@ def attention_bwd(
     if packed is not None:
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv_)
+    pre_args = (*_strides(o4), *_strides(g4), *_strides(lse3), *(_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
+                h, len_q)
+    if hopper.backward_runs(q4, v4, seq_lens, packed, alibi_slopes, (config, group, split) != (None, None, None),
+                            deterministic, one_pass, lambda: tma_ok(q4, k4, v4, g4) and host_descriptors_ok(
+                                q4, k4, v4, g4), short=z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK):
+        _hopper_backward(key, {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3,
+                               "dq": dq4, "dk": dk4, "dv": dv4}, var, scale, pre_args)
+        return dq, dk, dv
     cfg = config or bwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     one_pass_tiles = ONE_PASS.get(max(d_pad, dv_pad), (0, None))[1]
     if atomic and config is None and not INTERPRETED and one_pass_tiles is not None:
@@ -485,10 +496,8 @@ def attention_bwd(
                   HAS_SEQ_LENS=seq_lens is not None, DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast(q.dtype),
                   VARLEN=packed is not None, **variant_meta(var, alibi_slopes))
     var_args = (var.left, var.right, var.cap2)
-    pre_block = 64
-    pre_args = (*_strides(o4), *_strides(g4), *_strides(lse3),
-                *(_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
-                h, len_q)
+    pre_block = PRE_BLOCK
+    pre_args = (*pre_args, len_q)  # delta and lse2: N_q rows a head
     pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None,
                     ZERO_DQ=atomic, HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d_pad)
     # GQA on a small grid: the dk/dv programs write fp32 partial sums over parts of the query-head group

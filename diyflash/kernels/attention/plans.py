@@ -171,6 +171,8 @@ def host_descriptors_ok(*tensors: torch.Tensor) -> bool:
 
 def _with_descriptors(env: dict, descs: tuple) -> dict:
     """env with the descriptors of descs: (name, rows, cols) replaces tensor `name` by its descriptor;
-    (name, rows, cols, True) adds Gluon's as gluon_<name> beside the tensor (the Hopper forward reads that)."""
-    return {**env, **{("gluon_" + spec[0] if spec[3:] == (True,) else spec[0]):
-                      host_descriptor(env[spec[0]], *spec[1:]) for spec in descs}}
+    (name, rows, cols, True) adds Gluon's as gluon_<name> beside the tensor (the Hopper kernels read that);
+    (name, make) adds make(tensor) as gluon_<name> (hopper.bwd_descriptors' flat row statistics)."""
+    return {**env, **{("gluon_" + spec[0] if len(spec) != 3 else spec[0]):
+                      spec[1](env[spec[0]]) if len(spec) == 2 else host_descriptor(env[spec[0]], *spec[1:])
+                      for spec in descs}}

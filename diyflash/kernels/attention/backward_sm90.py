@@ -1,0 +1,256 @@
+"""The Hopper (sm_90) backward: one pass in FlashAttention-3's split, a warp-specialized Gluon kernel (D128).
+
+A program holds one block of BLOCK_N = 128 keys of one (batch, kv head) and walks the query blocks that see
+it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 rows a step. Partitions:
+- two MMA warpgroups (the default partition and one worker), each owning 64 of the keys and their dk, dv
+  accumulators: per step s^T = k_w q^T and dp^T = v_w do^T (asynchronous wgmma), p^T from the saved base-2
+  lse, dv_w += p^T do (p^T from registers), ds^T = p^T (dp^T - delta) into shared memory, dk_w += ds^T q;
+  once both halves of ds^T are in (an mbarrier of count 2) and dk, dv are done, dq_w = ds k[:, w*64:(w+1)*64]
+  (the 64 columns of dq this warpgroup owns) into a shared fp32 tile. dq is issued after dk and dv are
+  waited for: three accumulators in flight made ptxas serialize every wgmma (tests/test_hopper.py checks);
+- a loader warp: k and v once, then q, do, lse and delta of each step into STAGES slots (TMA);
+- a writer warp: each step's dq tile added into the fp32 accumulator by the TMA unit (a bulk tensor
+  reduce-add, four 128-byte-wide panels), where a warp of red.global.add.v4 instructions held the kernel
+  at 0.61-0.80x of the TMA form's speed (bench/results/onepass_backward_h200.jsonl, run "fa3 split").
+Semantics are semantics.py's (_tile, _query_band, _scores, _probs, _visible, _prescaled). dk and dv are
+written by the program that owns the keys (no atomics); dq's adds land in any order (not deterministic:
+launch.attention_bwd runs it only where determinism is not asked for). hopper.py decides where it runs."""
+
+from __future__ import annotations
+
+from triton._C.libtriton import ir as _ir
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin as _builtin
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .semantics import _inv, _prescaled, _probs, _query_band, _scores, _tile, _visible
+
+# TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# a barrier of the calling warps (a partition's own, inside warp_specialize): thread_barrier in 3.6, barrier later
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+@_builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """src (shared memory) added into tensor_desc's block at coord by the TMA unit (cp.reduce.async.bulk.tensor,
+    one bulk group; tma.store_wait waits for its reads). Gluon's Hopper module has no wrapper for it."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+BLOCK_N = gl.constexpr(128)  # keys a program: two MMA warpgroups of 64
+KEYS = gl.constexpr(64)  # keys an MMA warpgroup
+PANEL = gl.constexpr(32)  # dq's columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
+SIDE_REGS = gl.constexpr(32)  # the loader's and the writer's registers a thread (setmaxnreg)
+
+
+@gluon.jit
+def _step(t, n_blk, lo, head0, BLOCK_M: gl.constexpr):
+    """Step t's (first query row, query head): the program's query heads from head0 one after the other, each
+    over its band."""
+    g = t // n_blk
+    return lo + (t - g * n_blk) * BLOCK_M, head0 + g
+
+
+@gluon.jit
+def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs,
+            delta_bufs, ready, empty, total, n_blk, lo, off_z, off_hk, start_n, head0, num_heads, stat_stride,
+            BLOCK_M: gl.constexpr):
+    STAGES: gl.constexpr = q_bufs.shape[0]
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _tma_load(k_desc, [off_z, off_hk, start_n, 0], kv_bar, k_s)
+    _tma_load(v_desc, [off_z, off_hk, start_n, 0], kv_bar, v_s)
+    for t in range(total):
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+        start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
+        row = (off_z * num_heads + off_h) * stat_stride + start_m  # the stats' rows: 16-byte aligned a head
+        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                        + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        _tma_load(q_desc, [off_z, off_h, start_m, 0], ready.index(s), q_bufs.index(s))
+        _tma_load(do_desc, [off_z, off_h, start_m, 0], ready.index(s), do_bufs.index(s))
+        _tma_load(lse_desc, [row], ready.index(s), lse_bufs.index(s))
+        _tma_load(delta_desc, [row], ready.index(s), delta_bufs.index(s))
+
+
+@gluon.jit
+def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, off_z, head0, BLOCK_M: gl.constexpr):
+    """Each step's dq tile (its panels) added into the fp32 accumulator by the TMA unit; the tile is free
+    again once the unit has read it."""
+    PANELS: gl.constexpr = dq_bufs.shape[0]
+    for t in range(total):
+        start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
+        mbarrier.wait(dq_full, t & 1)
+        for j in gl.static_range(PANELS):
+            _tma_reduce_add(dq_desc, [off_z, off_h, start_m, j * PANEL], dq_bufs.index(j))
+        tma.store_wait(0)
+        mbarrier.arrive(dq_empty, count=1)
+
+
+@gluon.jit
+def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs, dq_full,
+         dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz, stride_dvh,
+         stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, off_z, off_hp, start_n, seq_len_q, seq_len_k,
+         causal_offset, qk_scale, scale, head0, win_left, win_right, cap2,
+         CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr):
+    """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
+    stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part)."""
+    STAGES: gl.constexpr = q_bufs.shape[0]
+    dtype: gl.constexpr = k_s.dtype
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM // 2, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    k_reg_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+
+    k_all = k_s.reshape([BLOCK_N, HEAD_DIM])
+    k_w = k_all.slice(W * KEYS, KEYS, dim=0)
+    v_w = v_s.reshape([BLOCK_N, HEAD_DIM]).slice(W * KEYS, KEYS, dim=0)
+    mbarrier.wait(kv_bar, 0)
+    # k times the power of two of the scale, in place (semantics._prescaled): the raw dot stays in fp32's range
+    k_pre, qk_rest = _prescaled(k_w.load(k_reg_layout), qk_scale)
+    k_w.store(k_pre)
+    fence_async_shared()
+    _barrier()
+    dq_scale = qk_rest / qk_scale  # ds . k_pre is dq / scale times the power of two: the convert pass scales
+    inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
+
+    offs_n = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
+    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
+    zero_st = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
+    zero_dq = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, dq_layout)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
+    for t in range(total):
+        s = t % STAGES
+        b = t % 2
+        start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        q_s = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
+        do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
+        st = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        st = warpgroup_mma_wait(1, deps=(st, ))
+        rows = start_m + offs_m
+        s_t, t_t = _scores(st, rows[None, :], offs_n[:, None], causal_offset, qk_rest, cap2, inv_cap2, 0.0,
+                           SOFTCAP=SOFTCAP, ALIBI=False)
+        lse2 = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+        p_t = _probs(s_t, lse2[None, :])
+        if (start_m < mid) | (start_m >= full_end):
+            vis = _visible(rows[None, :], offs_n[:, None], seq_len_k, causal_offset, win_left, win_right,
+                           KEY_MASK=True, CAUSAL=CAUSAL, WINDOW=WINDOW) & (rows < seq_len_q)[None, :]
+            p_t = gl.where(vis, p_t, 0.0)
+        p16 = gl.convert_layout(p_t.to(dtype), op_layout)
+        dv = warpgroup_mma(p16, do_s, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=(dpt, ))
+        delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+        ds_t = p_t * (dpt - delta[None, :])
+        if SOFTCAP:
+            ds_t = ds_t * (1.0 - t_t * t_t)
+        ds_all = ds_bufs.index(b)
+        ds_w = ds_all.slice(W * KEYS, KEYS, dim=0)
+        ds_w.store(ds_t.to(dtype))
+        fence_async_shared()
+        _barrier()
+        dk = warpgroup_mma(ds_w, q_s, dk, is_async=True)  # ds^T from shared memory: no registers held for it
+        mbarrier.arrive(ds_ready.index(b), count=1)
+        mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
+        k_cols = k_all.slice(W * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1)
+        dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
+        dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq, ))
+        mbarrier.arrive(empty.index(s), count=1)
+        mbarrier.wait(dq_empty, (t & 1) ^ 1)
+        # this warpgroup's two panels of the tile, stored in the TMA's swizzled layout
+        dq0, dq1 = gl.split(gl.permute(gl.reshape(dq * dq_scale, [BLOCK_M, 2, PANEL]), (0, 2, 1)))
+        dq_bufs.index(2 * W).reshape([BLOCK_M, PANEL]).store(dq0)
+        dq_bufs.index(2 * W + 1).reshape([BLOCK_M, PANEL]).store(dq1)
+        fence_async_shared()
+        _barrier()
+        mbarrier.arrive(dq_full, count=1)
+
+    kv_rows = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
+    kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    key_in = (kv_rows < seq_len_k)[:, None]
+    keys = kv_rows.to(gl.int64)[:, None]
+    gl.store(dk_ptr + off_z.to(gl.int64) * stride_dkz + off_hp.to(gl.int64) * stride_dkh + keys * stride_dkn
+             + kv_cols[None, :] * stride_dkd, (dk * scale).to(dk_ptr.dtype.element_ty), mask=key_in)
+    gl.store(dv_ptr + off_z.to(gl.int64) * stride_dvz + off_hp.to(gl.int64) * stride_dvh + keys * stride_dvn
+             + kv_cols[None, :] * stride_dvd, dv.to(dv_ptr.dtype.element_ty), mask=key_in)
+
+
+@gluon.jit(do_not_specialize=["head_group"])
+def _hopper_bwd_kernel(
+    k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_ptr, dv_ptr,
+    stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvz, stride_dvh, stride_dvn, stride_dvd,
+    num_heads, seq_len_q, seq_len_k, qk_scale, scale, head_group, kv_group, parts, stat_stride,
+    win_left, win_right, cap2,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MMA_REGS: gl.constexpr,
+):
+    """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
+    (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
+    (Z, H_kv * parts, N_k, D) that a last launch adds up. k_desc, v_desc: (1, 1, BLOCK_N, D) blocks of (Z, H_kv, N_k, D);
+    q_desc, do_desc: (1, 1, BLOCK_M, D) blocks of (Z, H, N_q, D); lse_desc, delta_desc: BLOCK_M blocks of the
+    flat (Z * H * stat_stride) base-2 lse and delta (stat_stride >= N_q rows a head, a multiple of 4: TMA
+    coordinates 16-byte aligned); dq_desc: (1, 1, BLOCK_M, PANEL) blocks of the fp32 (Z, H, N_q, D)
+    accumulator, zeroed before (the preprocess) and scaled after (the convert pass)."""
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
+    off_hk = off_hp // parts
+    heads = kv_group // parts
+    head0 = off_hk * kv_group + (off_hp - off_hk * parts) * heads
+    start_n = pid_n * BLOCK_N
+    causal_offset = seq_len_k - seq_len_q
+    lo, mid, full_end, hi = _query_band(start_n, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
+                                        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, WINDOW=WINDOW)
+    n_blk = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_M)
+    total = n_blk * heads
+
+    k_s = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_s = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], lse_desc.layout)
+    delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [HEAD_DIM // PANEL] + dq_desc.block_type.shape, dq_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(ds_ready.index(i), count=2)
+    mbarrier.init(dq_full, count=2)
+    mbarrier.init(dq_empty, count=1)
+    gl.warp_specialize([
+        (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
+                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
+                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, off_z, off_hp, start_n,
+                seq_len_q, seq_len_k, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2,
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0)),
+        (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
+                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
+                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, off_z, off_hp, start_n,
+                seq_len_q, seq_len_k, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2,
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1)),
+        (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs,
+                   delta_bufs, ready, empty, total, n_blk, lo, off_z, off_hk, start_n, head0, num_heads,
+                   stat_stride, BLOCK_M)),
+        (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, off_z, head0, BLOCK_M)),
+    ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

@@ -1,0 +1,189 @@
+"""The Hopper backward (kernels/attention/backward_sm90.py, a one-pass warp-specialized Gluon kernel): that it
+computes the portable kernels' gradients, where it runs, and that everything else falls back to them.
+
+CPU (CI): it compiles for sm_90a (tests/test_hopper.py's compile test builds it beside the forward). GPU (an
+H100/H200): gradients of every case on both backends under the 2x rule against the float64 oracle, which
+kernels each backward ran, determinism, strided views, sinks, compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import diyflash
+from diyflash.kernels.attention import hopper
+from diyflash.reference import attention_ref
+from diyflash.utils.validation import error_report
+from helpers import hopper_here, kernels_run, make_qkv, random_like, sink_logits, slopes
+
+needs_hopper = pytest.mark.skipif(not hopper_here(), reason="needs an sm_90 GPU with Triton's Gluon Hopper API")
+
+
+def _backward_kernels(call) -> set[str]:
+    """Which backward kernels call() (a forward and its backward) launched: {"hopper", "portable"}."""
+    return kernels_run(call, "_hopper_bwd_kernel", "_attn_bwd_dkdv_kernel")
+
+
+CASES = [  # (B, H, H_kv, N_q, N_k, causal, window, softcap); head_dim 128
+    (2, 4, 2, 1000, 1000, True, (-1, -1), 0.0),
+    (2, 4, 2, 1024, 1024, False, (-1, -1), 0.0),
+    (1, 8, 1, 300, 1000, True, (-1, -1), 0.0),  # N_q < N_k, GQA 8
+    (1, 2, 2, 1023, 300, True, (-1, -1), 0.0),  # rows that see no key; N_q not a multiple of 4
+    (1, 4, 1, 1500, 1500, True, (256, 0), 30.0),  # a causal window with softcap, GQA 4
+    (1, 4, 1, 17, 113, False, (20, 7), 0.0),
+    (2, 2, 2, 113, 17, True, (-1, -1), 0.0),
+    (1, 4, 4, 1, 1, False, (-1, -1), 0.0),
+    (1, 2, 1, 4097, 4097, True, (-1, -1), 0.0),
+]
+
+
+def _grads(q, k, v, dout, **kw):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    return torch.autograd.grad(diyflash.flash_attention(q, k, v, **kw), (q, k, v), dout)
+
+
+def _reports(q, k, v, dout, got, **kw):
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(attention_ref(*leaves, **kw)[0], leaves, dout.double())
+    plain_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base = torch.autograd.grad(attention_ref(*plain_leaves, upcast=False, **kw)[0], plain_leaves, dout)
+    return [error_report(n, a, r, p) for n, a, r, p in zip(("dq", "dk", "dv"), got, want, base)]
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+def test_both_backends_within_2x(fresh_caches, backend, case, dtype):
+    b, h, h_kv, n_q, n_k, causal, window, softcap = case
+    q = make_qkv(b, h, n_q, n_q, 128, dtype, seed=1)[0]
+    k, v = make_qkv(b, h_kv, n_k, n_k, 128, dtype, seed=2)[1:]
+    dout = random_like(q, seed=3)
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    got = _grads(q, k, v, dout, deterministic=False, **kw)
+    for report in _reports(q, k, v, dout, got, **kw):
+        assert report.ok, str(report)
+    ran = _backward_kernels(lambda: _grads(q, k, v, dout, deterministic=False, **kw))
+    assert ran == ({"hopper"} if backend == "hopper" else {"portable"}), ran
+
+
+@needs_hopper
+def test_dk_dv_are_reproducible_and_dq_close(fresh_caches):
+    """dk and dv come from the program that owns their keys, in a fixed order: bitwise equal call after call
+    and on strided (b, n, h, d) views read in place; dq's TMA adds land in any order: within a few ulps."""
+    hopper.use("hopper")
+    try:
+        q, k, v = make_qkv(2, 4, 1000, 1000, 128, torch.bfloat16)
+        dout = random_like(q)
+        first = _grads(q, k, v, dout, causal=True, deterministic=False)
+        again = _grads(q, k, v, dout, causal=True, deterministic=False)
+        qs, ks, vs = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))  # (b, n, h, d) storage
+        strided = _grads(qs, ks, vs, dout, causal=True, deterministic=False)
+        assert _backward_kernels(lambda: _grads(qs, ks, vs, dout, causal=True, deterministic=False)) == {"hopper"}
+        for other in (again, strided):
+            assert torch.equal(first[1], other[1]) and torch.equal(first[2], other[2])
+            torch.testing.assert_close(first[0], other[0], atol=1e-2, rtol=1e-2)
+        spread = (first[0].float() - again[0].float()).abs().max().item()
+        print(f"dq run-to-run spread (bf16, B2 H4 N1000 causal): {spread:.3g}")
+    finally:
+        hopper.use("auto")
+
+
+@needs_hopper
+def test_what_falls_back_to_portable(fresh_caches, monkeypatch):
+    """Backward calls the Hopper kernel does not take run the portable kernels: determinism asked for (the
+    argument or torch's switch), the two-kernel backward asked for, ALiBi, seq_lens, fp32, other head dims."""
+    hopper.use("hopper")
+    try:
+        q, k, v = make_qkv(2, 4, 256, 256, 128, torch.bfloat16)
+        dout = random_like(q)
+        run = lambda **kw: _backward_kernels(lambda: _grads(q, k, v, dout, **kw))  # noqa: E731
+        assert run(deterministic=False) == {"hopper"}
+        assert run(deterministic=None) == {"hopper"}
+        lens = torch.tensor([200, 256], dtype=torch.int32, device="cuda")
+        others = {
+            "deterministic": dict(deterministic=True),
+            "alibi": dict(deterministic=False, alibi_slopes=slopes(4, device="cuda")),
+            "seq_lens": dict(deterministic=False, seq_lens=lens),
+        }
+        for name, kw in others.items():
+            assert run(**kw) == {"portable"}, name
+        with monkeypatch.context() as m:
+            m.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+            assert run() == {"portable"}, "torch.use_deterministic_algorithms"
+        q80, k80, v80 = (t[..., :80].contiguous() for t in (q, k, v))
+        assert _backward_kernels(lambda: _grads(q80, k80, v80, dout[..., :80].contiguous(),
+                                                deterministic=False)) == {"portable"}
+        q32, k32, v32 = (t.float() for t in (q, k, v))
+        assert _backward_kernels(lambda: _grads(q32, k32, v32, dout.float(), deterministic=False)) == {"portable"}
+    finally:
+        hopper.use("auto")
+
+
+@needs_hopper
+def test_sinks_and_auto(fresh_caches):
+    """Sinks: the forward runs the portable kernel, the backward the Hopper one (the saved lse includes the
+    sinks), within the 2x rule, the sinks' own gradient too. "auto" leaves a short call's backward to the
+    portable kernels and takes a long one's."""
+    q, k, v = make_qkv(1, 4, 700, 700, 128, torch.bfloat16, seed=5)
+    sinks = sink_logits(4, device="cuda")
+    dout = random_like(q, seed=6)
+    hopper.use("hopper")
+    try:
+        leaves = [t.detach().requires_grad_() for t in (q, k, v, sinks)]
+        out = diyflash.flash_attention(*leaves[:3], causal=True, sinks=leaves[3], deterministic=False)
+        got = torch.autograd.grad(out, leaves, dout)
+        ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+        want = torch.autograd.grad(attention_ref(*ref_leaves[:3], causal=True, sinks=ref_leaves[3])[0], ref_leaves,
+                                   dout.double())
+        plain_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
+        base = torch.autograd.grad(attention_ref(*plain_leaves[:3], causal=True, sinks=plain_leaves[3],
+                                                 upcast=False)[0], plain_leaves, dout)
+        for n, a, r, p in zip(("dq", "dk", "dv", "dsinks"), got, want, base):
+            report = error_report(n, a, r, p)
+            assert report.ok, str(report)
+        assert _backward_kernels(lambda: torch.autograd.grad(diyflash.flash_attention(
+            *leaves[:3], causal=True, sinks=leaves[3], deterministic=False), leaves, dout)) == {"hopper"}
+    finally:
+        hopper.use("auto")
+    short = make_qkv(1, 32, 128, 128, 128, torch.bfloat16, seed=7)
+    assert _backward_kernels(lambda: _grads(*short, random_like(short[0]), deterministic=False)) == {"portable"}
+    long = make_qkv(1, 2, 4096, 4096, 128, torch.bfloat16, seed=8)  # work 2^32: plans.HOST_DESC_MIN_WORK
+    assert _backward_kernels(lambda: _grads(*long, random_like(long[0]), deterministic=False)) == {"hopper"}
+
+
+@needs_hopper
+def test_compiled_and_replayed(fresh_caches):
+    """Under torch.compile (fullgraph) and from a kept plan: the same dk, dv bit for bit, dq within ulps."""
+    q, k, v = make_qkv(1, 4, 4096, 4096, 128, torch.bfloat16)
+    dout = random_like(q)
+    eager = _grads(q, k, v, dout, causal=True, deterministic=False)
+    kept = _grads(q, k, v, dout, causal=True, deterministic=False)
+    f = torch.compile(lambda q, k, v: diyflash.flash_attention(q, k, v, causal=True, deterministic=False),
+                      fullgraph=True)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    compiled = torch.autograd.grad(f(*leaves), leaves, dout)
+    for other in (kept, compiled):
+        assert torch.equal(eager[1], other[1]) and torch.equal(eager[2], other[2])
+        torch.testing.assert_close(eager[0], other[0], atol=1e-2, rtol=1e-2)
+
+
+@needs_hopper
+@pytest.mark.parametrize("parts", [1, 2, 4])
+def test_query_head_group_split(fresh_caches, monkeypatch, parts):
+    """A small GQA grid splits each kv head's query heads over `parts` programs (launch.head_split), whose fp32
+    partial dk and dv a last launch adds up: within the 2x rule for every split, causal and windowed."""
+    from diyflash.kernels.attention import launch
+
+    monkeypatch.setattr(launch, "head_split", lambda kv_group, programs, work, device: parts)
+    hopper.use("hopper")
+    try:
+        q = make_qkv(1, 8, 700, 700, 128, torch.bfloat16, seed=11)[0]
+        k, v = make_qkv(1, 2, 700, 700, 128, torch.bfloat16, seed=12)[1:]
+        dout = random_like(q, seed=13)
+        for kw in (dict(causal=True), dict(causal=True, window_size=(200, 0))):
+            got = _grads(q, k, v, dout, deterministic=False, **kw)
+            for report in _reports(q, k, v, dout, got, **kw):
+                assert report.ok, (parts, kw, str(report))
+            assert _backward_kernels(lambda: _grads(q, k, v, dout, deterministic=False, **kw)) == {"hopper"}
+    finally:
+        hopper.use("auto")
