@@ -305,6 +305,7 @@ def main(argv=None) -> int:
         device = torch.device("cuda")
         if "attention" in args.parts:
             print(f"attention forward: {attention_backend(device)}")
+            print(f"attention backward: {attention_backend(device, backward=True)}")
     else:
         print("no GPU: running the Triton kernels through the interpreter on small shapes")
         device = torch.device("cpu")

@@ -253,7 +253,7 @@ def test_persistent_turns_take_every_tile_once(device):
 def test_head_group_rule():
     """Causal kernels deal tiles over the most heads that divide the batch's heads and hold at most
     about one wave of tiles (GROUP_TILES_PER_SM per SM); other kernels, and no GPU, go head after head."""
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import grids as ka
     from diyflash.kernels._runtime import DeviceLimits
 
     cuda = torch.device("cuda", 0)

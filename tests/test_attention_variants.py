@@ -331,7 +331,7 @@ def test_head_split_rule():
     SPLIT_PROGRAMS_PER_SM programs per SM, at most the whole group; never without GQA, below
     SPLIT_MIN_WORK, or without a GPU."""
     from diyflash.kernels._runtime import DeviceLimits
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import grids as ka
 
     cuda = torch.device("cuda", 0)
     limits = {cuda: DeviceLimits(228 * 1024, True, 132)}

@@ -332,3 +332,20 @@ def test_plan_replay_and_compile_are_bitwise(fresh_caches):
     again = diyflash.flash_attention(q, k, v, causal=True)  # the kept plan
     compiled = torch.compile(lambda q, k, v: diyflash.flash_attention(q, k, v, causal=True), fullgraph=True)(q, k, v)
     assert torch.equal(first, again) and torch.equal(first, compiled)
+
+
+def test_the_toolkit_names_both_kernels(monkeypatch):
+    """`python -m diyflash` says which kernels run the forward and the backward (ops.runtime.attention_backend):
+    on an sm_90 device the Hopper ones and where, else the portable kernels and why."""
+    from diyflash.ops.runtime import attention_backend
+
+    device = torch.device("cuda")
+    monkeypatch.setattr(hopper, "status", lambda device: (True, "Gluon, warp-specialized"))
+    monkeypatch.setattr(hopper, "backward_module", lambda: object())
+    assert attention_backend(device).startswith("hopper (Gluon")
+    assert attention_backend(device, backward=True).startswith("hopper one-pass (Gluon")
+    assert "head_dim 128 when not deterministic" in attention_backend(device, backward=True)
+    monkeypatch.setattr(hopper, "backward_module", lambda: "no Gluon here")
+    assert attention_backend(device, backward=True) == "portable Triton kernels (no Gluon here)"
+    monkeypatch.setattr(hopper, "status", lambda device: (False, "not sm_90"))
+    assert attention_backend(device, backward=True) == "portable Triton kernels (not sm_90)"

@@ -63,6 +63,7 @@ def test_main_says_which_attention_backend_runs(capsys):
                  "--skip-bench"]) == 0
     out = capsys.readouterr().out
     assert f"attention forward: {attention_backend(torch.device('cuda'))}" in out
+    assert f"attention backward: {attention_backend(torch.device('cuda'), backward=True)}" in out
 
 
 def test_cli_rejects_bad_values():

@@ -28,12 +28,19 @@ def attention_tiles(head_dim: int, dtype: torch.dtype, device: torch.device, cau
         pad, dtype, device, causal, interpret, seq_len)
 
 
-def attention_backend(device: torch.device) -> str:
-    """Which kernels run the attention forward on `device`, in words: the Hopper (Gluon) kernel and where
-    it runs, or the portable Triton kernels and why (kernels/attention/hopper.py)."""
+def attention_backend(device: torch.device, backward: bool = False) -> str:
+    """Which kernels run the attention forward (or backward) on `device`, in words: the Hopper (Gluon) kernel
+    and where it runs, or the portable Triton kernels and why (kernels/attention/hopper.py)."""
     from ..kernels.attention import hopper
 
     ok, why = hopper.status(device)
+    if ok and backward:
+        module = hopper.backward_module()
+        if isinstance(module, str):
+            return f"portable Triton kernels ({module})"
+        where = "fp16/bf16, head_dim " + "/".join(map(str, hopper.BWD_HEAD_DIMS))
+        return (f"hopper one-pass ({why}; {where} when not deterministic, no seq_lens/ALiBi; other calls "
+                f"portable)")
     if ok:
         where = "fp16/bf16, head_dim " + "/".join(map(str, hopper.AUTO_TILES if hopper.backend() == "auto"
                                                        else sorted(hopper.TILES)))

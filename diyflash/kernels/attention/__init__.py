@@ -29,9 +29,11 @@ Package layout (each file one part of the structure; the kernels know nothing of
 - semantics.py: which keys a query sees and which tiles a program computes (masks, key ranges, tile order);
 - tiles.py: how tiles are read (pointer loads, TMA descriptors, row offsets);
 - lazy.py: the forward's lazy rescaling (warp vote and predicated rescale);
-- forward.py, backward.py: the kernels;
-- forward_sm90.py, hopper.py: the Hopper forward (a warp-specialized Gluon kernel) and where it runs instead
-  of forward.py (sm_90, fp16/bf16, head_dim 128, no seq_lens/ALiBi/sinks; the same semantics helpers);
+- forward.py, backward.py, backward_rows.py: the kernels (backward_rows: the backward's row passes);
+- forward_sm90.py, backward_sm90.py, hopper.py: the Hopper forward and one-pass backward (warp-specialized
+  Gluon kernels) and where they run instead of the portable ones (sm_90, fp16/bf16, head_dim 128, no
+  seq_lens/ALiBi; the backward not deterministic; the same semantics helpers);
+- grids.py: how a grid is shaped (head groups of causal tiles, the GQA backward's head split);
 - launch_args.py: what every launcher derives from a call alike (the variant, dtype switches, widths);
 - plans.py: the host-speed machinery (launches remembered as plans bound to compiled kernels, host TMA
   descriptors);
@@ -43,8 +45,8 @@ Package layout (each file one part of the structure; the kernels know nothing of
 from ..attention_configs import MAX_BLOCK_ROWS
 from .kvcache import FastKV, attention_kvcache, fast_kvcache, num_splits_for
 from .fast import FastBackward, FastForward, fast_backward, fast_forward
-from .launch import (GROUP_TILES_PER_SM, Packed, attention_bwd, attention_fwd, head_group, rows_fit_int32, tma_ok,
-                     vote_rows)
+from .grids import GROUP_TILES_PER_SM, head_group
+from .launch import Packed, attention_bwd, attention_fwd, rows_fit_int32, tma_ok, vote_rows
 from ..contract import LOG2E
 from .launch_args import INTERPRETED
 from .plans import HOST_DESC_MIN_WORK, MAX_GRID_Z, host_descriptor, host_descriptors_ok
