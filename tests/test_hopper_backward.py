@@ -187,3 +187,33 @@ def test_query_head_group_split(fresh_caches, monkeypatch, parts):
             assert _backward_kernels(lambda: _grads(q, k, v, dout, deterministic=False, **kw)) == {"hopper"}
     finally:
         hopper.use("auto")
+
+
+@needs_hopper
+def test_lse_gradient(fresh_caches):
+    """A loss on lse too (return_lse=True): its gradient joins delta in the preprocess, as on the portable
+    path; within the 2x rule on the Hopper backward."""
+    hopper.use("hopper")
+    try:
+        q, k, v = make_qkv(1, 4, 600, 700, 128, torch.bfloat16, seed=21)
+        dout, dlse = random_like(q, seed=22), random_like(q[..., 0], seed=23).float()
+
+        def loss_grads(fn, leaves):
+            out, lse = fn(*leaves)
+            return torch.autograd.grad((out.double() * dout.double()).sum() + (lse.double() * dlse.double()).sum(),
+                                       leaves)
+
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        fn = lambda q, k, v: diyflash.flash_attention(q, k, v, causal=True, return_lse=True,  # noqa: E731
+                                                      deterministic=False)
+        got = loss_grads(fn, leaves)
+        want = loss_grads(lambda q, k, v: attention_ref(q, k, v, causal=True),
+                          [t.detach().double().requires_grad_() for t in (q, k, v)])
+        base = loss_grads(lambda q, k, v: attention_ref(q, k, v, causal=True, upcast=False),
+                          [t.detach().clone().requires_grad_() for t in (q, k, v)])
+        for n, a, r, p in zip(("dq", "dk", "dv"), got, want, base):
+            report = error_report(n, a, r, p)
+            assert report.ok, str(report)
+        assert _backward_kernels(lambda: loss_grads(fn, leaves)) == {"hopper"}
+    finally:
+        hopper.use("auto")
