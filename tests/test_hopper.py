@@ -349,3 +349,24 @@ def test_the_toolkit_names_both_kernels(monkeypatch):
     assert attention_backend(device, backward=True) == "portable Triton kernels (no Gluon here)"
     monkeypatch.setattr(hopper, "status", lambda device: (False, "not sm_90"))
     assert attention_backend(device, backward=True) == "portable Triton kernels (not sm_90)"
+
+
+def test_backward_needs_the_tma_reduce(monkeypatch):
+    """The backward's one Gluon op without a wrapper (the builder's TMA reduce) is checked at import: a Triton
+    without it leaves the backward to the portable kernels, with the reason, and the forward as it was."""
+    if not _triton_has_gluon_hopper():
+        pytest.skip(f"this Triton has no usable Gluon Hopper API: {hopper.kernel_module()}")
+    from triton._C.libtriton import gluon_ir
+
+    monkeypatch.delattr(gluon_ir.GluonOpBuilder, "create_async_tma_reduce")
+    monkeypatch.delitem(sys.modules, "diyflash.kernels.attention.backward_sm90", raising=False)
+    monkeypatch.delattr(diyflash.kernels.attention, "backward_sm90", raising=False)
+    hopper.backward_module.cache_clear()
+    try:
+        why = hopper.backward_module()
+        assert isinstance(why, str) and "create_async_tma_reduce" in why, why
+        assert not isinstance(hopper.kernel_module(), str)
+    finally:
+        monkeypatch.undo()
+        hopper.backward_module.cache_clear()
+

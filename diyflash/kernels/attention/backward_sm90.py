@@ -18,6 +18,7 @@ launch.attention_bwd runs it only where determinism is not asked for). hopper.py
 
 from __future__ import annotations
 
+from triton._C.libtriton import gluon_ir as _gluon_ir
 from triton._C.libtriton import ir as _ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -31,6 +32,11 @@ from .semantics import _inv, _prescaled, _probs, _query_band, _scores, _tile, _v
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # a barrier of the calling warps (a partition's own, inside warp_specialize): thread_barrier in 3.6, barrier later
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+
+if not (hasattr(_ir, "DESCRIPTOR_REDUCE_KIND") and hasattr(_gluon_ir.GluonOpBuilder, "create_async_tma_reduce")):
+    # checked here, at import (hopper.backward_module), not at the first compile
+    raise ImportError("this Triton's Gluon builder has no TMA reduce (create_async_tma_reduce)")
 
 
 @_builtin
