@@ -13,7 +13,7 @@ import torch
 import diyflash
 from diyflash.kernels.attention import hopper
 from diyflash.reference import attention_ref
-from diyflash.utils.validation import error_report
+from diyflash.utils.validation import compare_with_oracle, error_report
 from helpers import hopper_here, kernels_run, make_qkv, random_like, sink_logits, slopes
 
 needs_hopper = pytest.mark.skipif(not hopper_here(), reason="needs an sm_90 GPU with Triton's Gluon Hopper API")
@@ -42,12 +42,16 @@ def _grads(q, k, v, dout, **kw):
     return torch.autograd.grad(diyflash.flash_attention(q, k, v, **kw), (q, k, v), dout)
 
 
-def _reports(q, k, v, dout, got, **kw):
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    want = torch.autograd.grad(attention_ref(*leaves, **kw)[0], leaves, dout.double())
-    plain_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base = torch.autograd.grad(attention_ref(*plain_leaves, upcast=False, **kw)[0], plain_leaves, dout)
-    return [error_report(n, a, r, p) for n, a, r, p in zip(("dq", "dk", "dv"), got, want, base)]
+def _oracle_reports(q, k, v, dout, sinks=None, **kw):
+    """The 2x rule's reports of out and its gradients (dsinks too, with sinks) of the default backward
+    (deterministic=False) against the float64 oracle (utils.validation.compare_with_oracle)."""
+    inputs, names = (q, k, v), ("dq", "dk", "dv")
+    if sinks is not None:
+        inputs, names = (*inputs, sinks), (*names, "dsinks")
+    return compare_with_oracle(
+        lambda q, k, v, *s: diyflash.flash_attention(q, k, v, sinks=s[0] if s else None, deterministic=False, **kw),
+        lambda q, k, v, *s, upcast: attention_ref(q, k, v, sinks=s[0] if s else None, upcast=upcast, **kw)[0],
+        inputs, "out", names, dout=dout)[2]
 
 
 @needs_hopper
@@ -59,8 +63,7 @@ def test_both_backends_within_2x(fresh_caches, backend, case, dtype):
     k, v = make_qkv(b, h_kv, n_k, n_k, 128, dtype, seed=2)[1:]
     dout = random_like(q, seed=3)
     kw = dict(causal=causal, window_size=window, softcap=softcap)
-    got = _grads(q, k, v, dout, deterministic=False, **kw)
-    for report in _reports(q, k, v, dout, got, **kw):
+    for report in _oracle_reports(q, k, v, dout, **kw):
         assert report.ok, str(report)
     ran = _backward_kernels(lambda: _grads(q, k, v, dout, deterministic=False, **kw))
     assert ran == ({"hopper"} if backend == "hopper" else {"portable"}), ran
@@ -129,18 +132,9 @@ def test_sinks_and_auto(fresh_caches):
     dout = random_like(q, seed=6)
     hopper.use("hopper")
     try:
-        leaves = [t.detach().requires_grad_() for t in (q, k, v, sinks)]
-        out = diyflash.flash_attention(*leaves[:3], causal=True, sinks=leaves[3], deterministic=False)
-        got = torch.autograd.grad(out, leaves, dout)
-        ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
-        want = torch.autograd.grad(attention_ref(*ref_leaves[:3], causal=True, sinks=ref_leaves[3])[0], ref_leaves,
-                                   dout.double())
-        plain_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
-        base = torch.autograd.grad(attention_ref(*plain_leaves[:3], causal=True, sinks=plain_leaves[3],
-                                                 upcast=False)[0], plain_leaves, dout)
-        for n, a, r, p in zip(("dq", "dk", "dv", "dsinks"), got, want, base):
-            report = error_report(n, a, r, p)
+        for report in _oracle_reports(q, k, v, dout, sinks, causal=True):
             assert report.ok, str(report)
+        leaves = [t.detach().requires_grad_() for t in (q, k, v, sinks)]
         assert _backward_kernels(lambda: torch.autograd.grad(diyflash.flash_attention(
             *leaves[:3], causal=True, sinks=leaves[3], deterministic=False), leaves, dout)) == {"hopper"}
     finally:
@@ -181,8 +175,7 @@ def test_query_head_group_split(fresh_caches, monkeypatch, parts):
         k, v = make_qkv(1, 2, 700, 700, 128, torch.bfloat16, seed=12)[1:]
         dout = random_like(q, seed=13)
         for kw in (dict(causal=True), dict(causal=True, window_size=(200, 0))):
-            got = _grads(q, k, v, dout, deterministic=False, **kw)
-            for report in _reports(q, k, v, dout, got, **kw):
+            for report in _oracle_reports(q, k, v, dout, **kw):
                 assert report.ok, (parts, kw, str(report))
             assert _backward_kernels(lambda: _grads(q, k, v, dout, deterministic=False, **kw)) == {"hopper"}
     finally:

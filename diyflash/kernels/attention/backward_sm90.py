@@ -47,9 +47,6 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
-BLOCK_N = gl.constexpr(128)  # keys a program: two MMA warpgroups of 64
-KEYS = gl.constexpr(64)  # keys an MMA warpgroup
-PANEL = gl.constexpr(32)  # dq's columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
 SIDE_REGS = gl.constexpr(32)  # the loader's and the writer's registers a thread (setmaxnreg)
 
 
@@ -87,6 +84,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, off_z, head0,
     """Each step's dq tile (its panels) added into the fp32 accumulator by the TMA unit; the tile is free
     again once the unit has read it."""
     PANELS: gl.constexpr = dq_bufs.shape[0]
+    PANEL: gl.constexpr = dq_bufs.shape[4]  # dq's columns a TMA reduce (its descriptor's block)
     for t in range(total):
         start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
         mbarrier.wait(dq_full, t & 1)
@@ -106,6 +104,9 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part)."""
     STAGES: gl.constexpr = q_bufs.shape[0]
+    BLOCK_N: gl.constexpr = k_s.shape[2]  # the program's keys (k's descriptor block)
+    KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's
+    PANEL: gl.constexpr = dq_bufs.shape[4]
     dtype: gl.constexpr = k_s.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
@@ -210,6 +211,8 @@ def _hopper_bwd_kernel(
     coordinates 16-byte aligned); dq_desc: (1, 1, BLOCK_M, PANEL) blocks of the fp32 (Z, H, N_q, D)
     accumulator, zeroed before (the preprocess) and scaled after (the convert pass)."""
     dtype: gl.constexpr = q_desc.dtype
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]  # keys a program: two MMA warpgroups' halves
+    PANEL: gl.constexpr = dq_desc.block_type.shape[3]  # dq's columns a TMA reduce (hopper.BWD_DQ_PANEL)
     pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
     off_hk = off_hp // parts
     heads = kv_group // parts

@@ -150,17 +150,24 @@ def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable,
     can read them in place (launch.tma_ok and plans.host_descriptors_ok), asked last: every other GPU and
     call is answered without it. short: less work than plans.HOST_DESC_MIN_WORK ("auto" leaves it to the
     portable kernel)."""
-    if (_backend == "portable" or overrides or seq_lens is not None or packed is not None or alibi is not None
-            or sinks is not None or not q4.is_cuda or q4.dtype not in (torch.float16, torch.bfloat16)):
+    head_dims = TILES if _backend == "hopper" else AUTO_TILES
+    if sinks is not None or not _takes(q4, v4, seq_lens, packed, alibi, overrides, short, head_dims):
         return None
-    d = q4.shape[-1]
-    if d != v4.shape[-1] or d not in (TILES if _backend == "hopper" else AUTO_TILES):
-        return None
-    if short and _backend == "auto":
-        return None  # its host time decides, and the host descriptors cost it (AUTO_TILES' comment)
     if not status(q4.device)[0] or not readable():
         return None
-    return TILES[d]
+    return TILES[q4.shape[-1]]
+
+
+def _takes(q4, v4, seq_lens, packed, alibi, overrides: bool, short: bool, head_dims) -> bool:
+    """The call conditions the Hopper forward and backward share (the module's docstring), before the device
+    is asked: the backend, fp16/bf16 on CUDA, no seq_lens, packed sequences, ALiBi or tiles asked for, D = Dv
+    in head_dims, and not a short call under "auto" (its host time decides, and the host descriptors cost it:
+    AUTO_TILES' comment)."""
+    if (_backend == "portable" or overrides or seq_lens is not None or packed is not None or alibi is not None
+            or not q4.is_cuda or q4.dtype not in (torch.float16, torch.bfloat16)):
+        return False
+    d = q4.shape[-1]
+    return d == v4.shape[-1] and d in head_dims and not (short and _backend == "auto")
 
 
 @functools.cache
@@ -186,18 +193,17 @@ def descriptors(block_n: int, d: int) -> tuple:
     return (("q", CONSUMER_ROWS, d, True), ("k", block_n, d, True), ("v", block_n, d, True))
 
 
-LAUNCHERS: list = []  # the Hopper kernels' DirectLaunchers once made (launch.py keeps count of their bound kernels)
-_LAUNCHER_OF: dict = {}
+# the Hopper kernels' DirectLaunchers once made, by kernel name (launch.py keeps count of their bound kernels)
+LAUNCHERS: dict = {}
 
 
 def _launcher(module, name: str):
     """The DirectLauncher of kernel `name` of module() (imported only where it runs), made once."""
-    if name not in _LAUNCHER_OF:
+    if name not in LAUNCHERS:
         from .._launch import DirectLauncher
 
-        _LAUNCHER_OF[name] = DirectLauncher(getattr(module(), name))
-        LAUNCHERS.append(_LAUNCHER_OF[name])
-    return _LAUNCHER_OF[name]
+        LAUNCHERS[name] = DirectLauncher(getattr(module(), name))
+    return LAUNCHERS[name]
 
 
 def launcher():
@@ -213,9 +219,9 @@ def launcher():
 # 4096 cell. The other head dims keep the portable backward (this kernel's tiles are D128's).
 BWD_HEAD_DIMS = (128,)
 BWD_BLOCK_M = 64  # query rows a step
-BWD_BLOCK_N = 128  # keys a program (backward_sm90.BLOCK_N)
+BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_META = dict(BLOCK_M=BWD_BLOCK_M, STAGES=2, MMA_REGS=240, num_warps=4)
-BWD_DQ_PANEL = 32  # dq's columns a TMA reduce (backward_sm90.PANEL)
+BWD_DQ_PANEL = 32  # dq's columns a TMA reduce: 128 bytes of fp32, the widest swizzled box (off dq_acc's descriptor)
 
 
 @functools.cache
@@ -244,12 +250,8 @@ def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministi
     to the portable kernels under "auto"), a head dim of BWD_HEAD_DIMS with D = Dv, and determinism not asked
     for (its dq is added up in any order) nor the two-kernel backward (one_pass=False). Sinks need nothing
     here: the saved lse includes them."""
-    if (deterministic or one_pass is False or _backend == "portable" or overrides or seq_lens is not None
-            or packed is not None or alibi is not None or not q4.is_cuda
-            or q4.dtype not in (torch.float16, torch.bfloat16)):
-        return False
-    d = q4.shape[-1]
-    if d != v4.shape[-1] or d not in BWD_HEAD_DIMS or (short and _backend == "auto"):
+    if deterministic or one_pass is False or not _takes(q4, v4, seq_lens, packed, alibi, overrides, short,
+                                                         BWD_HEAD_DIMS):
         return False
     return status(q4.device)[0] and not isinstance(backward_module(), str) and readable()
 

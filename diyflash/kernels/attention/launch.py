@@ -47,7 +47,8 @@ PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by plan_key
 
 
 keep("attention plans", lambda: (PLANS,))
-keep("attention bound kernels", lambda: [lc._compiled for lc in (*_LAUNCHERS, *hopper.LAUNCHERS)])
+keep("attention bound kernels",
+     lambda: [lc._compiled for lc in (*_LAUNCHERS, *hopper.LAUNCHERS.values())])
 
 
 def plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
@@ -317,6 +318,43 @@ def attention_fwd(
 PRE_BLOCK = 64  # query rows a program of the backward's row passes (preprocess, dq convert)
 
 
+def _preprocess_launch(row_grid: tuple, pre_args: tuple, stat_stride: int, d: int, d_pad: int, dv: int,
+                       dv_pad: int, has_dlse: bool, zero_dq: bool) -> Launch:
+    """The backward's preprocess (backward_rows.py): delta and lse2 with stat_stride rows a head, and (zero_dq)
+    the zeros of dq's fp32 accumulator. pre_args: its strides, heads and N_q, as attention_bwd builds them."""
+    return Launch(_BWD_PRE, row_grid, ("out", "dout", "lse", "dlse", "delta", "lse2", "dq_acc"),
+                  (*pre_args, stat_stride), dict(HEAD_DIM=dv, HEAD_DIM_PAD=dv_pad, BLOCK_M=PRE_BLOCK,
+                                                 HAS_DLSE=has_dlse, ZERO_DQ=zero_dq, HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d_pad))
+
+
+def _split_scratch(z: int, h_kv: int, parts: int, len_k: int, d: int, dv: int) -> tuple[tuple, tuple[str, str]]:
+    """(scratch specs, the dk/dv kernel's output names): fp32 partial sums of dk and dv over `parts` parts of
+    each kv head's query-head group (head_split), or none and dk, dv themselves."""
+    if parts == 1:
+        return (), ("dk", "dv")
+    return ((("dk_part", (z, h_kv * parts, len_k, d), torch.float32),
+             ("dv_part", (z, h_kv * parts, len_k, dv), torch.float32)), ("dk_part", "dv_part"))
+
+
+def _group_sum_launch(dk4: torch.Tensor, dv4: torch.Tensor, parts: int, grid_z: int) -> Launch:
+    """The sum of dk_part and dv_part (_split_scratch) into dk and dv, in a fixed order."""
+    h_kv, len_k, d = dk4.shape[1:]
+    dv = dv4.shape[3]
+    d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
+    block = max(16, 1 << (8192 // (d_pad + dv_pad)).bit_length() - 1)  # <= 64 fp32 registers a thread
+    return Launch(_BWD_SUM, (cdiv(len_k, block), h_kv, grid_z), ("dk_part", "dv_part", "dk", "dv"),
+                  (*_strides(dk4), *_strides(dv4), h_kv, len_k, parts),
+                  dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad, BLOCK_N=block,
+                       num_warps=4))
+
+
+def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float) -> Launch:
+    """dq from its fp32 accumulator, times the scale, in dq's dtype and strides."""
+    h, len_q, d = dq4.shape[1:]
+    return Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"), (*_strides(dq4), h, len_q, scale),
+                  dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=PRE_BLOCK))
+
+
 def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple) -> None:
     """The Hopper backward (backward_sm90.py) of attention_bwd's (Z, H, N, D) views in env: the preprocess
     (delta and lse2 with hopper.stat_rows rows a head, dq's fp32 accumulator zeroed), the kernel (dk, dv, and
@@ -328,18 +366,11 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
     rows = hopper.stat_rows(len_q)
     key_blocks = cdiv(len_k, hopper.BWD_BLOCK_N)
     parts = head_split(var.kv_group, key_blocks * h_kv * z, z * h * len_q * len_k * d, q4.device)
+    split_scratch, kv_out = _split_scratch(z, h_kv, parts, len_k, d, d)
     scratch = (("delta", (z, h, rows), torch.float32), ("lse2", (z, h, rows), torch.float32),
-               ("dq_acc", (z, h, len_q, d), torch.float32))
-    kv_out = ("dk", "dv")
-    if parts > 1:
-        scratch += (("dk_part", (z, h_kv * parts, len_k, d), torch.float32),
-                    ("dv_part", (z, h_kv * parts, len_k, d), torch.float32))
-        kv_out = ("dk_part", "dv_part")
+               ("dq_acc", (z, h, len_q, d), torch.float32), *split_scratch)
     env.update(scratch_buffers(scratch, q4.device))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
-    sum_block = 32  # (sum_block x 128) fp32 of dk and of dv a program: <= 64 registers a thread
-    pre_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=PRE_BLOCK, HAS_DLSE=dlse3 is not None, ZERO_DQ=True,
-                    HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d)
     kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HEAD_DIM=d, **hopper.BWD_META)
 
     def launches(zc: int) -> list[Launch]:
@@ -347,16 +378,11 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
         args = (*_strides(dk_out), *_strides(dv_out), h, len_q, len_k, scale * LOG2E, scale,
                 head_group(var.causal, key_blocks, zc * h_kv * parts, q4.device), var.kv_group, parts, rows,
                 var.left, var.right, var.cap2)
-        return [Launch(_BWD_PRE, row_grid, ("out", "dout", "lse", "dlse", "delta", "lse2", "dq_acc"),
-                       (*pre_args, rows), pre_meta),
+        return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True),
                 Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc), hopper.BWD_POINTERS + kv_out,
                        args, kernel_meta),
-                *([Launch(_BWD_SUM, (cdiv(len_k, sum_block), h_kv, zc), ("dk_part", "dv_part", "dk", "dv"),
-                          (*_strides(dk4), *_strides(dv4), h_kv, len_k, parts),
-                          dict(HEAD_DIM=d, HEAD_DIM_PAD=d, HEAD_DIM_V=d, HEAD_DIM_V_PAD=d, BLOCK_N=sum_block,
-                               num_warps=4))] if parts > 1 else []),
-                Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"), (*_strides(dq4), h, len_q, scale),
-                       dict(HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=PRE_BLOCK))]
+                *([_group_sum_launch(dk4, dv4, parts, zc)] if parts > 1 else []),
+                _dq_convert_launch(dq4, row_grid, scale)]
 
     launch_chunks([(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)],
                   key if aligned(dq4, dk4, dv4) else None, False, hopper.bwd_descriptors(d), scratch=scratch,
@@ -496,22 +522,13 @@ def attention_bwd(
                   HAS_SEQ_LENS=seq_lens is not None, DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast(q.dtype),
                   VARLEN=packed is not None, **variant_meta(var, alibi_slopes))
     var_args = (var.left, var.right, var.cap2)
-    pre_block = PRE_BLOCK
-    pre_args = (*pre_args, len_q)  # delta and lse2: N_q rows a head
-    pre_meta = dict(HEAD_DIM=dv_, HEAD_DIM_PAD=dv_pad, BLOCK_M=pre_block, HAS_DLSE=dlse3 is not None,
-                    ZERO_DQ=atomic, HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d_pad)
     # GQA on a small grid: the dk/dv programs write fp32 partial sums over parts of the query-head group
     # (heads h_kv * parts of scratch laid out as dk4, dv4), and a last launch adds them (head_split)
     parts = split or head_split(var.kv_group, cdiv(n_k, cfg.dkdv.block_n) * h_kv * z, z * h * n_q * n_k * d,
                                 q.device)
     if var.kv_group % parts:
         raise ValueError(f"split={parts} must divide the {var.kv_group} query heads of a kv head")
-    scratch = ()
-    kv_out = ("dk", "dv")
-    if parts > 1:
-        scratch = (("dk_part", (z_pre, h_kv * parts, len_k, d), torch.float32),
-                   ("dv_part", (z_pre, h_kv * parts, len_k, dv_), torch.float32))
-        kv_out = ("dk_part", "dv_part")
+    scratch, kv_out = _split_scratch(z_pre, h_kv, parts, len_k, d, dv_)
     if atomic:
         scratch += (("dq_acc", (z_pre, h, len_q, d), torch.float32),)
     env.update(scratch_buffers(scratch, q.device))
@@ -532,25 +549,17 @@ def attention_bwd(
     q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4), alibi_stride(alibi_slopes),
               h, len_q, len_k, scale * LOG2E, scale, q_group, var.kv_group, *var_args)
     q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k, row32), **common)
-    sum_block = max(16, 1 << (8192 // (d_pad + dv_pad)).bit_length() - 1)  # <= 64 fp32 registers a thread
-    sum_args = (*_strides(dk4), *_strides(dv4), h_kv, len_k, parts)
-    sum_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv_, HEAD_DIM_V_PAD=dv_pad, BLOCK_N=sum_block,
-                    num_warps=4)
-
-    convert_args = (*_strides(dq4), h, len_q, scale)
-    convert_meta = dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, BLOCK_M=pre_block)
 
     def launches(zc: int) -> list[Launch]:
-        rows = (cdiv(len_q, pre_block), h, z_pre if packed is not None else zc)  # the row passes' grid
+        rows = (cdiv(len_q, PRE_BLOCK), h, z_pre if packed is not None else zc)  # the row passes' grid
         return [
-            Launch(_BWD_PRE, rows, ("out", "dout", "lse", "dlse", "delta", "lse2", "dq_acc"), pre_args, pre_meta),
+            _preprocess_launch(rows, pre_args, len_q, d, d_pad, dv_, dv_pad, dlse3 is not None, atomic),
             *(Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv * parts, zc),
                       ("q", "k", "v", "dout", "lse2", "delta", *kv_out, "dq_acc", "seq_lens", "cu_k", "alibi"), kv_args,
                       kv_meta)
               for kv_cfg, kv_args, kv_meta in kv_launches),
-            *([Launch(_BWD_SUM, (cdiv(len_k, sum_block), h_kv, z_pre if packed is not None else zc),
-                       ("dk_part", "dv_part", "dk", "dv"), sum_args, sum_meta)] if parts > 1 else []),
-            Launch(_BWD_DQ_CONVERT, rows, ("dq_acc", "dq"), convert_args, convert_meta) if atomic else
+            *([_group_sum_launch(dk4, dv4, parts, z_pre if packed is not None else zc)] if parts > 1 else []),
+            _dq_convert_launch(dq4, rows, scale) if atomic else
             Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
                     ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "cu_k", "alibi"), q_args, q_meta),
         ]
