@@ -61,16 +61,16 @@ def build(d, causal, window, softcap, dtype, pass_):
             "wgmma": kernel.asm["ptx"].count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in kernel.asm["ptx"],
             "case": [d, causal, window, softcap, str(dtype), pass_], "ptxas": ptxas}
 
-def build_bwd(causal, window, softcap, dtype):
-    q = torch.empty(2, 4, 1000, 128, dtype=dtype)
+def build_bwd(d, causal, window, softcap, dtype):
+    q = torch.empty(2, 4, 1000, d, dtype=dtype)
     stats = torch.empty(2, 4, hopper.stat_rows(1000))
     env = {"q": q, "k": q, "v": q, "dout": q, "dq_acc": q.float(), "lse2": stats, "delta": stats}
-    descs = _with_descriptors(env, hopper.bwd_descriptors(128))
+    descs = _with_descriptors(env, hopper.bwd_descriptors(d))
     fn = hopper.backward_module()._hopper_bwd_kernel
     values = [*(descs[name] for name in hopper.BWD_POINTERS), q, q, *q.stride(), *q.stride(),
               4, 1000, 1000, 0.1, 0.1, 3, 2, 2, stats.shape[-1], 7, 0, 0.5]
-    consts = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, HEAD_DIM=128,
-                  **{k: v for k, v in hopper.BWD_META.items() if k != "num_warps"})
+    consts = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, HEAD_DIM=d,
+                  **{k: v for k, v in hopper.bwd_meta(d).items() if k != "num_warps"})
     sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else mangle_type(v)
            for n, v in zip(fn.arg_names, values)}
     sig.update({n: "constexpr" for n in consts})
@@ -79,13 +79,14 @@ def build_bwd(causal, window, softcap, dtype):
     ptx = kernel.asm["ptx"]
     return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "consumers": 2,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in ptx,
-            "reduce": ptx.count("cp.reduce.async.bulk.tensor"), "case": ["bwd", causal, window, softcap, str(dtype)],
+            "reduce": ptx.count("cp.reduce.async.bulk.tensor"), "case": ["bwd", d, causal, window, softcap, str(dtype)],
             "ptxas": ptxas_report(kernel)}
 
 print(json.dumps([build(*case) for case in [
     (128, True, False, False, torch.bfloat16, 3), (128, False, False, False, torch.float16, 0),
     (64, False, True, True, torch.float16, 0)]] + [build_bwd(*case) for case in [
-    (True, False, False, torch.bfloat16), (False, False, False, torch.float16), (True, True, True, torch.float16)]]))
+    (128, True, False, False, torch.bfloat16), (128, False, False, False, torch.float16),
+    (128, True, True, True, torch.float16), (64, False, True, True, torch.bfloat16)]]))
 """
 
 
@@ -344,7 +345,7 @@ def test_the_toolkit_names_both_kernels(monkeypatch):
     monkeypatch.setattr(hopper, "backward_module", lambda: object())
     assert attention_backend(device).startswith("hopper (Gluon")
     assert attention_backend(device, backward=True).startswith("hopper one-pass (Gluon")
-    assert "head_dim 128 when not deterministic" in attention_backend(device, backward=True)
+    assert "head_dim 64/128 when not deterministic" in attention_backend(device, backward=True)
     monkeypatch.setattr(hopper, "backward_module", lambda: "no Gluon here")
     assert attention_backend(device, backward=True) == "portable Triton kernels (no Gluon here)"
     monkeypatch.setattr(hopper, "status", lambda device: (False, "not sm_90"))

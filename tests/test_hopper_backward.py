@@ -24,16 +24,21 @@ def _backward_kernels(call) -> set[str]:
     return kernels_run(call, "_hopper_bwd_kernel", "_attn_bwd_dkdv_kernel")
 
 
-CASES = [  # (B, H, H_kv, N_q, N_k, causal, window, softcap); head_dim 128
-    (2, 4, 2, 1000, 1000, True, (-1, -1), 0.0),
-    (2, 4, 2, 1024, 1024, False, (-1, -1), 0.0),
-    (1, 8, 1, 300, 1000, True, (-1, -1), 0.0),  # N_q < N_k, GQA 8
-    (1, 2, 2, 1023, 300, True, (-1, -1), 0.0),  # rows that see no key; N_q not a multiple of 4
-    (1, 4, 1, 1500, 1500, True, (256, 0), 30.0),  # a causal window with softcap, GQA 4
-    (1, 4, 1, 17, 113, False, (20, 7), 0.0),
-    (2, 2, 2, 113, 17, True, (-1, -1), 0.0),
-    (1, 4, 4, 1, 1, False, (-1, -1), 0.0),
-    (1, 2, 1, 4097, 4097, True, (-1, -1), 0.0),
+CASES = [  # (B, H, H_kv, N_q, N_k, causal, window, softcap, head_dim)
+    (2, 4, 2, 1000, 1000, True, (-1, -1), 0.0, 128),
+    (2, 4, 2, 1024, 1024, False, (-1, -1), 0.0, 128),
+    (1, 8, 1, 300, 1000, True, (-1, -1), 0.0, 128),  # N_q < N_k, GQA 8
+    (1, 2, 2, 1023, 300, True, (-1, -1), 0.0, 128),  # rows that see no key; N_q not a multiple of 4
+    (1, 4, 1, 1500, 1500, True, (256, 0), 30.0, 128),  # a causal window with softcap, GQA 4
+    (1, 4, 1, 17, 113, False, (20, 7), 0.0, 128),
+    (2, 2, 2, 113, 17, True, (-1, -1), 0.0, 128),
+    (1, 4, 4, 1, 1, False, (-1, -1), 0.0, 128),
+    (1, 2, 1, 4097, 4097, True, (-1, -1), 0.0, 128),
+    # head_dim 64: one dq panel a warpgroup
+    (2, 4, 2, 1000, 1000, True, (-1, -1), 0.0, 64),
+    (1, 8, 1, 1024, 300, False, (-1, -1), 0.0, 64),
+    (1, 4, 1, 1500, 1500, True, (256, 0), 30.0, 64),
+    (2, 2, 2, 113, 17, False, (20, 7), 0.0, 64),
 ]
 
 
@@ -58,9 +63,9 @@ def _oracle_reports(q, k, v, dout, sinks=None, **kw):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", CASES)
 def test_both_backends_within_2x(fresh_caches, backend, case, dtype):
-    b, h, h_kv, n_q, n_k, causal, window, softcap = case
-    q = make_qkv(b, h, n_q, n_q, 128, dtype, seed=1)[0]
-    k, v = make_qkv(b, h_kv, n_k, n_k, 128, dtype, seed=2)[1:]
+    b, h, h_kv, n_q, n_k, causal, window, softcap, d = case
+    q = make_qkv(b, h, n_q, n_q, d, dtype, seed=1)[0]
+    k, v = make_qkv(b, h_kv, n_k, n_k, d, dtype, seed=2)[1:]
     dout = random_like(q, seed=3)
     kw = dict(causal=causal, window_size=window, softcap=softcap)
     for report in _oracle_reports(q, k, v, dout, **kw):

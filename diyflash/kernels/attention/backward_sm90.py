@@ -175,10 +175,13 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(s), count=1)
         mbarrier.wait(dq_empty, (t & 1) ^ 1)
-        # this warpgroup's two panels of the tile, stored in the TMA's swizzled layout
-        dq0, dq1 = gl.split(gl.permute(gl.reshape(dq * dq_scale, [BLOCK_M, 2, PANEL]), (0, 2, 1)))
-        dq_bufs.index(2 * W).reshape([BLOCK_M, PANEL]).store(dq0)
-        dq_bufs.index(2 * W + 1).reshape([BLOCK_M, PANEL]).store(dq1)
+        # this warpgroup's panels of the tile (one at D64, two at D128), stored in the TMA's swizzled layout
+        if HEAD_DIM // 2 == PANEL:
+            dq_bufs.index(W).reshape([BLOCK_M, PANEL]).store(dq * dq_scale)
+        else:
+            dq0, dq1 = gl.split(gl.permute(gl.reshape(dq * dq_scale, [BLOCK_M, 2, PANEL]), (0, 2, 1)))
+            dq_bufs.index(2 * W).reshape([BLOCK_M, PANEL]).store(dq0)
+            dq_bufs.index(2 * W + 1).reshape([BLOCK_M, PANEL]).store(dq1)
         fence_async_shared()
         _barrier()
         mbarrier.arrive(dq_full, count=1)

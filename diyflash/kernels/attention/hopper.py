@@ -213,15 +213,23 @@ def launcher():
 
 # -- the backward (backward_sm90.py) --
 
-# Head dims of the Hopper backward, under "auto" and "hopper" alike. H200, Triton 3.6, in one run beside cuDNN
-# (bench/results/onepass_backward_h200.jsonl, run "integrated"): D128 0.98-1.03x cuDNN on the GQA 32/8 and MHA
-# cells, where the two portable kernels (deterministic=True) ran 0.73-0.80x; 1.32x FlexAttention on the window
-# 4096 cell. The other head dims keep the portable backward (this kernel's tiles are D128's).
-BWD_HEAD_DIMS = (128,)
-BWD_BLOCK_M = 64  # query rows a step
+# The Hopper backward's tiles by head dim (D = Dv): (query rows a step, q/dout/stat stages). Its programs take
+# 128 keys (two MMA warpgroups of 64; the kernel reads it off k's descriptor). H200, Triton 3.6, in one run
+# beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "integrated"): D128 0.98-1.03x cuDNN on the GQA
+# 32/8 and MHA cells, where the two portable kernels (deterministic=True) ran 0.73-0.80x; 1.32x FlexAttention
+# on the window 4096 cell; D64 (run "d64 tiles"): 0.96-1.06x cuDNN (1.21-1.25x the portable kernels), where 128
+# query rows a step (spills) or 3 stages ran no faster. Other head dims keep the portable backward.
+BWD_TILES: dict[int, tuple[int, int]] = {128: (64, 2), 64: (64, 2)}
+BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
-BWD_META = dict(BLOCK_M=BWD_BLOCK_M, STAGES=2, MMA_REGS=240, num_warps=4)
+BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
 BWD_DQ_PANEL = 32  # dq's columns a TMA reduce: 128 bytes of fp32, the widest swizzled box (off dq_acc's descriptor)
+
+
+def bwd_meta(d: int) -> dict:
+    """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES)."""
+    block_m, stages = BWD_TILES[d]
+    return dict(BLOCK_M=block_m, STAGES=stages, MMA_REGS=BWD_MMA_REGS, num_warps=4)
 
 
 @functools.cache
@@ -262,12 +270,12 @@ def stat_rows(n_q: int) -> int:
     return (n_q + 3) // 4 * 4
 
 
-def _stat_descriptor(t: torch.Tensor):
-    """A TMA descriptor over the whole flat (Z, H, stat_rows) fp32 buffer t in BWD_BLOCK_M blocks."""
+def _stat_descriptor(t: torch.Tensor, block_m: int):
+    """A TMA descriptor over the whole flat (Z, H, stat_rows) fp32 buffer t in block_m blocks."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return TensorDescriptor(t, [t.numel()], [1], [BWD_BLOCK_M],
+    return TensorDescriptor(t, [t.numel()], [1], [block_m],
                             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
 
 
@@ -278,6 +286,7 @@ BWD_POINTERS = ("gluon_k", "gluon_v", "gluon_q", "gluon_dout", "gluon_lse2", "gl
 def bwd_descriptors(d: int) -> tuple:
     """The backward launch's host descriptors (plans.launch_chunks' descs): k, v, q, dout, the fp32 dq
     accumulator, and the flat row statistics (a spec with a function: plans._with_descriptors)."""
-    return (("k", BWD_BLOCK_N, d, True), ("v", BWD_BLOCK_N, d, True), ("q", BWD_BLOCK_M, d, True),
-            ("dout", BWD_BLOCK_M, d, True), ("dq_acc", BWD_BLOCK_M, BWD_DQ_PANEL, True),
-            ("lse2", _stat_descriptor), ("delta", _stat_descriptor))
+    block_m = BWD_TILES[d][0]
+    stats = functools.partial(_stat_descriptor, block_m=block_m)
+    return (("k", BWD_BLOCK_N, d, True), ("v", BWD_BLOCK_N, d, True), ("q", block_m, d, True),
+            ("dout", block_m, d, True), ("dq_acc", block_m, BWD_DQ_PANEL, True), ("lse2", stats), ("delta", stats))

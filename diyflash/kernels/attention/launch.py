@@ -371,7 +371,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
                ("dq_acc", (z, h, len_q, d), torch.float32), *split_scratch)
     env.update(scratch_buffers(scratch, q4.device))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
-    kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HEAD_DIM=d, **hopper.BWD_META)
+    kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HEAD_DIM=d, **hopper.bwd_meta(d))
 
     def launches(zc: int) -> list[Launch]:
         row_grid = (cdiv(len_q, PRE_BLOCK), h, zc)
