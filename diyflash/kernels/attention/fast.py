@@ -103,23 +103,25 @@ class FastBackward:
     statistics (kept buffers where small: KEEP_ROWS_MAX) and replays the plan. Returns (dq, dk, dv), or None
     where the plan cannot run now."""
 
-    __slots__ = ("plan", "device", "runtime", "kept")
+    __slots__ = ("plan", "device", "runtime", "kept", "rows")
 
     def __init__(self, plan: Plan, device: int, runtime: tuple, kept: dict | None = None):
         self.plan, self.device, self.runtime = plan, device, runtime
         self.kept = kept
+        # delta and lse2 from here, unless the plan has its own (the Hopper backward's, padded: its scratch)
+        self.rows = all(name != "delta" for name, _, _ in plan.scratch)
 
     def __call__(self, dout, q, k, v, out, lse):
         if not replayable_here(self.device, self.runtime):
             return None
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        delta, lse2 = _rows(self.kept, self.device, q, _BACKWARD_ROWS)
-        env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": None, "delta": delta,
-               "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None,
-               "dq_acc": None}
+        env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": None, "dq": dq, "dk": dk,
+               "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None, "dq_acc": None}
+        if self.rows:
+            env["delta"], env["lse2"] = _rows(self.kept, self.device, q, _BACKWARD_ROWS)
         if self.plan.scratch:
             env.update(scratch_buffers(self.plan.scratch, q.device))
-        if not aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in self.plan.scratch)):
+        if not aligned(dq, dk, dv, env["delta"], env["lse2"], *(env[name] for name, _, _ in self.plan.scratch)):
             return None
         replay(self.plan, env)
         return dq, dk, dv

@@ -318,6 +318,13 @@ def attention_fwd(
 PRE_BLOCK = 64  # query rows a program of the backward's row passes (preprocess, dq convert)
 
 
+def _stat_rows(q: torch.Tensor, packed: Packed | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The portable backward's per-row statistics, fp32 (Z, H, N_q), or (H, T_q) packed: delta = rowsum(dout *
+    out) - dlse and lse2 = lse * log2(e)."""
+    delta = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
+    return delta, torch.empty_like(delta)
+
+
 def _preprocess_launch(row_grid: tuple, pre_args: tuple, stat_stride: int, d: int, d_pad: int, dv: int,
                        dv_pad: int, has_dlse: bool, zero_dq: bool) -> Launch:
     """The backward's preprocess (backward_rows.py): delta and lse2 with stat_stride rows a head, and (zero_dq)
@@ -465,14 +472,12 @@ def attention_bwd(
             packed.max_q, packed.max_k)
     if n_q == 0 or n_k == 0 or q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    # per-row statistics of the backward, fp32 (Z, H, N_q): delta = rowsum(dout * out) - dlse, lse2 = lse * log2(e)
-    delta = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
-    lse2 = torch.empty_like(delta)
     var = variant(causal, window, softcap, n_q, n_k, h_q, h_k, offset)
     causal = var.causal
-    env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "delta": delta,
-           "lse2": lse2, "dq": dq, "dk": dk, "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes,
-           "dq_acc": None}  # (scratch buffers join it by name: dq_acc where the one-pass backward runs)
+    env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": dlse, "dq": dq, "dk": dk,
+           "dv": dv, "seq_lens": seq_lens, "cu_k": cu_k, "alibi": alibi_slopes, "dq_acc": None}
+    # (scratch buffers join it by name: dq_acc where the one-pass backward runs; delta and lse2, padded, where
+    # the Hopper backward does; else delta and lse2 of _stat_rows)
     atomic = one_pass_of(q, v, n_q, n_k, deterministic, one_pass)  # dq from the dk/dv kernel
     any_order = not deterministic and one_pass is not False  # the Hopper backward may run (hopper.backward_runs)
     key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
@@ -480,7 +485,9 @@ def attention_bwd(
     plan = PLANS.get(key) if key is not None else None
     if plan is not None:
         env.update(scratch_buffers(plan.scratch, q.device))
-        if aligned(dq, dk, dv, delta, lse2, *(env[name] for name, _, _ in plan.scratch)):
+        if "delta" not in env:
+            env["delta"], env["lse2"] = _stat_rows(q, packed)
+        if aligned(dq, dk, dv, env["delta"], env["lse2"], *(env[name] for name, _, _ in plan.scratch)):
             replay(plan, env)
             return dq, dk, dv
 
@@ -488,7 +495,6 @@ def attention_bwd(
     o4, g4 = _as_4d(out, packed), _as_4d(dout, packed)
     dq4, dk4, dv4 = _as_4d(dq, packed), _as_4d(dk, packed), _as_4d(dv, packed)
     lse3, dlse3 = _stats_3d(lse, q, packed), _stats_3d(dlse, q, packed)
-    delta3, lse23 = _stats_3d(delta, q, packed), _stats_3d(lse2, q, packed)
     z, h, len_q, d = q4.shape  # len_q, len_k: the kernels' row counts (T_q, T_k when packed)
     h_kv, len_k, dv_ = k4.shape[1], k4.shape[2], v4.shape[3]
     z_pre = z  # the delta pass runs over the (1, H, T_q) rows of a packed call
@@ -503,6 +509,8 @@ def attention_bwd(
         _hopper_backward(key, {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3,
                                "dq": dq4, "dk": dk4, "dv": dv4}, var, scale, pre_args)
         return dq, dk, dv
+    delta, lse2 = _stat_rows(q, packed)
+    delta3, lse23 = _stats_3d(delta, q, packed), _stats_3d(lse2, q, packed)
     cfg = config or bwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     one_pass_tiles = ONE_PASS.get(max(d_pad, dv_pad), (0, None))[1]
     if atomic and config is None and not INTERPRETED and one_pass_tiles is not None:
