@@ -7,8 +7,8 @@ import torch
 
 import diyflash
 from conftest import DEVICE
-from diyflash.reference import attention_ref
-from diyflash.utils.validation import error_report
+from diyflash.reference import attention_ref, attention_varlen_ref
+from diyflash.utils.validation import compare_with_oracle, error_report
 
 ON_GPU = DEVICE == "cuda"
 # bf16 runs on CPU too: under the interpreter its tiles are widened to fp32 before tl.dot
@@ -253,3 +253,67 @@ def kernels_run(call, hopper_name: str, portable_name: str) -> set[str]:
     return ({"hopper"} if any(hopper_name in n for n in names) else set()) | (
         {"portable"} if any(portable_name in n for n in names) else set())
 
+
+# -- packed sequences (flash_attention_varlen) --
+
+
+def cu(lens, device):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+
+def packed(lens_q, lens_k, h, h_kv, d, dv=None, dtype=torch.float16, device="cpu", layout="thd", seed=0):
+    """q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, D_v). layout "thd": contiguous; "qkv": q, k, v
+    slices of one (T, H + 2 H_kv, D) projection (the usual fused-qkv buffer: strided tokens); "htd": views
+    of (H, T, D) storage (token stride D)."""
+    dv = d if dv is None else dv
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    t_q, t_k = sum(lens_q), sum(lens_k)
+    if layout == "qkv":
+        assert t_q == t_k and dv == d
+        buf = torch.randn(t_q, h + 2 * h_kv, d, generator=gen).to(device=device, dtype=dtype)
+        return buf[:, :h], buf[:, h:h + h_kv], buf[:, h + h_kv:]
+
+    def one(t, heads, dim):
+        if layout == "htd":
+            return torch.randn(heads, t, dim, generator=gen).to(device=device, dtype=dtype).transpose(0, 1)
+        return torch.randn(t, heads, dim, generator=gen).to(device=device, dtype=dtype)
+
+    return one(t_q, h, d), one(t_k, h_kv, d), one(t_k, h_kv, dv)
+
+
+def check_varlen(q, k, v, lens_q, lens_k, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=None, sinks=None):
+    """flash_attention_varlen against the per-sequence oracle: out with every gradient, then lse with a
+    loss on lse alone, each under the 2x rule; rows with lse = -inf agree exactly."""
+    cu_q, cu_k = cu(lens_q, q.device), cu(lens_k, q.device)
+    max_q, max_k = max(lens_q), max(lens_k)
+    kw = dict(window_size=window, softcap=softcap, alibi_slopes=alibi)
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    names = ("dq", "dk", "dv", "dsinks")[:len(inputs)]
+
+    def ours(q, k, v, s=None):
+        return diyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, sinks=s,
+                                               return_lse=True, **kw)
+
+    def ref(q, k, v, s=None, upcast=True):
+        return attention_varlen_ref(q, k, v, cu_q, cu_k, causal, scale, upcast, sinks=s, **kw)
+
+    out, grads, reports = compare_with_oracle(lambda *t: ours(*t)[0], lambda *t, upcast: ref(*t, upcast=upcast)[0],
+                                              inputs, "out", names)
+    lse_inputs = (q, k) if sinks is None else (q, k, sinks)
+    gen = torch.Generator(device="cpu").manual_seed(5)
+    dlse = torch.randn(q.shape[1], q.shape[0], generator=gen).to(q.device)
+    finite = lambda t: torch.where(torch.isneginf(t), 0.0, t)  # noqa: E731
+    _, _, lse_reports = compare_with_oracle(
+        lambda q, k, *s: finite(ours(q, k, v.to(q.dtype), *s)[1]),
+        lambda q, k, *s, upcast: finite(ref(q, k, v.to(q.dtype), *s, upcast=upcast)[1]),
+        lse_inputs, "lse", tuple(f"{n} (via lse)" for n in ("dq", "dk", "dsinks")[:len(lse_inputs)]), dout=dlse)
+    for report in reports + lse_reports:
+        assert report.ok, str(report)
+    lse = ours(q, k, v, sinks)[1]
+    want = ref(q.double(), k.double(), v.double(), None if sinks is None else sinks.double())[1]
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(want)), "rows with lse = -inf differ"
+    assert out.shape == (q.shape[0], q.shape[1], v.shape[-1]) and out.dtype == q.dtype
+    assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
+    for g, t in zip(grads, inputs):
+        assert g.shape == t.shape and g.dtype == t.dtype
+    return out, grads

@@ -10,70 +10,7 @@ import torch
 
 import diyflash
 from diyflash.reference import attention_varlen_ref
-from diyflash.utils.validation import compare_with_oracle
-from helpers import ON_GPU, copies_of, opcheck_backward, sink_logits, slopes
-
-
-def cu(lens, device):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
-
-
-def packed(lens_q, lens_k, h, h_kv, d, dv=None, dtype=torch.float16, device="cpu", layout="thd", seed=0):
-    """q (T_q, H, D), k (T_k, H_kv, D), v (T_k, H_kv, D_v). layout "thd": contiguous; "qkv": q, k, v
-    slices of one (T, H + 2 H_kv, D) projection (the usual fused-qkv buffer: strided tokens); "htd": views
-    of (H, T, D) storage (token stride D)."""
-    dv = d if dv is None else dv
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    t_q, t_k = sum(lens_q), sum(lens_k)
-    if layout == "qkv":
-        assert t_q == t_k and dv == d
-        buf = torch.randn(t_q, h + 2 * h_kv, d, generator=gen).to(device=device, dtype=dtype)
-        return buf[:, :h], buf[:, h:h + h_kv], buf[:, h + h_kv:]
-
-    def one(t, heads, dim):
-        if layout == "htd":
-            return torch.randn(heads, t, dim, generator=gen).to(device=device, dtype=dtype).transpose(0, 1)
-        return torch.randn(t, heads, dim, generator=gen).to(device=device, dtype=dtype)
-
-    return one(t_q, h, d), one(t_k, h_kv, d), one(t_k, h_kv, dv)
-
-
-def check(q, k, v, lens_q, lens_k, causal=False, scale=None, window=(-1, -1), softcap=0.0, alibi=None, sinks=None):
-    """flash_attention_varlen against the per-sequence oracle: out with every gradient, then lse with a
-    loss on lse alone, each under the 2x rule; rows with lse = -inf agree exactly."""
-    cu_q, cu_k = cu(lens_q, q.device), cu(lens_k, q.device)
-    max_q, max_k = max(lens_q), max(lens_k)
-    kw = dict(window_size=window, softcap=softcap, alibi_slopes=alibi)
-    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
-    names = ("dq", "dk", "dv", "dsinks")[:len(inputs)]
-
-    def ours(q, k, v, s=None):
-        return diyflash.flash_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, sinks=s,
-                                               return_lse=True, **kw)
-
-    def ref(q, k, v, s=None, upcast=True):
-        return attention_varlen_ref(q, k, v, cu_q, cu_k, causal, scale, upcast, sinks=s, **kw)
-
-    out, grads, reports = compare_with_oracle(lambda *t: ours(*t)[0], lambda *t, upcast: ref(*t, upcast=upcast)[0],
-                                              inputs, "out", names)
-    lse_inputs = (q, k) if sinks is None else (q, k, sinks)
-    gen = torch.Generator(device="cpu").manual_seed(5)
-    dlse = torch.randn(q.shape[1], q.shape[0], generator=gen).to(q.device)
-    finite = lambda t: torch.where(torch.isneginf(t), 0.0, t)  # noqa: E731
-    _, _, lse_reports = compare_with_oracle(
-        lambda q, k, *s: finite(ours(q, k, v.to(q.dtype), *s)[1]),
-        lambda q, k, *s, upcast: finite(ref(q, k, v.to(q.dtype), *s, upcast=upcast)[1]),
-        lse_inputs, "lse", tuple(f"{n} (via lse)" for n in ("dq", "dk", "dsinks")[:len(lse_inputs)]), dout=dlse)
-    for report in reports + lse_reports:
-        assert report.ok, str(report)
-    lse = ours(q, k, v, sinks)[1]
-    want = ref(q.double(), k.double(), v.double(), None if sinks is None else sinks.double())[1]
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(want)), "rows with lse = -inf differ"
-    assert out.shape == (q.shape[0], q.shape[1], v.shape[-1]) and out.dtype == q.dtype
-    assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32
-    for g, t in zip(grads, inputs):
-        assert g.shape == t.shape and g.dtype == t.dtype
-    return out, grads
+from helpers import ON_GPU, check_varlen, copies_of, cu, opcheck_backward, packed, sink_logits, slopes
 
 
 SELF = [17, 1, 0, 113, 40]  # lengths 0 and 1, a partial block, several blocks
@@ -86,21 +23,21 @@ CROSS = ([5, 0, 17, 1, 33], [7, 3, 17, 0, 60])  # N_q != N_k per sequence, empty
 def test_varlen(device, causal, lens, h, h_kv):
     lens_q, lens_k = (SELF, SELF) if lens == "self" else CROSS
     q, k, v = packed(lens_q, lens_k, h, h_kv, 16, device=device)
-    check(q, k, v, lens_q, lens_k, causal)
+    check_varlen(q, k, v, lens_q, lens_k, causal)
 
 
 @pytest.mark.parametrize("window", [(8, -1), (4, 4), (0, 0), (-1, 3)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_window(device, window, causal):
     q, k, v = packed(*CROSS, 4, 2, 16, device=device)
-    check(q, k, v, *CROSS, causal, window=window)
+    check_varlen(q, k, v, *CROSS, causal, window=window)
 
 
 @pytest.mark.parametrize("layout", ["qkv", "htd"])
 def test_varlen_strides_read_in_place(device, layout):
     q, k, v = packed(SELF, SELF, 4, 2, 16, device=device, layout=layout)
     assert not q.is_contiguous()
-    check(q, k, v, SELF, SELF, True)
+    check_varlen(q, k, v, SELF, SELF, True)
     cu_q = cu(SELF, device)
     fn = lambda: diyflash.flash_attention_varlen(q, k, v, cu_q, cu_q, 113, 113, True)  # noqa: E731
     assert not copies_of(fn, q, k, v)
@@ -109,7 +46,7 @@ def test_varlen_strides_read_in_place(device, layout):
 def test_varlen_every_variant(device):
     lens_q, lens_k = CROSS
     q, k, v = packed(lens_q, lens_k, 4, 2, 16, 8, device=device, dtype=torch.float32)
-    check(q, k, v, lens_q, lens_k, True, 0.3, window=(9, -1), softcap=2.0, alibi=slopes(4, len(lens_q), device),
+    check_varlen(q, k, v, lens_q, lens_k, True, 0.3, window=(9, -1), softcap=2.0, alibi=slopes(4, len(lens_q), device),
           sinks=sink_logits(4, device))
 
 
@@ -117,7 +54,7 @@ def test_varlen_every_variant(device):
 def test_varlen_dtypes_head_dim_80(device, dtype):
     lens = [33, 1, 70]
     q, k, v = packed(lens, lens, 2, 1, 80, dtype=dtype, device=device)
-    check(q, k, v, lens, lens, True, alibi=slopes(2, device=device), sinks=sink_logits(2, device))
+    check_varlen(q, k, v, lens, lens, True, alibi=slopes(2, device=device), sinks=sink_logits(2, device))
 
 
 def test_varlen_equals_dense_per_sequence(device):
@@ -164,7 +101,7 @@ def test_varlen_gqa_backward_split_over_programs(device, monkeypatch, parts, fre
     monkeypatch.setattr(ka, "head_split", lambda *_: parts)
     diyflash.clear_caches()  # a plan's split follows from its key, except under this patch
     q, k, v = packed(*CROSS, 8, 2, 16, device=device)
-    check(q, k, v, *CROSS, True, window=(9, -1))
+    check_varlen(q, k, v, *CROSS, True, window=(9, -1))
 
 
 def test_pytorch_path_gradcheck_float64(torch_path):
@@ -338,4 +275,4 @@ def test_bad_offsets_never_read_out_of_bounds(device):
 def test_varlen_long_documents_gpu(device):
     lens = [1023, 4096, 1, 2900, 0, 517]
     q, k, v = packed(lens, lens, 8, 2, 128, dtype=torch.bfloat16, device=device)
-    check(q, k, v, lens, lens, True)
+    check_varlen(q, k, v, lens, lens, True)

@@ -61,32 +61,35 @@ def build(d, causal, window, softcap, dtype, pass_):
             "wgmma": kernel.asm["ptx"].count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in kernel.asm["ptx"],
             "case": [d, causal, window, softcap, str(dtype), pass_], "ptxas": ptxas}
 
-def build_bwd(d, causal, window, softcap, dtype):
+def build_bwd(d, causal, window, softcap, dtype, lens=None):
     q = torch.empty(2, 4, 1000, d, dtype=dtype)
     stats = torch.empty(2, 4, hopper.stat_rows(1000))
     env = {"q": q, "k": q, "v": q, "dout": q, "dq_acc": q.float(), "lse2": stats, "delta": stats}
     descs = _with_descriptors(env, hopper.bwd_descriptors(d))
     fn = hopper.backward_module()._hopper_bwd_kernel
-    values = [*(descs[name] for name in hopper.BWD_POINTERS), q, q, *q.stride(), *q.stride(),
-              4, 1000, 1000, 0.1, 0.1, 3, 2, 2, stats.shape[-1], 7, 0, 0.5]
-    consts = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, HEAD_DIM=d,
-                  **{k: v for k, v in hopper.bwd_meta(d).items() if k != "num_warps"})
-    sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else mangle_type(v)
+    ints = torch.empty(3, dtype=torch.int32) if lens else None  # seq_lens, or cu_seqlens_q / cu_seqlens_k
+    values = [*(descs[name] for name in hopper.BWD_POINTERS), stats, stats, q, q, ints, ints if lens == "varlen" else None,
+              *q.stride(), *q.stride(), 4, 1000, 1000, 0.1, 0.1, 3, 2, 2, stats.shape[-1], 7, 0, 0.5]
+    consts = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, HAS_SEQ_LENS=lens == "seq_lens",
+                  VARLEN=lens == "varlen", HEAD_DIM=d, **{k: v for k, v in hopper.bwd_meta(d).items() if k != "num_warps"})
+    sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else "constexpr" if v is None else mangle_type(v)
            for n, v in zip(fn.arg_names, values)}
     sig.update({n: "constexpr" for n in consts})
-    src = GluonASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()})
+    nones = {n: None for n, v in zip(fn.arg_names, values) if v is None}
+    src = GluonASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in {**consts, **nones}.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptx = kernel.asm["ptx"]
     return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "consumers": 2,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in ptx,
-            "reduce": ptx.count("cp.reduce.async.bulk.tensor"), "case": ["bwd", d, causal, window, softcap, str(dtype)],
-            "ptxas": ptxas_report(kernel)}
+            "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
+            "case": ["bwd", d, causal, window, softcap, str(dtype), lens], "ptxas": ptxas_report(kernel)}
 
 print(json.dumps([build(*case) for case in [
     (128, True, False, False, torch.bfloat16, 3), (128, False, False, False, torch.float16, 0),
     (64, False, True, True, torch.float16, 0)]] + [build_bwd(*case) for case in [
     (128, True, False, False, torch.bfloat16), (128, False, False, False, torch.float16),
-    (128, True, True, True, torch.float16), (64, False, True, True, torch.bfloat16)]]))
+    (128, True, True, True, torch.float16), (64, False, True, True, torch.bfloat16),
+    (128, True, False, False, torch.bfloat16, "varlen"), (64, False, False, False, torch.float16, "seq_lens")]]))
 """
 
 

@@ -14,7 +14,7 @@ import diyflash
 from diyflash.kernels.attention import hopper
 from diyflash.reference import attention_ref
 from diyflash.utils.validation import compare_with_oracle, error_report
-from helpers import hopper_here, kernels_run, make_qkv, random_like, sink_logits, slopes
+from helpers import check_varlen, hopper_here, kernels_run, make_qkv, packed, random_like, sink_logits, slopes
 
 needs_hopper = pytest.mark.skipif(not hopper_here(), reason="needs an sm_90 GPU with Triton's Gluon Hopper API")
 
@@ -99,7 +99,7 @@ def test_dk_dv_are_reproducible_and_dq_close(fresh_caches):
 @needs_hopper
 def test_what_falls_back_to_portable(fresh_caches, monkeypatch):
     """Backward calls the Hopper kernel does not take run the portable kernels: determinism asked for (the
-    argument or torch's switch), the two-kernel backward asked for, ALiBi, seq_lens, fp32, other head dims."""
+    argument or torch's switch), the two-kernel backward asked for, ALiBi, fp32, other head dims."""
     hopper.use("hopper")
     try:
         q, k, v = make_qkv(2, 4, 256, 256, 128, torch.bfloat16)
@@ -107,11 +107,9 @@ def test_what_falls_back_to_portable(fresh_caches, monkeypatch):
         run = lambda **kw: _backward_kernels(lambda: _grads(q, k, v, dout, **kw))  # noqa: E731
         assert run(deterministic=False) == {"hopper"}
         assert run(deterministic=None) == {"hopper"}
-        lens = torch.tensor([200, 256], dtype=torch.int32, device="cuda")
         others = {
             "deterministic": dict(deterministic=True),
             "alibi": dict(deterministic=False, alibi_slopes=slopes(4, device="cuda")),
-            "seq_lens": dict(deterministic=False, seq_lens=lens),
         }
         for name, kw in others.items():
             assert run(**kw) == {"portable"}, name
@@ -215,3 +213,47 @@ def test_lse_gradient(fresh_caches):
         assert _backward_kernels(lambda: loss_grads(fn, leaves)) == {"hopper"}
     finally:
         hopper.use("auto")
+
+
+@needs_hopper
+@pytest.mark.parametrize("d", [64, 128])
+def test_seq_lens(fresh_caches, backend, d):
+    """seq_lens (each batch row's valid length; both lengths capped, the diagonal at N_k - N_q): within the 2x
+    rule on both backends, lengths 1 and N included; padding keys get dk = dv = 0."""
+    q, k, v = make_qkv(3, 4, 700, 700, d, torch.bfloat16, seed=31)
+    dout = random_like(q, seed=32)
+    lens = torch.tensor([700, 1, 300], dtype=torch.int32, device="cuda")
+    for causal in (True, False):
+        for report in _oracle_reports(q, k, v, dout, causal=causal, seq_lens=lens):
+            assert report.ok, (causal, str(report))
+    ran = _backward_kernels(lambda: _grads(q, k, v, dout, causal=True, seq_lens=lens, deterministic=False))
+    assert ran == ({"hopper"} if backend == "hopper" else {"portable"}), ran
+    dk, dv = _grads(q, k, v, dout, causal=True, seq_lens=lens, deterministic=False)[1:]
+    assert not dk[1, :, 1:].any() and not dv[2, :, 300:].any()
+
+
+PACKED = [  # (lens_q, lens_k, H, H_kv, causal, window, head_dim)
+    ([1000, 17, 0, 1, 300], [1000, 17, 0, 1, 300], 4, 2, True, (-1, -1), 128),  # lengths 0, 1, 17; rows unaligned
+    ([113, 700, 64], [300, 700, 1023], 8, 1, True, (-1, -1), 128),  # N_q != N_k a sequence, GQA 8
+    ([257, 1, 600], [100, 513, 600], 2, 2, False, (-1, -1), 128),
+    ([500, 129, 3], [500, 129, 3], 4, 1, True, (256, 0), 64),  # a window, D64
+    ([33, 1000], [60, 1000], 4, 4, False, (20, 7), 64),
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", PACKED)
+def test_packed_sequences(fresh_caches, backend, case):
+    """Packed sequences (flash_attention_varlen): out, dq, dk, dv (and dq, dk through a loss on lse) within the
+    2x rule on both backends; on the Hopper backward each sequence's programs store only its keys, and its dq
+    tiles add zeros into the next sequence's rows."""
+    lens_q, lens_k, h, h_kv, causal, window, d = case
+    q, k, v = packed(lens_q, lens_k, h, h_kv, d, dtype=torch.bfloat16, device="cuda", seed=41)
+    check_varlen(q, k, v, lens_q, lens_k, causal=causal, window=window)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    dout = random_like(q, seed=42)
+    ran = _backward_kernels(lambda: torch.autograd.grad(diyflash.flash_attention_varlen(
+        *leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal, window_size=window, deterministic=False), leaves, dout))
+    assert ran == ({"hopper"} if backend == "hopper" else {"portable"}), ran

@@ -1,4 +1,4 @@
-"""The Hopper (sm_90) backward: one pass in FlashAttention-3's split, a warp-specialized Gluon kernel (D128).
+"""The Hopper (sm_90) backward: one pass in FlashAttention-3's split, a warp-specialized Gluon kernel (D64, D128).
 
 A program holds one block of BLOCK_N = 128 keys of one (batch, kv head) and walks the query blocks that see
 it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 rows a step. Partitions:
@@ -8,11 +8,12 @@ it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 r
   once both halves of ds^T are in (an mbarrier of count 2) and dk, dv are done, dq_w = ds k[:, w*64:(w+1)*64]
   (the 64 columns of dq this warpgroup owns) into a shared fp32 tile. dq is issued after dk and dv are
   waited for: three accumulators in flight made ptxas serialize every wgmma (tests/test_hopper.py checks);
-- a loader warp: k and v once, then q, do, lse and delta of each step into STAGES slots (TMA);
+- a loader warp: k and v once, then q, do, lse and delta of each step into STAGES slots (TMA; packed
+  sequences' lse and delta rows start anywhere, unaligned for the TMA: the MMA warpgroups load those);
 - a writer warp: each step's dq tile added into the fp32 accumulator by the TMA unit (a bulk tensor
   reduce-add, four 128-byte-wide panels), where a warp of red.global.add.v4 instructions held the kernel
   at 0.61-0.80x of the TMA form's speed (bench/results/onepass_backward_h200.jsonl, run "fa3 split").
-Semantics are semantics.py's (_tile, _query_band, _scores, _probs, _visible, _prescaled). dk and dv are
+Semantics are semantics.py's (_tile, _sequence, _query_band, _scores, _probs, _visible, _prescaled). dk and dv are
 written by the program that owns the keys (no atomics); dq's adds land in any order (not deterministic:
 launch.attention_bwd runs it only where determinism is not asked for). hopper.py decides where it runs."""
 
@@ -26,7 +27,7 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .semantics import _inv, _prescaled, _probs, _query_band, _scores, _tile, _visible
+from .semantics import _inv, _prescaled, _probs, _query_band, _scores, _sequence, _tile, _visible
 
 # TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -60,49 +61,57 @@ def _step(t, n_blk, lo, head0, BLOCK_M: gl.constexpr):
 
 @gluon.jit
 def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs,
-            delta_bufs, ready, empty, total, n_blk, lo, off_z, off_hk, start_n, head0, num_heads, stat_stride,
-            BLOCK_M: gl.constexpr):
+            delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start, k_start, off_hk, start_n, head0,
+            num_heads, stat_stride, VARLEN: gl.constexpr, BLOCK_M: gl.constexpr):
+    """z_in, q_start, k_start: the sequence's batch slice and first rows in the tensors (0, and its offsets,
+    for packed sequences: _sequence)."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    _tma_load(k_desc, [off_z, off_hk, start_n, 0], kv_bar, k_s)
-    _tma_load(v_desc, [off_z, off_hk, start_n, 0], kv_bar, v_s)
+    _tma_load(k_desc, [z_in, off_hk, k_start + start_n, 0], kv_bar, k_s)
+    _tma_load(v_desc, [z_in, off_hk, k_start + start_n, 0], kv_bar, v_s)
     for t in range(total):
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
         start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
-        row = (off_z * num_heads + off_h) * stat_stride + start_m  # the stats' rows: 16-byte aligned a head
-        mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                        + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-        _tma_load(q_desc, [off_z, off_h, start_m, 0], ready.index(s), q_bufs.index(s))
-        _tma_load(do_desc, [off_z, off_h, start_m, 0], ready.index(s), do_bufs.index(s))
-        _tma_load(lse_desc, [row], ready.index(s), lse_bufs.index(s))
-        _tma_load(delta_desc, [row], ready.index(s), delta_bufs.index(s))
+        if VARLEN:  # the MMA warpgroups load the stats
+            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        else:
+            row = (off_z * num_heads + off_h) * stat_stride + start_m  # the stats' rows: 16-byte aligned a head
+            mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            _tma_load(lse_desc, [row], ready.index(s), lse_bufs.index(s))
+            _tma_load(delta_desc, [row], ready.index(s), delta_bufs.index(s))
+        _tma_load(q_desc, [z_in, off_h, q_start + start_m, 0], ready.index(s), q_bufs.index(s))
+        _tma_load(do_desc, [z_in, off_h, q_start + start_m, 0], ready.index(s), do_bufs.index(s))
 
 
 @gluon.jit
-def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, off_z, head0, BLOCK_M: gl.constexpr):
+def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, BLOCK_M: gl.constexpr):
     """Each step's dq tile (its panels) added into the fp32 accumulator by the TMA unit; the tile is free
-    again once the unit has read it."""
+    again once the unit has read it. A tile's rows past the sequence hold zeros (their p is masked): for
+    packed sequences the next sequence's rows get +0."""
     PANELS: gl.constexpr = dq_bufs.shape[0]
     PANEL: gl.constexpr = dq_bufs.shape[4]  # dq's columns a TMA reduce (its descriptor's block)
     for t in range(total):
         start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
         mbarrier.wait(dq_full, t & 1)
         for j in gl.static_range(PANELS):
-            _tma_reduce_add(dq_desc, [off_z, off_h, start_m, j * PANEL], dq_bufs.index(j))
+            _tma_reduce_add(dq_desc, [z_in, off_h, q_start + start_m, j * PANEL], dq_bufs.index(j))
         tma.store_wait(0)
         mbarrier.arrive(dq_empty, count=1)
 
 
 @gluon.jit
 def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs, dq_full,
-         dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz, stride_dvh,
-         stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, off_z, off_hp, start_n, seq_len_q, seq_len_k,
-         causal_offset, qk_scale, scale, head0, win_left, win_right, cap2,
-         CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+         dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
+         stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, q_start, k_start, off_hp,
+         start_n, q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, stat_stride, win_left, win_right,
+         cap2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, VARLEN: gl.constexpr,
          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
-    stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part)."""
+    stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
+    (the tensor's rows, or the packed sequence's: the next ones are another program's). VARLEN: the stats
+    from lse_ptr, delta_ptr (flat, stat_stride rows a head) here, not from the loader's slots."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]  # the program's keys (k's descriptor block)
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's
@@ -144,20 +153,29 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         st = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        if VARLEN:  # the stats' global loads issued under the matmuls
+            rows = start_m + offs_m
+            stats = off_h.to(gl.int64) * stat_stride + q_start + rows
+            lse2 = gl.load(lse_ptr + stats, mask=rows < q_len, other=float("inf"))
         st = warpgroup_mma_wait(1, deps=(st, ))
-        rows = start_m + offs_m
+        if not VARLEN:
+            rows = start_m + offs_m
         s_t, t_t = _scores(st, rows[None, :], offs_n[:, None], causal_offset, qk_rest, cap2, inv_cap2, 0.0,
                            SOFTCAP=SOFTCAP, ALIBI=False)
-        lse2 = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+        if not VARLEN:
+            lse2 = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))
         p_t = _probs(s_t, lse2[None, :])
+        if VARLEN:
+            delta = gl.load(delta_ptr + stats, mask=rows < q_len, other=0.0)
         if (start_m < mid) | (start_m >= full_end):
-            vis = _visible(rows[None, :], offs_n[:, None], seq_len_k, causal_offset, win_left, win_right,
-                           KEY_MASK=True, CAUSAL=CAUSAL, WINDOW=WINDOW) & (rows < seq_len_q)[None, :]
+            vis = _visible(rows[None, :], offs_n[:, None], kv_len, causal_offset, win_left, win_right,
+                           KEY_MASK=True, CAUSAL=CAUSAL, WINDOW=WINDOW) & (rows < q_len)[None, :]
             p_t = gl.where(vis, p_t, 0.0)
         p16 = gl.convert_layout(p_t.to(dtype), op_layout)
         dv = warpgroup_mma(p16, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-        delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+        if not VARLEN:
+            delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
         ds_t = p_t * (dpt - delta[None, :])
         if SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
@@ -188,22 +206,24 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
 
     kv_rows = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    key_in = (kv_rows < seq_len_k)[:, None]
-    keys = kv_rows.to(gl.int64)[:, None]
-    gl.store(dk_ptr + off_z.to(gl.int64) * stride_dkz + off_hp.to(gl.int64) * stride_dkh + keys * stride_dkn
+    key_in = (kv_rows < key_rows)[:, None]  # keys past kv_len (seq_lens) get zeros: their p was masked
+    keys = (k_start + kv_rows).to(gl.int64)[:, None]
+    gl.store(dk_ptr + z_in.to(gl.int64) * stride_dkz + off_hp.to(gl.int64) * stride_dkh + keys * stride_dkn
              + kv_cols[None, :] * stride_dkd, (dk * scale).to(dk_ptr.dtype.element_ty), mask=key_in)
-    gl.store(dv_ptr + off_z.to(gl.int64) * stride_dvz + off_hp.to(gl.int64) * stride_dvh + keys * stride_dvn
+    gl.store(dv_ptr + z_in.to(gl.int64) * stride_dvz + off_hp.to(gl.int64) * stride_dvh + keys * stride_dvn
              + kv_cols[None, :] * stride_dvd, dv.to(dv_ptr.dtype.element_ty), mask=key_in)
 
 
 @gluon.jit(do_not_specialize=["head_group"])
 def _hopper_bwd_kernel(
-    k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc, dk_ptr, dv_ptr,
+    k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    seq_lens_ptr, cu_k_ptr,
     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
     num_heads, seq_len_q, seq_len_k, qk_scale, scale, head_group, kv_group, parts, stat_stride,
     win_left, win_right, cap2,
-    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
+    VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MMA_REGS: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
@@ -212,7 +232,9 @@ def _hopper_bwd_kernel(
     q_desc, do_desc: (1, 1, BLOCK_M, D) blocks of (Z, H, N_q, D); lse_desc, delta_desc: BLOCK_M blocks of the
     flat (Z * H * stat_stride) base-2 lse and delta (stat_stride >= N_q rows a head, a multiple of 4: TMA
     coordinates 16-byte aligned); dq_desc: (1, 1, BLOCK_M, PANEL) blocks of the fp32 (Z, H, N_q, D)
-    accumulator, zeroed before (the preprocess) and scaled after (the convert pass)."""
+    accumulator, zeroed before (the preprocess) and scaled after (the convert pass); lse_ptr, delta_ptr: that
+    flat base-2 lse and delta (VARLEN reads them through these). HAS_SEQ_LENS, VARLEN: seq_lens_ptr and cu_k_ptr
+    as semantics._sequence takes them; packed sequences are the (1, H, T, D) views, a grid slice a sequence."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]  # keys a program: two MMA warpgroups' halves
     PANEL: gl.constexpr = dq_desc.block_type.shape[3]  # dq's columns a TMA reduce (hopper.BWD_DQ_PANEL)
@@ -221,8 +243,15 @@ def _hopper_bwd_kernel(
     heads = kv_group // parts
     head0 = off_hk * kv_group + (off_hp - off_hk * parts) * heads
     start_n = pid_n * BLOCK_N
-    causal_offset = seq_len_k - seq_len_q
-    lo, mid, full_end, hi = _query_band(start_n, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
+    q_start, k_start, q_len, kv_len, causal_offset = _sequence(seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k,
+                                                               HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN)
+    if VARLEN:  # the tensors' one batch slice; a program stores only its own sequence's keys
+        z_in = 0 * off_z
+        key_rows = kv_len
+    else:
+        z_in = off_z
+        key_rows = seq_len_k
+    lo, mid, full_end, hi = _query_band(start_n, q_len, kv_len, causal_offset, win_left, win_right,
                                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, WINDOW=WINDOW)
     n_blk = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_M)
     total = n_blk * heads
@@ -252,17 +281,17 @@ def _hopper_bwd_kernel(
     mbarrier.init(dq_empty, count=1)
     gl.warp_specialize([
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
-                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
-                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, off_z, off_hp, start_n,
-                seq_len_q, seq_len_k, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0)),
+                dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+                stride_dvz, stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, q_start,
+                k_start, off_hp, start_n, q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0,
+                stat_stride, win_left, win_right, cap2, CAUSAL, WINDOW, SOFTCAP, VARLEN, HEAD_DIM, BLOCK_M, 0)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
-                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
-                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, off_z, off_hp, start_n,
-                seq_len_q, seq_len_k, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1)),
+                dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd,
+                stride_dvz, stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, q_start,
+                k_start, off_hp, start_n, q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0,
+                stat_stride, win_left, win_right, cap2, CAUSAL, WINDOW, SOFTCAP, VARLEN, HEAD_DIM, BLOCK_M, 1)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs,
-                   delta_bufs, ready, empty, total, n_blk, lo, off_z, off_hk, start_n, head0, num_heads,
-                   stat_stride, BLOCK_M)),
-        (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, off_z, head0, BLOCK_M)),
+                   delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start, k_start, off_hk, start_n,
+                   head0, num_heads, stat_stride, VARLEN, BLOCK_M)),
+        (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, BLOCK_M)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

@@ -3,6 +3,7 @@ groups and splits, and the keys of the plans (plans.py) that replay a call's lau
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -24,7 +25,7 @@ from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
 from .grids import head_group, head_split  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, aligned, launch_chunks, Launch, layout_key, Plan,  # noqa: E402
-                    replay, scratch_buffers, host_descriptors_ok)
+                    packed_host_descriptor, replay, scratch_buffers, host_descriptors_ok)
 
 
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
@@ -362,38 +363,48 @@ def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float) -> Laun
                   dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=PRE_BLOCK))
 
 
-def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple) -> None:
+def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple, batches: int, n_q: int, n_k: int,
+                     has_seq_lens: bool, varlen: bool) -> None:
     """The Hopper backward (backward_sm90.py) of attention_bwd's (Z, H, N, D) views in env: the preprocess
     (delta and lse2 with hopper.stat_rows rows a head, dq's fp32 accumulator zeroed), the kernel (dk, dv, and
     dq added up by TMA reduces; on a small GQA grid dk and dv as fp32 partials over parts of the query-head
-    group, head_split, summed by a last launch), and dq's conversion (times the scale) into its dtype."""
+    group, head_split, summed by a last launch), and dq's conversion (times the scale) into its dtype.
+    batches: the kernel's grid slices (the batch, or the packed sequences of the (1, H, T, D) views: varlen);
+    n_q, n_k: the longest sequence's rows (the views' rows where not packed); env's seq_lens and cu_k as
+    semantics._sequence takes them."""
     q4, k4, dq4, dk4, dv4, dlse3 = env["q"], env["k"], env["dq"], env["dk"], env["dv"], env["dlse"]
-    z, h, len_q, d = q4.shape
+    z, h, len_q, d = q4.shape  # z: the tensors' batch (1 when packed)
     h_kv, len_k = k4.shape[1], k4.shape[2]
     rows = hopper.stat_rows(len_q)
-    key_blocks = cdiv(len_k, hopper.BWD_BLOCK_N)
-    parts = head_split(var.kv_group, key_blocks * h_kv * z, z * h * len_q * len_k * d, q4.device)
+    key_blocks = cdiv(n_k, hopper.BWD_BLOCK_N)
+    parts = head_split(var.kv_group, key_blocks * h_kv * batches, batches * h * n_q * n_k * d, q4.device)
     split_scratch, kv_out = _split_scratch(z, h_kv, parts, len_k, d, d)
     scratch = (("delta", (z, h, rows), torch.float32), ("lse2", (z, h, rows), torch.float32),
                ("dq_acc", (z, h, len_q, d), torch.float32), *split_scratch)
     env.update(scratch_buffers(scratch, q4.device))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
-    kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HEAD_DIM=d, **hopper.bwd_meta(d))
+    kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HAS_SEQ_LENS=has_seq_lens,
+                       VARLEN=varlen, HEAD_DIM=d, **hopper.bwd_meta(d))
 
     def launches(zc: int) -> list[Launch]:
-        row_grid = (cdiv(len_q, PRE_BLOCK), h, zc)
+        z_rows = z if varlen else zc  # the row passes' batch: the tensors'
+        row_grid = (cdiv(len_q, PRE_BLOCK), h, z_rows)
         args = (*_strides(dk_out), *_strides(dv_out), h, len_q, len_k, scale * LOG2E, scale,
                 head_group(var.causal, key_blocks, zc * h_kv * parts, q4.device), var.kv_group, parts, rows,
                 var.left, var.right, var.cap2)
         return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True),
-                Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc), hopper.BWD_POINTERS + kv_out,
-                       args, kernel_meta),
-                *([_group_sum_launch(dk4, dv4, parts, zc)] if parts > 1 else []),
+                Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc),
+                       hopper.BWD_POINTERS + ("lse2", "delta", *kv_out, "seq_lens", "cu_k"), args, kernel_meta),
+                *([_group_sum_launch(dk4, dv4, parts, z_rows)] if parts > 1 else []),
                 _dq_convert_launch(dq4, row_grid, scale)]
 
-    launch_chunks([(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)],
-                  key if aligned(dq4, dk4, dv4) else None, False, hopper.bwd_descriptors(d), scratch=scratch,
-                  plans=PLANS)
+    descs = hopper.bwd_descriptors(d)
+    if varlen:  # packed q, k, v, dout: descriptors of their (1, H, T, D) views
+        descs = tuple((spec[0], functools.partial(packed_host_descriptor, block_rows=spec[1], block_cols=spec[2],
+                                                  gluon=True)) if spec[0] in ("q", "k", "v", "dout") else spec
+                      for spec in descs)
+    chunks = [(env, launches(batches))] if varlen else [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
+    launch_chunks(chunks, key if aligned(dq4, dk4, dv4) else None, False, descs, scratch=scratch, plans=PLANS)
 
 
 # The one-pass backward (dq added up with fp32 atomic adds by the dk/dv kernel: 5 dots a tile pair against the
@@ -507,7 +518,8 @@ def attention_bwd(
                             deterministic, one_pass, lambda: tma_ok(q4, k4, v4, g4) and host_descriptors_ok(
                                 q4, k4, v4, g4), short=z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK):
         _hopper_backward(key, {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3,
-                               "dq": dq4, "dk": dk4, "dv": dv4}, var, scale, pre_args)
+                               "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "cu_k": cu_k}, var, scale,
+                         pre_args, z, n_q, n_k, seq_lens is not None and packed is None, packed is not None)
         return dq, dk, dv
     delta, lse2 = _stat_rows(q, packed)
     delta3, lse23 = _stats_3d(delta, q, packed), _stats_3d(lse2, q, packed)
