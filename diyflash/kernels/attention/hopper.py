@@ -258,8 +258,8 @@ def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministi
     under "auto"), a head dim of BWD_HEAD_DIMS with D = Dv, and determinism not asked for (its dq is added up
     in any order) nor the two-kernel backward (one_pass=False). seq_lens run here, and sinks need nothing: the
     saved lse includes them. Packed sequences (at most MAX_PACKED_SEQUENCES: a grid slice each) only under
-    "hopper": their lse and delta rows start unaligned for the TMA and the MMA warpgroups load them, which ran
-    0.68-0.92x the deterministic portable kernels (MAX_PACKED_SEQUENCES' comment)."""
+    "hopper": they ran 0.68-0.92x the deterministic portable kernels (MAX_PACKED_SEQUENCES' comment; their lse
+    and delta rows start unaligned for the TMA, and the MMA warpgroups load them)."""
     if deterministic or one_pass is False or not _takes(q4, v4, None, None, alibi, overrides, short, BWD_HEAD_DIMS):
         return False
     if packed is not None and (_backend != "hopper" or seq_lens.shape[0] - 1 > MAX_PACKED_SEQUENCES):
@@ -270,8 +270,9 @@ def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministi
 MAX_PACKED_SEQUENCES = 65535  # CUDA's cap on a grid's z dimension: the kernel takes a sequence a slice
 # Packed sequences under "auto": H200, Triton 3.6, in one run (bench/results/onepass_backward_h200.jsonl, run
 # "packed and seq_lens"): 16k tokens in 8 documents, GQA 32/8 D128 bf16 causal, 243 TFLOPS against the
-# deterministic portable kernels' 265 (0.92x); 16 documents MHA D64 124 against 182 (0.68x): the stats'
-# global loads in the MMA warpgroups' steps (backward_runs). seq_lens (the stats through the TMA) ran 1.45-1.56x.
+# deterministic portable kernels' 265 (0.92x); 16 documents MHA D64 124 against 182 (0.68x). Not yet told
+# apart: the stats' plain loads in the MMA warpgroups' steps, and short sequences (424-3155 rows: a program's
+# few steps against its prologue). seq_lens (the stats through the TMA, N4096) ran 1.45-1.56x.
 
 
 def stat_rows(n_q: int) -> int:
