@@ -1,11 +1,14 @@
 """The Hopper backward (kernels/attention/backward_sm90.py, a one-pass warp-specialized Gluon kernel): that it
 computes the portable kernels' gradients, where it runs, and that everything else falls back to them.
 
-CPU (CI): it compiles for sm_90a (tests/test_hopper.py's compile test builds it beside the forward). GPU (an
+CPU (CI): it compiles for sm_90a (tests/test_hopper.py's compile test builds it beside the forward), and
+which calls take it (the call rule, with the device's answers mocked). GPU (an
 H100/H200): gradients of every case on both backends under the 2x rule against the float64 oracle, which
 kernels each backward ran, determinism, strided views, sinks, compile."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -72,6 +75,35 @@ def test_both_backends_within_2x(fresh_caches, backend, case, dtype):
         assert report.ok, str(report)
     ran = _backward_kernels(lambda: _grads(q, k, v, dout, deterministic=False, **kw))
     assert ran == ({"hopper"} if backend == "hopper" else {"portable"}), ran
+
+
+def test_the_call_rule(monkeypatch):
+    """Which backward calls hopper.backward_runs gives the Hopper kernel (CPU: the device's answers mocked):
+    fp16/bf16 at head_dim 64 and 128, not deterministic, with seq_lens too; packed sequences only under
+    "hopper" (they measured slower); never ALiBi, fp32, head_dim 80, Dv != D, determinism or one_pass=False;
+    short calls only under "hopper"."""
+    monkeypatch.setattr(hopper, "status", lambda device: (True, "mocked"))
+    monkeypatch.setattr(hopper, "backward_module", lambda: object())
+
+    def t(d=128, dtype=torch.bfloat16):
+        return SimpleNamespace(is_cuda=True, dtype=dtype, shape=(1, 2, 4096, d), device="cuda")
+
+    lens = torch.zeros(3, dtype=torch.int32)
+
+    def runs(q=None, v=None, seq_lens=None, packed=None, alibi=None, deterministic=False, one_pass=None, short=False):
+        q = q or t()
+        return hopper.backward_runs(q, v or q, seq_lens, packed, alibi, False, deterministic, one_pass,
+                                    lambda: True, short)
+
+    for backend in ("auto", "hopper"):
+        monkeypatch.setattr(hopper, "_backend", backend)
+        assert runs() and runs(t(64)) and runs(t(128, torch.float16)) and runs(seq_lens=lens), backend
+        assert runs(packed=object(), seq_lens=lens) == (backend == "hopper")
+        assert runs(short=True) == (backend == "hopper")
+        assert not any([runs(alibi=lens), runs(t(128, torch.float32)), runs(t(80)), runs(t(128), t(64)),
+                        runs(deterministic=True), runs(one_pass=False)]), backend
+    monkeypatch.setattr(hopper, "_backend", "portable")
+    assert not runs()
 
 
 @needs_hopper
