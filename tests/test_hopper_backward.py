@@ -17,7 +17,7 @@ import diyflash
 from diyflash.kernels.attention import hopper
 from diyflash.reference import attention_ref
 from diyflash.utils.validation import compare_with_oracle, error_report
-from helpers import check_varlen, hopper_here, kernels_run, make_qkv, packed, random_like, sink_logits, slopes
+from helpers import check_varlen, cu, hopper_here, kernels_run, make_qkv, packed, random_like, sink_logits, slopes
 
 needs_hopper = pytest.mark.skipif(not hopper_here(), reason="needs an sm_90 GPU with Triton's Gluon Hopper API")
 
@@ -282,8 +282,7 @@ def test_packed_sequences(fresh_caches, backend, case):
     lens_q, lens_k, h, h_kv, causal, window, d = case
     q, k, v = packed(lens_q, lens_k, h, h_kv, d, dtype=torch.bfloat16, device="cuda", seed=41)
     check_varlen(q, k, v, lens_q, lens_k, causal=causal, window=window)
-    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_q, cu_k = cu(lens_q, "cuda"), cu(lens_k, "cuda")
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     dout = random_like(q, seed=42)
     ran = _backward_kernels(lambda: torch.autograd.grad(diyflash.flash_attention_varlen(

@@ -151,20 +151,20 @@ def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable,
     call is answered without it. short: less work than plans.HOST_DESC_MIN_WORK ("auto" leaves it to the
     portable kernel)."""
     head_dims = TILES if _backend == "hopper" else AUTO_TILES
-    if sinks is not None or not _takes(q4, v4, seq_lens, packed, alibi, overrides, short, head_dims):
+    if (seq_lens is not None or packed is not None or sinks is not None
+            or not _takes(q4, v4, alibi, overrides, short, head_dims)):
         return None
     if not status(q4.device)[0] or not readable():
         return None
     return TILES[q4.shape[-1]]
 
 
-def _takes(q4, v4, seq_lens, packed, alibi, overrides: bool, short: bool, head_dims) -> bool:
+def _takes(q4, v4, alibi, overrides: bool, short: bool, head_dims) -> bool:
     """The call conditions the Hopper forward and backward share (the module's docstring), before the device
-    is asked: the backend, fp16/bf16 on CUDA, no seq_lens, packed sequences, ALiBi or tiles asked for, D = Dv
-    in head_dims, and not a short call under "auto" (its host time decides, and the host descriptors cost it:
-    AUTO_TILES' comment)."""
-    if (_backend == "portable" or overrides or seq_lens is not None or packed is not None or alibi is not None
-            or not q4.is_cuda or q4.dtype not in (torch.float16, torch.bfloat16)):
+    is asked: the backend, fp16/bf16 on CUDA, no ALiBi or tiles asked for, D = Dv in head_dims, and not a short
+    call under "auto" (its host time decides, and the host descriptors cost it: AUTO_TILES' comment)."""
+    if (_backend == "portable" or overrides or alibi is not None or not q4.is_cuda
+            or q4.dtype not in (torch.float16, torch.bfloat16)):
         return False
     d = q4.shape[-1]
     return d == v4.shape[-1] and d in head_dims and not (short and _backend == "auto")
@@ -260,7 +260,7 @@ def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministi
     saved lse includes them. Packed sequences (at most MAX_PACKED_SEQUENCES: a grid slice each) only under
     "hopper": they ran 0.68-0.92x the deterministic portable kernels (MAX_PACKED_SEQUENCES' comment; their lse
     and delta rows start unaligned for the TMA, and the MMA warpgroups load them)."""
-    if deterministic or one_pass is False or not _takes(q4, v4, None, None, alibi, overrides, short, BWD_HEAD_DIMS):
+    if deterministic or one_pass is False or not _takes(q4, v4, alibi, overrides, short, BWD_HEAD_DIMS):
         return False
     if packed is not None and (_backend != "hopper" or seq_lens.shape[0] - 1 > MAX_PACKED_SEQUENCES):
         return False
