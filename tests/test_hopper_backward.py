@@ -79,9 +79,9 @@ def test_both_backends_within_2x(fresh_caches, backend, case, dtype):
 
 def test_the_call_rule(monkeypatch):
     """Which backward calls hopper.backward_runs gives the Hopper kernel (CPU: the device's answers mocked):
-    fp16/bf16 at head_dim 64 and 128, not deterministic, with seq_lens too; packed sequences only under
-    "hopper" (they measured slower); never ALiBi, fp32, head_dim 80, Dv != D, determinism or one_pass=False;
-    short calls only under "hopper"."""
+    fp16/bf16 at head_dim 64 and 128, not deterministic, with seq_lens and packed sequences too (not more of
+    them than a grid's z dimension takes); never ALiBi, fp32, head_dim 80, Dv != D, determinism or
+    one_pass=False; short calls only under "hopper"."""
     monkeypatch.setattr(hopper, "status", lambda device: (True, "mocked"))
     monkeypatch.setattr(hopper, "backward_module", lambda: object())
 
@@ -89,6 +89,7 @@ def test_the_call_rule(monkeypatch):
         return SimpleNamespace(is_cuda=True, dtype=dtype, shape=(1, 2, 4096, d), device="cuda")
 
     lens = torch.zeros(3, dtype=torch.int32)
+    too_many = torch.zeros(hopper.MAX_PACKED_SEQUENCES + 2, dtype=torch.int32)  # cu_seqlens: one more sequence
 
     def runs(q=None, v=None, seq_lens=None, packed=None, alibi=None, deterministic=False, one_pass=None, short=False):
         q = q or t()
@@ -98,7 +99,7 @@ def test_the_call_rule(monkeypatch):
     for backend in ("auto", "hopper"):
         monkeypatch.setattr(hopper, "_backend", backend)
         assert runs() and runs(t(64)) and runs(t(128, torch.float16)) and runs(seq_lens=lens), backend
-        assert runs(packed=object(), seq_lens=lens) == (backend == "hopper")
+        assert runs(packed=object(), seq_lens=lens) and not runs(packed=object(), seq_lens=too_many), backend
         assert runs(short=True) == (backend == "hopper")
         assert not any([runs(alibi=lens), runs(t(128, torch.float32)), runs(t(80)), runs(t(128), t(64)),
                         runs(deterministic=True), runs(one_pass=False)]), backend
@@ -178,6 +179,22 @@ def test_sinks_and_auto(fresh_caches):
     assert _backward_kernels(lambda: _grads(*short, random_like(short[0]), deterministic=False)) == {"portable"}
     long = make_qkv(1, 2, 4096, 4096, 128, torch.bfloat16, seed=8)  # work 2^32: plans.HOST_DESC_MIN_WORK
     assert _backward_kernels(lambda: _grads(*long, random_like(long[0]), deterministic=False)) == {"hopper"}
+
+
+@needs_hopper
+def test_auto_leaves_few_rows_a_program_at_d64(fresh_caches):
+    """At head_dim 64 "auto" leaves the portable kernels a backward whose programs walk fewer query rows than
+    hopper.BWD_MIN_ROWS (a kv head's query heads x N_q), however much work the call has; GQA reaches it."""
+    dout_of = lambda q: random_like(q, seed=10)  # noqa: E731
+    mha = make_qkv(64, 16, 512, 512, 64, torch.float16, seed=9)  # work 2^34, 512 rows a program
+    gqa = (mha[0], *make_qkv(64, 8, 512, 512, 64, torch.float16, seed=11)[1:])  # GQA 16/8: 2 x 512 rows
+    assert _backward_kernels(lambda: _grads(*mha, dout_of(mha[0]), causal=True, deterministic=False)) == {"portable"}
+    assert _backward_kernels(lambda: _grads(*gqa, dout_of(gqa[0]), causal=True, deterministic=False)) == {"hopper"}
+    hopper.use("hopper")
+    try:
+        assert _backward_kernels(lambda: _grads(*mha, dout_of(mha[0]), causal=True, deterministic=False)) == {"hopper"}
+    finally:
+        hopper.use("auto")
 
 
 @needs_hopper

@@ -9,7 +9,7 @@ it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 r
   (the 64 columns of dq this warpgroup owns) into a shared fp32 tile. dq is issued after dk and dv are
   waited for: three accumulators in flight made ptxas serialize every wgmma (tests/test_hopper.py checks);
 - a loader warp: k and v once, then q, do, lse and delta of each step into STAGES slots (TMA; packed
-  sequences' lse and delta rows start anywhere, unaligned for the TMA: the MMA warpgroups load those);
+  sequences' lse and delta rows start anywhere, unaligned for the TMA: the warp loads those itself);
 - a writer warp: each step's dq tile added into the fp32 accumulator by the TMA unit (a bulk tensor
   reduce-add, four 128-byte-wide panels), where a warp of red.global.add.v4 instructions held the kernel
   at 0.61-0.80x of the TMA form's speed (bench/results/onepass_backward_h200.jsonl, run "fa3 split").
@@ -60,12 +60,15 @@ def _step(t, n_blk, lo, head0, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs,
-            delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start, k_start, off_hk, start_n, head0,
-            num_heads, stat_stride, VARLEN: gl.constexpr, BLOCK_M: gl.constexpr):
+def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar, q_bufs,
+            do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start, k_start, q_len,
+            off_hk, start_n, head0, num_heads, stat_stride, VARLEN: gl.constexpr, BLOCK_M: gl.constexpr):
     """z_in, q_start, k_start: the sequence's batch slice and first rows in the tensors (0, and its offsets,
-    for packed sequences: _sequence)."""
+    for packed sequences: _sequence). VARLEN: a packed sequence's stats start at any row, where the TMA needs
+    16-byte aligned coordinates: this warp loads them (rows past q_len: lse2 +inf, delta 0) into the slot
+    before it arrives on the slot's barrier, ahead of the MMA warpgroups as the TMA loads are."""
     STAGES: gl.constexpr = q_bufs.shape[0]
+    stat_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [z_in, off_hk, k_start + start_n, 0], kv_bar, k_s)
     _tma_load(v_desc, [z_in, off_hk, k_start + start_n, 0], kv_bar, v_s)
@@ -73,7 +76,12 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_s, v_s, kv_
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
         start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
-        if VARLEN:  # the MMA warpgroups load the stats
+        if VARLEN:
+            rows = start_m + gl.arange(0, BLOCK_M, layout=stat_layout)
+            at = off_h.to(gl.int64) * stat_stride + q_start + rows
+            lse_bufs.index(s).store(gl.load(lse_ptr + at, mask=rows < q_len, other=float("inf")))
+            delta_bufs.index(s).store(gl.load(delta_ptr + at, mask=rows < q_len, other=0.0))
+            _barrier()  # the warp's stores before the arrive below (it releases them to the waiting warpgroups)
             mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
         else:
             row = (off_z * num_heads + off_h) * stat_stride + start_m  # the stats' rows: 16-byte aligned a head
@@ -103,15 +111,14 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
 
 @gluon.jit
 def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs, dq_full,
-         dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
-         stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, q_start, k_start, off_hp,
-         start_n, q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, stat_stride, win_left, win_right,
-         cap2, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, VARLEN: gl.constexpr,
-         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, W: gl.constexpr):
+         dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz, stride_dvh,
+         stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
+         key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL: gl.constexpr,
+         WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+         W: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
-    (the tensor's rows, or the packed sequence's: the next ones are another program's). VARLEN: the stats
-    from lse_ptr, delta_ptr (flat, stat_stride rows a head) here, not from the loader's slots."""
+    (the tensor's rows, or the packed sequence's: the next ones are another program's)."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]  # the program's keys (k's descriptor block)
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's
@@ -153,20 +160,12 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         st = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
         dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        if VARLEN:  # the stats' global loads issued under the matmuls
-            rows = start_m + offs_m
-            stats = off_h.to(gl.int64) * stat_stride + q_start + rows
-            lse2 = gl.load(lse_ptr + stats, mask=rows < q_len, other=float("inf"))
         st = warpgroup_mma_wait(1, deps=(st, ))
-        if not VARLEN:
-            rows = start_m + offs_m
+        rows = start_m + offs_m
         s_t, t_t = _scores(st, rows[None, :], offs_n[:, None], causal_offset, qk_rest, cap2, inv_cap2, 0.0,
                            SOFTCAP=SOFTCAP, ALIBI=False)
-        if not VARLEN:
-            lse2 = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+        lse2 = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))
         p_t = _probs(s_t, lse2[None, :])
-        if VARLEN:
-            delta = gl.load(delta_ptr + stats, mask=rows < q_len, other=0.0)
         if (start_m < mid) | (start_m >= full_end):
             vis = _visible(rows[None, :], offs_n[:, None], kv_len, causal_offset, win_left, win_right,
                            KEY_MASK=True, CAUSAL=CAUSAL, WINDOW=WINDOW) & (rows < q_len)[None, :]
@@ -174,8 +173,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         p16 = gl.convert_layout(p_t.to(dtype), op_layout)
         dv = warpgroup_mma(p16, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-        if not VARLEN:
-            delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+        delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
         ds_t = p_t * (dpt - delta[None, :])
         if SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
@@ -281,17 +279,17 @@ def _hopper_bwd_kernel(
     mbarrier.init(dq_empty, count=1)
     gl.warp_specialize([
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
-                dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd,
-                stride_dvz, stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, q_start,
-                k_start, off_hp, start_n, q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0,
-                stat_stride, win_left, win_right, cap2, CAUSAL, WINDOW, SOFTCAP, VARLEN, HEAD_DIM, BLOCK_M, 0)),
+                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
+                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
+                q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL,
+                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
-                dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd,
-                stride_dvz, stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, q_start,
-                k_start, off_hp, start_n, q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0,
-                stat_stride, win_left, win_right, cap2, CAUSAL, WINDOW, SOFTCAP, VARLEN, HEAD_DIM, BLOCK_M, 1)),
-        (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs,
-                   delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start, k_start, off_hk, start_n,
-                   head0, num_heads, stat_stride, VARLEN, BLOCK_M)),
+                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
+                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
+                q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL,
+                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1)),
+        (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
+                   q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
+                   k_start, q_len, off_hk, start_n, head0, num_heads, stat_stride, VARLEN, BLOCK_M)),
         (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, BLOCK_M)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

@@ -255,24 +255,23 @@ def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministi
                   short: bool = False) -> bool:
     """Whether this backward call runs the Hopper backward: as the forward's `tiles` (backend, device, fp16 or
     bf16, no ALiBi, no tiles asked for, inputs TMA reads in place, short calls left to the portable kernels
-    under "auto"), a head dim of BWD_HEAD_DIMS with D = Dv, and determinism not asked for (its dq is added up
+    under "auto": attention_bwd also counts as short a call whose programs walk fewer query rows than
+    BWD_MIN_ROWS), a head dim of BWD_HEAD_DIMS with D = Dv, and determinism not asked for (its dq is added up
     in any order) nor the two-kernel backward (one_pass=False). seq_lens run here, and sinks need nothing: the
-    saved lse includes them. Packed sequences (at most MAX_PACKED_SEQUENCES: a grid slice each) only under
-    "hopper": they ran 0.68-0.92x the deterministic portable kernels (MAX_PACKED_SEQUENCES' comment; their lse
-    and delta rows start unaligned for the TMA, and the MMA warpgroups load them)."""
+    saved lse includes them, and packed sequences (at most MAX_PACKED_SEQUENCES: a grid slice each) too."""
     if deterministic or one_pass is False or not _takes(q4, v4, alibi, overrides, short, BWD_HEAD_DIMS):
         return False
-    if packed is not None and (_backend != "hopper" or seq_lens.shape[0] - 1 > MAX_PACKED_SEQUENCES):
+    if packed is not None and seq_lens.shape[0] - 1 > MAX_PACKED_SEQUENCES:
         return False
     return status(q4.device)[0] and not isinstance(backward_module(), str) and readable()
 
 
 MAX_PACKED_SEQUENCES = 65535  # CUDA's cap on a grid's z dimension: the kernel takes a sequence a slice
-# Packed sequences under "auto": H200, Triton 3.6, in one run (bench/results/onepass_backward_h200.jsonl, run
-# "packed and seq_lens"): 16k tokens in 8 documents, GQA 32/8 D128 bf16 causal, 243 TFLOPS against the
-# deterministic portable kernels' 265 (0.92x); 16 documents MHA D64 124 against 182 (0.68x). Not yet told
-# apart: the stats' plain loads in the MMA warpgroups' steps, and short sequences (424-3155 rows: a program's
-# few steps against its prologue). seq_lens (the stats through the TMA, N4096) ran 1.45-1.56x.
+# "auto" also leaves to the portable kernels a backward whose programs walk fewer query rows than this (a kv
+# head's query heads x the longest sequence; launch.attention_bwd counts it as short). H200, causal, against
+# the portable kernels (bench/results/onepass_backward_h200.jsonl, run "short calls"): at head_dim 64 with
+# 256 rows 0.63-0.69x, 512 rows 0.90-0.96x, 1024 rows 1.02x; at head_dim 128 MHA 1.23x from 256 rows.
+BWD_MIN_ROWS = {64: 1024}
 
 
 def stat_rows(n_q: int) -> int:

@@ -516,7 +516,8 @@ def attention_bwd(
                 h, len_q)
     if hopper.backward_runs(q4, v4, seq_lens, packed, alibi_slopes, (config, group, split) != (None, None, None),
                             deterministic, one_pass, lambda: tma_ok(q4, k4, v4, g4) and host_descriptors_ok(
-                                q4, k4, v4, g4), short=z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK):
+                                q4, k4, v4, g4), short=z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK
+                            or var.kv_group * n_q < hopper.BWD_MIN_ROWS.get(d, 0)):
         _hopper_backward(key, {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3,
                                "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "cu_k": cu_k}, var, scale,
                          pre_args, z, n_q, n_k, seq_lens is not None and packed is None, packed is not None)
