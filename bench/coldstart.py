@@ -10,8 +10,9 @@ backward and the inputs).
 
 Python's bytecode is cached in both, as in an installed environment (pip compiles it at install): a
 first run of the case with throwaway Triton/Inductor/diyflash caches fills PYTHONPYCACHEPREFIX, which the
-cold and warm runs share. (The GPU machine's site-packages is read-only: without the prefix every
-process compiled torch's modules from source, 6.5 s of a warm main job.) torch's first backward imports
+cold and warm runs share, and PYTHONDONTWRITEBYTECODE is cleared for them. (The GPU machines' site-packages
+is read-only and they set PYTHONDONTWRITEBYTECODE: otherwise every process compiles torch's modules from
+source, 5.1 s of a warm main job under cProfile on the H200.) torch's first backward imports
 torch.fx's symbolic shapes and sympy (3.4 s there without bytecode); every case pays it before the timer,
 as a training script pays it once whatever its attention (FlexAttention's torch.compile paid it before
 the timer already).
@@ -121,6 +122,7 @@ def _env(root: Path, pycache: Path) -> dict:
                       ("DIYFLASH_CACHE_DIR", "diyflash")):
         env[name] = str(root / sub)
     env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # set on the GPU machines: no process would cache its bytecode
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     return env

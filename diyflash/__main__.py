@@ -211,10 +211,10 @@ def _time(call) -> float:
     for _ in range(3):  # a fresh kernel compiles (and matmul autotunes) on its first calls
         call()
     torch.cuda.synchronize()
-    # 25 ms of warm-up and 100 ms of samples per cell: a median over tens of ms-scale calls. The main job is
-    # a check a user runs on a new machine, not the benchmark (bench/attention.py times in turns); at
-    # 100/200 ms its 30 timings took ~12 of a warm run's ~19 s on the H200
-    return triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
+    # 10 ms of warm-up and 40 ms of samples per cell: a median over 10-100 ms-scale calls. The main job is a
+    # check a user runs on a new machine, not the benchmark (bench/attention.py times in turns); at 25/100 ms
+    # its 30 timings took 4.6 s of a warm run (H200)
+    return triton.testing.do_bench(call, warmup=10, rep=40, return_mode="median")
 
 
 def bench_attention(n: int) -> None:
