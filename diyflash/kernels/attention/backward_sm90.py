@@ -11,8 +11,9 @@ it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 r
 - a loader warp: k and v once, then q, do, lse and delta of each step into STAGES slots (TMA; packed
   sequences' lse and delta rows start anywhere, unaligned for the TMA: the warp loads those itself);
 - a writer warp: each step's dq tile added into the fp32 accumulator by the TMA unit (a bulk tensor
-  reduce-add, four 128-byte-wide panels), where a warp of red.global.add.v4 instructions held the kernel
-  at 0.61-0.80x of the TMA form's speed (bench/results/onepass_backward_h200.jsonl, run "fa3 split").
+  reduce-add, 128-byte-wide panels; DQ_BUFS tiles in turns, so the next step's tile need not wait for it),
+  where a warp of red.global.add.v4 instructions held the kernel at 0.61-0.80x of the TMA form's speed
+  (bench/results/onepass_backward_h200.jsonl, run "fa3 split").
 Semantics are semantics.py's (_tile, _sequence, _query_band, _scores, _probs, _visible, _prescaled). dk and dv are
 written by the program that owns the keys (no atomics); dq's adds land in any order (not deterministic:
 launch.attention_bwd runs it only where determinism is not asked for). hopper.py decides where it runs."""
@@ -95,18 +96,20 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
 
 @gluon.jit
 def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, BLOCK_M: gl.constexpr):
-    """Each step's dq tile (its panels) added into the fp32 accumulator by the TMA unit; the tile is free
-    again once the unit has read it. A tile's rows past the sequence hold zeros (their p is masked): for
-    packed sequences the next sequence's rows get +0."""
-    PANELS: gl.constexpr = dq_bufs.shape[0]
+    """Each step's dq tile (its panels) added into the fp32 accumulator by the TMA unit; the tile's buffer is
+    free again once the unit has read it (DQ_BUFS buffers in turns). A tile's rows past the sequence hold
+    zeros (their p is masked): for packed sequences the next sequence's rows get +0."""
+    DQ_BUFS: gl.constexpr = dq_full.shape[0]
+    PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
     PANEL: gl.constexpr = dq_bufs.shape[4]  # dq's columns a TMA reduce (its descriptor's block)
     for t in range(total):
         start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
-        mbarrier.wait(dq_full, t & 1)
+        b = t % DQ_BUFS
+        mbarrier.wait(dq_full.index(b), (t // DQ_BUFS) & 1)
         for j in gl.static_range(PANELS):
-            _tma_reduce_add(dq_desc, [z_in, off_h, q_start + start_m, j * PANEL], dq_bufs.index(j))
+            _tma_reduce_add(dq_desc, [z_in, off_h, q_start + start_m, j * PANEL], dq_bufs.index(b * PANELS + j))
         tma.store_wait(0)
-        mbarrier.arrive(dq_empty, count=1)
+        mbarrier.arrive(dq_empty.index(b), count=1)
 
 
 @gluon.jit
@@ -123,6 +126,8 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     BLOCK_N: gl.constexpr = k_s.shape[2]  # the program's keys (k's descriptor block)
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's
     PANEL: gl.constexpr = dq_bufs.shape[4]
+    DQ_BUFS: gl.constexpr = dq_full.shape[0]
+    PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
     dtype: gl.constexpr = k_s.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
@@ -190,17 +195,18 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(s), count=1)
-        mbarrier.wait(dq_empty, (t & 1) ^ 1)
+        qb = t % DQ_BUFS
+        mbarrier.wait(dq_empty.index(qb), ((t // DQ_BUFS) & 1) ^ 1)
         # this warpgroup's panels of the tile (one at D64, two at D128), stored in the TMA's swizzled layout
         if HEAD_DIM // 2 == PANEL:
-            dq_bufs.index(W).reshape([BLOCK_M, PANEL]).store(dq * dq_scale)
+            dq_bufs.index(qb * PANELS + W).reshape([BLOCK_M, PANEL]).store(dq * dq_scale)
         else:
             dq0, dq1 = gl.split(gl.permute(gl.reshape(dq * dq_scale, [BLOCK_M, 2, PANEL]), (0, 2, 1)))
-            dq_bufs.index(2 * W).reshape([BLOCK_M, PANEL]).store(dq0)
-            dq_bufs.index(2 * W + 1).reshape([BLOCK_M, PANEL]).store(dq1)
+            dq_bufs.index(qb * PANELS + 2 * W).reshape([BLOCK_M, PANEL]).store(dq0)
+            dq_bufs.index(qb * PANELS + 2 * W + 1).reshape([BLOCK_M, PANEL]).store(dq1)
         fence_async_shared()
         _barrier()
-        mbarrier.arrive(dq_full, count=1)
+        mbarrier.arrive(dq_full.index(qb), count=1)
 
     kv_rows = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -222,7 +228,8 @@ def _hopper_bwd_kernel(
     win_left, win_right, cap2,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
-    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, MMA_REGS: gl.constexpr,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
+    MMA_REGS: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -262,21 +269,23 @@ def _hopper_bwd_kernel(
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [HEAD_DIM // PANEL] + dq_desc.block_type.shape, dq_desc.layout)
+    dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * (HEAD_DIM // PANEL)] + dq_desc.block_type.shape,
+                                        dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
-    mbarrier.init(dq_full, count=2)
-    mbarrier.init(dq_empty, count=1)
+    for i in gl.static_range(DQ_BUFS):
+        mbarrier.init(dq_full.index(i), count=2)
+        mbarrier.init(dq_empty.index(i), count=1)
     gl.warp_specialize([
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,

@@ -213,13 +213,16 @@ def launcher():
 
 # -- the backward (backward_sm90.py) --
 
-# The Hopper backward's tiles by head dim (D = Dv): (query rows a step, q/dout/stat stages). Its programs take
+# The Hopper backward's tiles by head dim (D = Dv): (query rows a step, q/dout/stat stages, dq tile buffers
+# the MMA warpgroups and the writer take in turns: 2 where shared memory has room). Its programs take
 # 128 keys (two MMA warpgroups of 64; the kernel reads it off k's descriptor). H200, Triton 3.6, in one run
 # beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "integrated"): D128 0.98-1.03x cuDNN on the GQA
 # 32/8 and MHA cells, where the two portable kernels (deterministic=True) ran 0.73-0.80x; 1.32x FlexAttention
 # on the window 4096 cell; D64 (run "d64 tiles"): 0.96-1.06x cuDNN (1.21-1.25x the portable kernels), where 128
-# query rows a step (spills) or 3 stages ran no faster. Other head dims keep the portable backward.
-BWD_TILES: dict[int, tuple[int, int]] = {128: (64, 2), 64: (64, 2)}
+# query rows a step (spills) or 3 stages ran no faster; two dq buffers (run "dq buffers", where shared memory has
+# room for them: 132 of 227 KB at D64, 230 at D128) 0.991x against one buffer's 0.970x on MHA fp16 B2 H16 N8192
+# not causal, the causal cells equal. Other head dims keep the portable backward.
+BWD_TILES: dict[int, tuple[int, int, int]] = {128: (64, 2, 1), 64: (64, 2, 2)}
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
@@ -228,8 +231,8 @@ BWD_DQ_PANEL = 32  # dq's columns a TMA reduce: 128 bytes of fp32, the widest sw
 
 def bwd_meta(d: int) -> dict:
     """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES)."""
-    block_m, stages = BWD_TILES[d]
-    return dict(BLOCK_M=block_m, STAGES=stages, MMA_REGS=BWD_MMA_REGS, num_warps=4)
+    block_m, stages, dq_bufs = BWD_TILES[d]
+    return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, num_warps=4)
 
 
 @functools.cache
