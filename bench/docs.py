@@ -1,10 +1,11 @@
-"""Regenerate the speed tables of docs/performance.md from bench/results/*.jsonl.
+"""Regenerate the speed tables of docs/performance.md and docs/api.md from bench/results/*.jsonl.
 
     python -m bench.docs            rewrite the tables in place
     python -m bench.docs --check    exit 1 where a table differs from its results file (tests/test_docs.py)
 
-A table sits between `<!-- table: NAME -->` and `<!-- end table -->`; NAME picks a renderer and a results
-file from TABLES. Above each table, one generated line says where and when its rows were measured.
+A table sits between `<!-- table: NAME -->` and `<!-- end table -->`; NAME picks a renderer, a results file
+and (optionally) which of its rows, from _renderers. Above each table, one generated line says where and when
+its rows were measured.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance.md"
+DOCS = (DOC, ROOT / "docs" / "api.md")
+DETERMINISM_RUN = "packed and dq buffers"  # the run of onepass_backward_h200.jsonl docs/api.md's table shows
 
 
 def _renderers() -> dict:
@@ -34,6 +37,7 @@ def _renderers() -> dict:
         "matmul": (matmul.readme_table, "matmul_h200.jsonl"),
         "coldstart": (coldstart.readme_table, "coldstart_h200.jsonl"),
         "attention-sm90": (_sm90_table, "attention_sm90.jsonl"),
+        "determinism": (_determinism_table, "onepass_backward_h200.jsonl", lambda r: r.get("run") == DETERMINISM_RUN),
     }
 
 
@@ -49,14 +53,35 @@ def _sm90_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def provenance(rows: list[dict], path: str) -> str:
-    """Where and when the rows were measured: devices, versions, dates, from the rows themselves."""
-    def values(key):
-        return ", ".join(sorted({str(r.get(key)) for r in rows if r.get(key) is not None})) or "?"
+def _determinism_table(rows: list[dict]) -> str:
+    """The backward's default (not deterministic) against deterministic=True, beside cuDNN (Flex on the window),
+    a cell a line (rows of one run: the providers diyflash, diyflash-det, cudnn or flex)."""
+    lines = ["| backward cell | default | `deterministic=True` | cuDNN (Flex) | cost of determinism | dq's spread, two calls |",
+             "|---|---|---|---|---|---|"]
+    cells = {}
+    for r in rows:
+        cells.setdefault(r["cell"], {})[r["provider"]] = r
+    for cell, by in cells.items():
+        mine, det = by["diyflash"], by["diyflash-det"]
+        peer = f"{by['cudnn']['tflops']:.0f}" if "cudnn" in by else f"({by['flex']['tflops']:.0f})"
+        lines.append(f"| {cell} | {mine['tflops']:.0f} | {det['tflops']:.0f} | {peer} | "
+                     f"{det['tflops'] / mine['tflops']:.2f}x | {mine['dq_spread']:.1e} |")
+    return "\n".join(lines)
 
-    dates = sorted({str(r.get("timestamp", ""))[:10] for r in rows if r.get("timestamp")})
+
+def provenance(rows: list[dict], path: str) -> str:
+    """Where and when the rows were measured: devices, versions, dates (and runs, where the rows name one),
+    from the rows themselves."""
+    def values(key, alias=None):
+        found = {str(r.get(key, r.get(alias))) for r in rows if r.get(key, r.get(alias)) is not None}
+        return ", ".join(sorted(found)) or "?"
+
+    dates = sorted({str(r.get("timestamp") or r.get("date", ""))[:10] for r in rows
+                    if r.get("timestamp") or r.get("date")})
     when = dates[0] if len(dates) == 1 else f"{dates[0]} .. {dates[-1]}" if dates else "?"
-    return (f"*{len(rows)} rows of `bench/results/{path}`: {values('gpu')}, torch {values('torch')}, "
+    runs = sorted({r["run"] for r in rows if r.get("run")})
+    where = f"`bench/results/{path}`" + (f" (run \"{runs[0]}\")" if len(runs) == 1 else "")
+    return (f"*{len(rows)} rows of {where}: {values('gpu', 'device')}, torch {values('torch')}, "
             f"Triton {values('triton')}, {when}.*")
 
 
@@ -68,8 +93,10 @@ def render(text: str) -> str:
 
     def one(match: re.Match) -> str:
         name = match.group(1)
-        fn, path = renderers[name]
+        fn, path, *keep = renderers[name]
         rows = read_jsonl(str(ROOT / "bench" / "results" / path))
+        if keep:
+            rows = [r for r in rows if keep[0](r)]
         return f"<!-- table: {name} -->\n{provenance(rows, path)}\n\n{fn(rows)}\n<!-- end table -->"
 
     return re.sub(r"<!-- table: (\S+) -->\n.*?<!-- end table -->", one, text, flags=re.S)
@@ -79,14 +106,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare, do not write")
     args = parser.parse_args(argv)
-    text = DOC.read_text()
-    new = render(text)
-    if args.check:
+    stale = []
+    for doc in DOCS:
+        text = doc.read_text()
+        new = render(text)
         if new != text:
-            print(f"{DOC}: tables differ from bench/results; run python -m bench.docs", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new)
+            stale.append(doc)
+            if not args.check:
+                doc.write_text(new)
+    if args.check and stale:
+        print(f"{', '.join(map(str, stale))}: tables differ from bench/results; run python -m bench.docs", file=sys.stderr)
+        return 1
     return 0
 
 

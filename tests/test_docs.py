@@ -33,13 +33,15 @@ def test_linked_docs_exist():
 
 
 def test_performance_tables_are_rendered_from_their_results_files():
-    """docs/performance.md's tables are python -m bench.docs's output: each marked table equals its results
-    file's rendering (and there are tables to check)."""
-    from bench.docs import DOC, render
+    """docs/performance.md's and docs/api.md's tables are python -m bench.docs's output: each marked table
+    equals its results file's rendering (and there are tables to check)."""
+    from bench.docs import DOC, DOCS, render
 
-    text = DOC.read_text()
-    assert text.count("<!-- table: ") >= 6
-    assert render(text) == text, "run python -m bench.docs"
+    assert DOC.read_text().count("<!-- table: ") >= 6
+    assert "<!-- table: determinism -->" in (ROOT / "docs" / "api.md").read_text()
+    for doc in DOCS:
+        text = doc.read_text()
+        assert render(text) == text, f"{doc.name}: run python -m bench.docs"
 
 
 def test_render_replaces_a_stale_table():
