@@ -25,7 +25,7 @@ from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
 from .grids import head_group, head_split  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, aligned, launch_chunks, Launch, layout_key, Plan,  # noqa: E402
-                    packed_host_descriptor, replay, scratch_buffers, host_descriptors_ok)
+                    packed_host_descriptor, packed_view, replay, scratch_buffers, host_descriptors_ok)
 
 
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
@@ -78,7 +78,7 @@ class Packed(NamedTuple):
 def _as_4d(t: torch.Tensor, packed: Packed | None = None) -> torch.Tensor:
     """(BH, N, D) -> (BH, 1, N, D) view; 4-D passes through; packed (T, H, D) -> (1, H, T, D). Never copies."""
     if packed is not None:
-        return t.transpose(0, 1).unsqueeze(0)
+        return packed_view(t)
     return t.unsqueeze(1) if t.dim() == 3 else t
 
 

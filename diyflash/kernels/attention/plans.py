@@ -154,10 +154,15 @@ def host_descriptor(t: torch.Tensor, block_rows: int, block_cols: int, gluon: bo
     return TensorDescriptor(t, [z, h, n, d], [sz, sh, sn, 1], [1, 1, block_rows, block_cols])
 
 
+def packed_view(t: torch.Tensor) -> torch.Tensor:
+    """Packed sequences' (T, H, D) tensor as the (1, H, T, D) view the kernels index. Never copies."""
+    return t.transpose(0, 1).unsqueeze(0)
+
+
 def packed_host_descriptor(t: torch.Tensor, block_rows: int, block_cols: int, gluon: bool = False):
-    """host_descriptor of packed sequences (T, H, D) as the (1, H, T, D) view the kernels index (a plan's
-    replay passes the caller's (T, H, D) tensor, its first launch the view)."""
-    return host_descriptor(t if t.dim() == 4 else t.transpose(0, 1).unsqueeze(0), block_rows, block_cols, gluon)
+    """host_descriptor of packed sequences (T, H, D) as their packed_view (a plan's replay passes the caller's
+    (T, H, D) tensor, its first launch the view)."""
+    return host_descriptor(t if t.dim() == 4 else packed_view(t), block_rows, block_cols, gluon)
 
 
 # Host descriptors cost host time, per launch: three TensorDescriptor objects and Triton's encoding of
