@@ -81,7 +81,8 @@ def test_the_call_rule(monkeypatch):
     """Which backward calls hopper.backward_runs gives the Hopper kernel (CPU: the device's answers mocked):
     fp16/bf16 at head_dim 64 and 128, not deterministic, with seq_lens and packed sequences too (not more of
     them than a grid's z dimension takes); never ALiBi, fp32, head_dim 80, Dv != D, determinism or
-    one_pass=False; short calls only under "hopper"."""
+    one_pass=False; short calls, and head_dim-64 calls whose programs walk fewer query rows than
+    hopper.BWD_MIN_ROWS, only under "hopper"."""
     monkeypatch.setattr(hopper, "status", lambda device: (True, "mocked"))
     monkeypatch.setattr(hopper, "backward_module", lambda: object())
 
@@ -91,16 +92,20 @@ def test_the_call_rule(monkeypatch):
     lens = torch.zeros(3, dtype=torch.int32)
     too_many = torch.zeros(hopper.MAX_PACKED_SEQUENCES + 2, dtype=torch.int32)  # cu_seqlens: one more sequence
 
-    def runs(q=None, v=None, seq_lens=None, packed=None, alibi=None, deterministic=False, one_pass=None, short=False):
+    def runs(q=None, v=None, seq_lens=None, packed=None, alibi=None, deterministic=False, one_pass=None, short=False,
+             rows=None):
         q = q or t()
         return hopper.backward_runs(q, v or q, seq_lens, packed, alibi, False, deterministic, one_pass,
-                                    lambda: True, short)
+                                    lambda: True, short, rows)
 
     for backend in ("auto", "hopper"):
         monkeypatch.setattr(hopper, "_backend", backend)
         assert runs() and runs(t(64)) and runs(t(128, torch.float16)) and runs(seq_lens=lens), backend
         assert runs(packed=object(), seq_lens=lens) and not runs(packed=object(), seq_lens=too_many), backend
         assert runs(short=True) == (backend == "hopper")
+        few = hopper.BWD_MIN_ROWS[64] - 1
+        assert runs(t(64), rows=few) == (backend == "hopper") and runs(t(64), rows=few + 1), backend
+        assert runs(t(128), rows=few), backend  # head_dim 128 has no such bound
         assert not any([runs(alibi=lens), runs(t(128, torch.float32)), runs(t(80)), runs(t(128), t(64)),
                         runs(deterministic=True), runs(one_pass=False)]), backend
     monkeypatch.setattr(hopper, "_backend", "portable")

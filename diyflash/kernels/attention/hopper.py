@@ -255,14 +255,16 @@ def backward_launcher():
 
 
 def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministic: bool, one_pass, readable,
-                  short: bool = False) -> bool:
+                  short: bool = False, program_rows: int | None = None) -> bool:
     """Whether this backward call runs the Hopper backward: as the forward's `tiles` (backend, device, fp16 or
     bf16, no ALiBi, no tiles asked for, inputs TMA reads in place, short calls left to the portable kernels
-    under "auto": attention_bwd also counts as short a call whose programs walk fewer query rows than
-    BWD_MIN_ROWS), a head dim of BWD_HEAD_DIMS with D = Dv, and determinism not asked for (its dq is added up
-    in any order) nor the two-kernel backward (one_pass=False). seq_lens run here, and sinks need nothing: the
-    saved lse includes them, and packed sequences (at most MAX_PACKED_SEQUENCES: a grid slice each) too."""
-    if deterministic or one_pass is False or not _takes(q4, v4, alibi, overrides, short, BWD_HEAD_DIMS):
+    under "auto", and so are calls whose programs walk fewer query rows than BWD_MIN_ROWS: program_rows, a kv
+    head's query heads x the longest sequence), a head dim of BWD_HEAD_DIMS with D = Dv, and determinism not
+    asked for (its dq is added up in any order) nor the two-kernel backward (one_pass=False). seq_lens run
+    here, and sinks need nothing: the saved lse includes them, and packed sequences (at most
+    MAX_PACKED_SEQUENCES: a grid slice each) too."""
+    few_rows = program_rows is not None and program_rows < BWD_MIN_ROWS.get(q4.shape[-1], 0)
+    if deterministic or one_pass is False or not _takes(q4, v4, alibi, overrides, short or few_rows, BWD_HEAD_DIMS):
         return False
     if packed is not None and seq_lens.shape[0] - 1 > MAX_PACKED_SEQUENCES:
         return False
@@ -271,7 +273,7 @@ def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministi
 
 MAX_PACKED_SEQUENCES = 65535  # CUDA's cap on a grid's z dimension: the kernel takes a sequence a slice
 # "auto" also leaves to the portable kernels a backward whose programs walk fewer query rows than this (a kv
-# head's query heads x the longest sequence; launch.attention_bwd counts it as short). H200, causal, against
+# head's query heads x the longest sequence: backward_runs' program_rows). H200, causal, against
 # the portable kernels (bench/results/onepass_backward_h200.jsonl, run "short calls"): at head_dim 64 with
 # 256 rows 0.63-0.69x, 512 rows 0.90-0.96x, 1024 rows 1.02x; at head_dim 128 MHA 1.23x from 256 rows.
 BWD_MIN_ROWS = {64: 1024}

@@ -363,16 +363,18 @@ def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float) -> Laun
                   dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=PRE_BLOCK))
 
 
-def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple, batches: int, n_q: int, n_k: int,
-                     has_seq_lens: bool, varlen: bool) -> None:
+def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple, batches: int, n_q: int,
+                     n_k: int) -> None:
     """The Hopper backward (backward_sm90.py) of attention_bwd's (Z, H, N, D) views in env: the preprocess
     (delta and lse2 with hopper.stat_rows rows a head, dq's fp32 accumulator zeroed), the kernel (dk, dv, and
     dq added up by TMA reduces; on a small GQA grid dk and dv as fp32 partials over parts of the query-head
     group, head_split, summed by a last launch), and dq's conversion (times the scale) into its dtype.
     batches: the kernel's grid slices (the batch, or the packed sequences of the (1, H, T, D) views: varlen);
     n_q, n_k: the longest sequence's rows (the views' rows where not packed); env's seq_lens and cu_k as
-    semantics._sequence takes them."""
+    semantics._sequence takes them (cu_k given: packed sequences, seq_lens then cu_seqlens_q)."""
     q4, k4, dq4, dk4, dv4, dlse3 = env["q"], env["k"], env["dq"], env["dk"], env["dv"], env["dlse"]
+    varlen = env["cu_k"] is not None
+    has_seq_lens = env["seq_lens"] is not None and not varlen
     z, h, len_q, d = q4.shape  # z: the tensors' batch (1 when packed)
     h_kv, len_k = k4.shape[1], k4.shape[2]
     rows = hopper.stat_rows(len_q)
@@ -516,11 +518,11 @@ def attention_bwd(
                 h, len_q)
     if hopper.backward_runs(q4, v4, seq_lens, packed, alibi_slopes, (config, group, split) != (None, None, None),
                             deterministic, one_pass, lambda: tma_ok(q4, k4, v4, g4) and host_descriptors_ok(
-                                q4, k4, v4, g4), short=z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK
-                            or var.kv_group * n_q < hopper.BWD_MIN_ROWS.get(d, 0)):
+                                q4, k4, v4, g4), short=z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK,
+                            program_rows=var.kv_group * n_q):
         _hopper_backward(key, {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3,
                                "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "cu_k": cu_k}, var, scale,
-                         pre_args, z, n_q, n_k, seq_lens is not None and packed is None, packed is not None)
+                         pre_args, z, n_q, n_k)
         return dq, dk, dv
     delta, lse2 = _stat_rows(q, packed)
     delta3, lse23 = _stats_3d(delta, q, packed), _stats_3d(lse2, q, packed)
