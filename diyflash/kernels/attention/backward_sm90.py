@@ -4,7 +4,8 @@ A program holds one block of BLOCK_N = 128 keys of one (batch, kv head) and walk
 it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 rows a step. Partitions:
 - two MMA warpgroups (the default partition and one worker), each owning 64 of the keys and their dk, dv
   accumulators: per step s^T = k_w q^T and dp^T = v_w do^T (asynchronous wgmma), p^T from the saved base-2
-  lse, dv_w += p^T do (p^T from registers), ds^T = p^T (dp^T - delta) into shared memory, dk_w += ds^T q;
+  lse, dv_w += p^T do (p^T from registers), ds^T = p^T (dp^T - delta), dk_w += ds^T q (ds^T from registers)
+  and ds^T into shared memory;
   once both halves of ds^T are in (an mbarrier of count 2) and dk, dv are done, dq_w = ds k[:, w*64:(w+1)*64]
   (the 64 columns of dq this warpgroup owns) into a shared fp32 tile. dq is issued after dk and dv are
   waited for: three accumulators in flight made ptxas serialize every wgmma (tests/test_hopper.py checks);
@@ -183,11 +184,13 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         if SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
         ds_all = ds_bufs.index(b)
-        ds_w = ds_all.slice(W * KEYS, KEYS, dim=0)
-        ds_w.store(ds_t.to(dtype))
+        ds16 = ds_t.to(dtype)
+        ds_all.slice(W * KEYS, KEYS, dim=0).store(ds16)  # for dq, which takes both warpgroups' keys
         fence_async_shared()
         _barrier()
-        dk = warpgroup_mma(ds_w, q_s, dk, is_async=True)  # ds^T from shared memory: no registers held for it
+        # ds^T from registers: 16 KB less of shared-memory reads a step than from its buffer (1.00-1.02x,
+        # bench/results/onepass_backward_h200.jsonl, run "dk from registers")
+        dk = warpgroup_mma(gl.convert_layout(ds16, op_layout), q_s, dk, is_async=True)
         mbarrier.arrive(ds_ready.index(b), count=1)
         mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
         k_cols = k_all.slice(W * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1)
