@@ -12,6 +12,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 import diyflash  # noqa: E402
@@ -272,6 +274,38 @@ def test_matmul_direct_launch_matches_and_respects_alignment(dtype):
         got = diyflash.triton_matmul(a_off, b)
         want = (a_off.double() @ b.double()).to(dtype)
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@triton.jit
+def _add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+
+@gpu
+@pytest.mark.parametrize("c_on", [True, False])
+def test_first_launch_leaves_tritons_launcher_unbuilt_where_the_c_launcher_runs(c_on):
+    """A signature's first launch through the C launcher loads the kernel without building Triton's launcher
+    (a C build of its own with empty caches); the JIT, launching it later, builds it then. With the C
+    launcher off the first launch is the JIT's, as before."""
+    from diyflash.kernels._claunch import module as c_launcher
+
+    before = _launch.use_c_launcher(c_on)
+    try:
+        launcher = DirectLauncher(_add_one)
+        x = torch.zeros(100, device="cuda")
+        block = 128 if c_on else 256  # a kernel of its own for each case (Triton caches compiled kernels)
+        launcher((1, ), x, 100, BLOCK=block)
+        (compiled, _names), = launcher._compiled.values()
+        lazy = isinstance(compiled._run, _launch._LazyLauncher)
+        assert lazy == (c_on and c_launcher() is not None)
+        launcher((1, ), x, 100, BLOCK=block)
+        assert launcher.direct_launches == 1
+        _add_one[(1, )](x, 100, BLOCK=block)
+        assert not isinstance(compiled._run, _launch._LazyLauncher)
+        assert torch.equal(x, torch.full_like(x, 3.0))
+    finally:
+        _launch.use_c_launcher(before)
 
 
 @gpu
