@@ -7,8 +7,11 @@ took 27 us of host time against 8 us for calling the compiled kernel directly: m
 needs for a 1024^3 matmul or a short attention, and the attention backward launches three kernels.
 
 `DirectLauncher(kernel)` does that work once per *call signature*. The first launch with a signature
-goes through `kernel[grid]` (compiling if needed) and keeps the CompiledKernel the JIT returns; a later
-launch with the same signature calls that kernel's `run` with exactly what the JIT would pass it.
+goes through the JIT (compiling if needed) and keeps the CompiledKernel it returns: compiled without a
+launch and launched by the C launcher where that packs the kernel (Triton's own launcher, a C build of its
+own with empty caches, is then built only if something calls it: load_without_launcher), else through
+`kernel[grid]`; a later launch with the same signature calls that kernel's `run` with exactly what the JIT
+would pass it.
 
 The signature covers everything Triton specializes on, so a hit runs the kernel the JIT would pick:
 - a tensor contributes its dtype and whether its address is 16-byte aligned (what Triton reads);
@@ -222,7 +225,6 @@ class DirectLauncher:
             self._driver = active_driver()
         signature = self._signature(self._driver[0](), args, meta)
         remember(self._compiled, signature, (compiled, tuple(names)), MAX_SIGNATURES)
-
 
     def _c_first_launch(self, grid, args, meta):
         """A signature's first launch through the C launcher where it packs the kernel: compiled by the JIT
