@@ -39,8 +39,9 @@ def attention_backend(device: torch.device, backward: bool = False) -> str:
         if isinstance(module, str):
             return f"portable Triton kernels ({module})"
         where = "fp16/bf16, head_dim " + "/".join(map(str, hopper.BWD_HEAD_DIMS))
-        return (f"hopper one-pass ({why}; {where} when not deterministic, no ALiBi, head_dim 64 from 1024 rows a "
-                f"program; other calls portable)")
+        rows = "".join(f", head_dim {d} from {n} rows a program" for d, n in hopper.BWD_MIN_ROWS.items()
+                       if hopper.backend() == "auto")
+        return f"hopper one-pass ({why}; {where} when not deterministic, no ALiBi{rows}; other calls portable)"
     if ok:
         where = "fp16/bf16, head_dim " + "/".join(map(str, hopper.AUTO_TILES if hopper.backend() == "auto"
                                                        else sorted(hopper.TILES)))
