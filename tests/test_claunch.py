@@ -239,6 +239,36 @@ def test_codes_follow_tritons_signature_and_refuse_what_they_do_not_pack():
     assert _claunch.scratch_bytes(compiled_like({}), (3, 2)) == 0
 
 
+def test_host_descriptors_are_packed_as_tensor_maps_where_the_driver_has_them(monkeypatch):
+    """A host TMA descriptor the kernel reads as a tensor map is code 'T', encoded with what Triton's launcher
+    passes fill_tma_descriptor (swizzle, element size, the host's element type, block, NaN padding); one the
+    kernel reads as a pointer (no tensordesc_meta), an fp4-padded one, or a driver without the tensor-map entry
+    points keeps Triton's launcher."""
+    spec = dict(swizzle=3, elem_size=2, elem_type=8, block_size=[1, 1, 64, 128], fp4_padded=False)
+    sig = {"d": "tensordesc<bf16[1, 1, 64, 128]>", "o": "*bf16", "n": "i32", "e": "tensordesc<bf16[64]>"}
+    compiled = compiled_like(sig, tensordesc_meta=[spec, dict(spec, elem_type=9, block_size=[64])])
+    monkeypatch.setattr(_claunch, "_maps_here", lambda: True)
+    assert _claunch.codes(compiled) == "TpiT"
+    desc, flat = SimpleNamespace(padding="zero"), SimpleNamespace(padding="nan")
+    assert _claunch.map_specs(compiled, "TpiT", (desc, None, 3, flat)) == (
+        (3, 2, 10, (1, 1, 64, 128), 0), (3, 2, 8, (64,), 1))
+    assert _claunch.codes(compiled_like(sig, tensordesc_meta=[None, None])) is None
+    assert _claunch.codes(compiled_like(sig, tensordesc_meta=[dict(spec, fp4_padded=True), spec])) is None
+    monkeypatch.setattr(_claunch, "_maps_here", lambda: False)
+    assert _claunch.codes(compiled) is None
+
+
+def test_descriptor_specs_checked(built):
+    desc = SimpleNamespace(base=torch.zeros(8), shape=(8,), strides=(1,), padding="zero")
+    with pytest.raises(ValueError, match="fewer specs"):
+        built.make(1, (1, 1, 1), 32, 0, "Tp", (desc, None), 1, 0, ())
+    with pytest.raises(ValueError, match="rank 1 to 5"):
+        built.make(1, (1, 1, 1), 32, 0, "T", (desc,), 1, 0, ((0, 2, 6, (), 0),))
+    if not built.tma():  # (load() not run or no libcuda here: nothing can be encoded)
+        with pytest.raises(RuntimeError, match="cuTensorMapEncodeTiled"):
+            built.make(1, (1, 1, 1), 32, 0, "T", (desc,), 1, 0, ((0, 2, 6, (8,), 0),))
+
+
 def test_switched_off_nothing_is_built():
     code = ("from diyflash.kernels import _claunch; print(_claunch.module() is None, _claunch.reason())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -306,3 +336,50 @@ def test_gpu_launch_hooks_run_through_tritons_launcher():
         knobs.runtime.launch_enter_hook.remove(hook)
     assert seen, "the launch hook did not run"
     torch.testing.assert_close(out, diyflash.flash_attention(q, q, q), rtol=0, atol=0)
+
+
+@gpu
+def test_gpu_hopper_launches_take_the_c_launcher_and_match_tritons():
+    """The Hopper kernels' launches (host TMA descriptors) go through the C launcher, their maps' addresses
+    replaced when a call brings other tensors, and compute what Triton's launcher computes: the forward and
+    dk, dv bit for bit (dq's fp32 adds land in any order)."""
+    from diyflash.kernels.attention import hopper
+
+    if not hopper.status(torch.device("cuda"))[0]:
+        pytest.skip("no Hopper kernels on this device")
+    packed = []
+    real = _launch.pack_launch
+
+    def recording(compiled, grid, values, npointers, nargs):
+        out = real(compiled, grid, values, npointers, nargs)
+        packed.append((_claunch.codes(compiled), out is not None))
+        return out
+
+    before = hopper.backend()
+    hopper.use("hopper")
+    try:
+        _launch.pack_launch = recording
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        inputs = [[torch.randn(1, 4, 512, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+                   for _ in range(3)] for _ in range(2)]
+        grad = torch.randn(1, 4, 512, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+        def train(q, k, v):
+            out = diyflash.flash_attention(q, k, v, causal=True)
+            return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+        results = {}
+        for c_on in (True, False):
+            for i, (q, k, v) in enumerate(inputs):  # the second set: the same plan, other addresses
+                results[c_on, i] = _calls(lambda: train(q, k, v), c_on)
+        assert any(kinds and "T" in kinds and ok for kinds, ok in packed), packed
+        for i in range(2):
+            c_path, triton_path = results[True, i], results[False, i]
+            for name, a, b in zip(("out", "dq", "dk", "dv"), c_path, triton_path):
+                if name == "dq":
+                    torch.testing.assert_close(a, b, rtol=0, atol=2e-2)
+                else:
+                    assert torch.equal(a, b), name
+    finally:
+        _launch.pack_launch = real
+        hopper.use(before)

@@ -8,6 +8,7 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if PY_VERSION_HEX < 0x030B00A1
@@ -24,10 +25,18 @@ typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned
                               CUstream, void **, void **);
 typedef CUresult (*ctx_fn)(CUcontext *);
 typedef CUresult (*error_fn)(CUresult, const char **);
+/* cuTensorMapEncodeTiled and cuTensorMapReplaceAddress (CUDA 12): a host TMA descriptor ('T') is encoded once,
+ * when a launch is made, and only its global address is replaced when a launch gets another tensor */
+typedef struct { _Alignas(64) unsigned char bytes[128]; } TensorMap;
+typedef CUresult (*encode_fn)(TensorMap *, int, uint32_t, void *, const uint64_t *, const uint64_t *,
+                              const uint32_t *, const uint32_t *, int, int, int, int);
+typedef CUresult (*replace_fn)(TensorMap *, void *);
 
 static launch_fn cu_launch = NULL;
 static ctx_fn cu_ctx_get_current = NULL;
 static error_fn cu_error_string = NULL;
+static encode_fn cu_map_encode = NULL;
+static replace_fn cu_map_replace = NULL;
 
 /* codes of a parameter's C type (one per scalar argument; pointers are 'p') */
 static int code_size(char code) {
@@ -56,6 +65,11 @@ typedef struct {
     Py_ssize_t *arg_offsets;     /* nargs offsets, -1 likewise */
     char *arg_codes;             /* nargs codes */
     Py_ssize_t scratch_offset;   /* the global scratch pointer's offset */
+    Py_ssize_t nmaps;            /* host TMA descriptors ('T'), each a 128-byte map followed by its shape and
+                                  * strides as parameters (Triton's launcher passes the same) */
+    TensorMap *maps;             /* 64-byte aligned, as the driver wants them */
+    uint64_t *map_addresses;     /* the global address each map holds */
+    Py_ssize_t *pointer_maps;    /* npointers: the map an open 'T' pointer writes, -1 for a plain pointer */
 } Launch;
 
 static void Launch_dealloc(Launch *self) {
@@ -65,6 +79,9 @@ static void Launch_dealloc(Launch *self) {
     PyMem_Free(self->pointer_offsets);
     PyMem_Free(self->arg_offsets);
     PyMem_Free(self->arg_codes);
+    free(self->maps);
+    PyMem_Free(self->map_addresses);
+    PyMem_Free(self->pointer_maps);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -102,6 +119,7 @@ static int pack(char code, PyObject *value, char *slot) {
 }
 
 static PyObject *data_ptr_name = NULL;
+static PyObject *empty_tuple = NULL;
 
 /* a pointer argument: an int, None (null) or an object with data_ptr() (a tensor) */
 static int pointer_value(PyObject *obj, uint64_t *out) {
@@ -119,19 +137,90 @@ static int pointer_value(PyObject *obj, uint64_t *out) {
 
 static PyTypeObject LaunchType;
 
-/* make(function, grid, block, shared, codes, values, npointers, nargs) -> Launch
- * codes: one char per parameter of the kernel in order ('x' for a constexpr, which has none);
- * values: as many Python values (pointers among them as ints or None); the first npointers are the open
- * pointers, the nargs after them the scalars run_with may replace. Two scratch pointers follow. */
+/* the global address of a host TMA descriptor (an object whose `base` is a tensor) */
+static int descriptor_address(PyObject *desc, uint64_t *out) {
+    PyObject *base = PyObject_GetAttrString(desc, "base");
+    if (base == NULL) return -1;
+    int r = pointer_value(base, out);
+    Py_DECREF(base);
+    return r;
+}
+
+static int int_items(PyObject *seq, const char *what, Py_ssize_t rank, long long *out) {
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != rank) {
+        PyErr_Format(PyExc_ValueError, "make: a tensor descriptor's %s has %zd entries, its block %zd", what,
+                     PySequence_Fast_GET_SIZE(fast), rank);
+        Py_DECREF(fast);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < rank; i++) {
+        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (out[i] == -1 && PyErr_Occurred()) { Py_DECREF(fast); return -1; }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* A host TMA descriptor's map, as Triton's fill_tma_descriptor encodes it: spec = (swizzle, element size,
+ * element type (the host enum), block shape, fill: 1 for NaN padding); desc has base, shape and strides
+ * (elements, the last 1). Its shape and strides go to shape and strides (the parameters after the map). */
+static int encode_map(TensorMap *map, PyObject *spec, PyObject *desc, uint64_t *address, long long *shape,
+                      long long *strides, Py_ssize_t *rank_out) {
+    int swizzle, elem_size, elem_type, fill;
+    PyObject *block;
+    if (!PyTuple_Check(spec) || !PyArg_ParseTuple(spec, "iiiOi", &swizzle, &elem_size, &elem_type, &block, &fill))
+        return -1;
+    Py_ssize_t rank = PySequence_Size(block);
+    if (rank < 1 || rank > 5) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "make: a tensor descriptor of rank %zd", rank);
+        return -1;
+    }
+    long long box[5];
+    if (int_items(block, "block shape", rank, box) || descriptor_address(desc, address)) return -1;
+    PyObject *shape_obj = PyObject_GetAttrString(desc, "shape");
+    PyObject *strides_obj = shape_obj ? PyObject_GetAttrString(desc, "strides") : NULL;
+    int bad = strides_obj == NULL || int_items(shape_obj, "shape", rank, shape)
+              || int_items(strides_obj, "strides", rank, strides);
+    Py_XDECREF(shape_obj);
+    Py_XDECREF(strides_obj);
+    if (bad) return -1;
+    uint64_t dims[5], bytes[5];
+    uint32_t boxes[5], element_strides[5] = {1, 1, 1, 1, 1};
+    for (Py_ssize_t i = 0; i < rank; i++) {
+        dims[rank - 1 - i] = (uint64_t)shape[i];
+        boxes[rank - 1 - i] = (uint32_t)box[i];
+    }
+    for (Py_ssize_t i = 0; i + 1 < rank; i++) bytes[rank - 2 - i] = (uint64_t)elem_size * (uint64_t)strides[i];
+    /* interleave none (0), L2 promotion 128 B (2), as Triton's launcher encodes them */
+    CUresult err = cu_map_encode(map, elem_type, (uint32_t)rank, (void *)(uintptr_t)*address, dims, bytes, boxes,
+                                 element_strides, 0, swizzle, 2, fill);
+    if (err != 0) {
+        PyErr_Format(PyExc_RuntimeError, "diyflash C launcher: cuTensorMapEncodeTiled failed with CUDA error %d", err);
+        return -1;
+    }
+    *rank_out = rank;
+    return 0;
+}
+
+/* make(function, grid, block, shared, codes, values, npointers, nargs[, specs]) -> Launch
+ * codes: one char per parameter of the kernel in order ('x' for a constexpr, which has none; 'T' for a host
+ * TMA descriptor, which is a 128-byte map and then its shape (i32) and strides (i64) as parameters);
+ * values: as many Python values (pointers among them as ints or None, descriptors as objects with base,
+ * shape and strides); the first npointers are the open pointers (a launch passes them), the nargs after
+ * them the scalars run_with may replace (descriptors there stay as made); specs: one per 'T', in order
+ * (encode_map). Two scratch pointers follow the parameters. */
 static PyObject *make(PyObject *self, PyObject *args) {
     unsigned long long function;
     unsigned gx, gy, gz, block, shared;
     const char *codes;
     Py_ssize_t ncodes, npointers, nargs;
-    PyObject *values;
-    if (!PyArg_ParseTuple(args, "K(III)IIs#O!nn", &function, &gx, &gy, &gz, &block, &shared, &codes, &ncodes,
-                          &PyTuple_Type, &values, &npointers, &nargs))
+    PyObject *values, *specs = NULL;
+    if (!PyArg_ParseTuple(args, "K(III)IIs#O!nn|O!", &function, &gx, &gy, &gz, &block, &shared, &codes, &ncodes,
+                          &PyTuple_Type, &values, &npointers, &nargs, &PyTuple_Type, &specs))
         return NULL;
+    if (specs == NULL) specs = empty_tuple;
     if (PyTuple_GET_SIZE(values) != ncodes || npointers + nargs > ncodes || npointers < 0 || nargs < 0) {
         PyErr_SetString(PyExc_ValueError, "make: codes, values, npointers and nargs disagree");
         return NULL;
@@ -143,9 +232,28 @@ static PyObject *make(PyObject *self, PyObject *args) {
     L->block = block; L->shared = shared;
     L->npointers = npointers; L->nargs = nargs;
     L->blob = NULL; L->bound = NULL; L->params = NULL; L->pointer_offsets = NULL; L->arg_offsets = NULL; L->arg_codes = NULL;
+    L->nmaps = 0; L->maps = NULL; L->map_addresses = NULL; L->pointer_maps = NULL;
     Py_ssize_t nparams = 2;
     for (Py_ssize_t i = 0; i < ncodes; i++) {
         if (codes[i] == 'x') continue;
+        if (codes[i] == 'T') {
+            if (L->nmaps >= PyTuple_GET_SIZE(specs)) {
+                PyErr_SetString(PyExc_ValueError, "make: fewer specs than tensor descriptors");
+                Py_DECREF(L);
+                return NULL;
+            }
+            Py_ssize_t rank = PyTuple_Check(PyTuple_GET_ITEM(specs, L->nmaps))
+                ? PySequence_Size(PyTuple_GetItem(PyTuple_GET_ITEM(specs, L->nmaps), 3)) : -1;
+            if (rank < 1 || rank > 5) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "make: a descriptor's spec needs a block shape of rank 1 to 5");
+                Py_DECREF(L);
+                return NULL;
+            }
+            nparams += 1 + 2 * rank;
+            L->nmaps++;
+            continue;
+        }
         if (code_size(codes[i]) == 0) {
             PyErr_Format(PyExc_ValueError, "make: unknown parameter code %c", codes[i]);
             Py_DECREF(L);
@@ -153,23 +261,55 @@ static PyObject *make(PyObject *self, PyObject *args) {
         }
         nparams++;
     }
+    if (L->nmaps && (cu_map_encode == NULL || cu_map_replace == NULL)) {
+        PyErr_SetString(PyExc_RuntimeError, "diyflash C launcher: no cuTensorMapEncodeTiled here (load() first)");
+        Py_DECREF(L);
+        return NULL;
+    }
     L->nparams = nparams;
     L->blob = PyMem_Calloc(nparams, 8);
     L->params = PyMem_Calloc(nparams, sizeof(void *));
     L->pointer_offsets = PyMem_Calloc(npointers + 1, sizeof(Py_ssize_t));
+    L->pointer_maps = PyMem_Calloc(npointers + 1, sizeof(Py_ssize_t));
     L->arg_offsets = PyMem_Calloc(nargs + 1, sizeof(Py_ssize_t));
     L->arg_codes = PyMem_Calloc(nargs + 1, 1);
-    if (!L->blob || !L->params || !L->pointer_offsets || !L->arg_offsets || !L->arg_codes) {
+    L->map_addresses = PyMem_Calloc(L->nmaps + 1, sizeof(uint64_t));
+    if (L->nmaps && posix_memalign((void **)&L->maps, 64, L->nmaps * sizeof(TensorMap)) != 0) L->maps = NULL;
+    if (!L->blob || !L->params || !L->pointer_offsets || !L->pointer_maps || !L->arg_offsets || !L->arg_codes
+            || !L->map_addresses || (L->nmaps && !L->maps)) {
         Py_DECREF(L);
         return PyErr_NoMemory();
     }
-    Py_ssize_t p = 0;
+    Py_ssize_t p = 0, m = 0;
     for (Py_ssize_t i = 0; i < ncodes; i++) {
         char code = codes[i];
-        Py_ssize_t offset = code == 'x' ? -1 : 8 * p;
-        if (i < npointers) L->pointer_offsets[i] = offset;
+        Py_ssize_t offset = code == 'x' || code == 'T' ? -1 : 8 * p;
+        if (i < npointers) { L->pointer_offsets[i] = offset; L->pointer_maps[i] = code == 'T' ? m : -1; }
         else if (i < npointers + nargs) { L->arg_offsets[i - npointers] = offset; L->arg_codes[i - npointers] = code; }
         if (code == 'x') continue;
+        if (code == 'T') {
+            long long shape[5], strides[5];
+            Py_ssize_t rank;
+            if (encode_map(&L->maps[m], PyTuple_GET_ITEM(specs, m), PyTuple_GET_ITEM(values, i), &L->map_addresses[m],
+                           shape, strides, &rank)) {
+                Py_DECREF(L);
+                return NULL;
+            }
+            L->params[p++] = &L->maps[m++];
+            for (Py_ssize_t d = 0; d < rank; d++) {
+                int32_t x = (int32_t)shape[d];
+                memcpy(L->blob + 8 * p, &x, 4);
+                L->params[p] = L->blob + 8 * p;
+                p++;
+            }
+            for (Py_ssize_t d = 0; d < rank; d++) {
+                int64_t x = (int64_t)strides[d];
+                memcpy(L->blob + 8 * p, &x, 8);
+                L->params[p] = L->blob + 8 * p;
+                p++;
+            }
+            continue;
+        }
         if (pack(code, PyTuple_GET_ITEM(values, i), L->blob + offset)) { Py_DECREF(L); return NULL; }
         L->params[p] = L->blob + offset;
         p++;
@@ -189,6 +329,21 @@ static int write_pointers(Launch *L, PyObject *const *pointers, Py_ssize_t n) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t map = L->pointer_maps[i];
+        if (map >= 0) { /* a host TMA descriptor of the launch's shape: only its address may differ */
+            uint64_t address;
+            if (descriptor_address(pointers[i], &address)) return -1;
+            if (address != L->map_addresses[map]) {
+                CUresult err = cu_map_replace(&L->maps[map], (void *)(uintptr_t)address);
+                if (err != 0) {
+                    PyErr_Format(PyExc_RuntimeError,
+                                 "diyflash C launcher: cuTensorMapReplaceAddress failed with CUDA error %d", err);
+                    return -1;
+                }
+                L->map_addresses[map] = address;
+            }
+            continue;
+        }
         Py_ssize_t offset = L->pointer_offsets[i];
         if (offset < 0) continue;
         uint64_t ptr;
@@ -330,6 +485,11 @@ static PyObject *packed(PyObject *self, PyObject *arg) {
     return PyBytes_FromStringAndSize(L->blob, 8 * L->nparams);
 }
 
+/* tma() -> whether launches may take host TMA descriptors ('T': libcuda has the tensor-map entry points) */
+static PyObject *tma(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(cu_map_encode != NULL && cu_map_replace != NULL);
+}
+
 /* load() -> whether libcuda and its three entry points were found */
 static PyObject *load(PyObject *self, PyObject *unused) {
     if (cu_launch != NULL) Py_RETURN_TRUE;
@@ -338,6 +498,8 @@ static PyObject *load(PyObject *self, PyObject *unused) {
     launch_fn l = (launch_fn)dlsym(lib, "cuLaunchKernel");
     ctx_fn c = (ctx_fn)dlsym(lib, "cuCtxGetCurrent");
     cu_error_string = (error_fn)dlsym(lib, "cuGetErrorString");
+    cu_map_encode = (encode_fn)dlsym(lib, "cuTensorMapEncodeTiled"); /* optional: 'T' codes need them */
+    cu_map_replace = (replace_fn)dlsym(lib, "cuTensorMapReplaceAddress");
     if (l == NULL || c == NULL) Py_RETURN_FALSE;
     cu_ctx_get_current = c;
     cu_launch = l;
@@ -354,7 +516,8 @@ static PyTypeObject LaunchType = {
 };
 
 static PyMethodDef methods[] = {
-    {"make", make, METH_VARARGS, "make(function, grid, block, shared, codes, values, npointers, nargs) -> Launch"},
+    {"make", make, METH_VARARGS,
+     "make(function, grid, block, shared, codes, values, npointers, nargs[, specs]) -> Launch"},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "launch(L, stream, scratch, *pointers) -> bool"},
     {"launch_with", (PyCFunction)(void (*)(void))launch_with, METH_FASTCALL,
      "launch_with(L, stream, scratch, pointers, values) -> bool"},
@@ -362,6 +525,7 @@ static PyMethodDef methods[] = {
      "launch_seq(stream, scratch, values, L, at, scratch?, ...) -> int: launched"},
     {"packed", packed, METH_O, "packed(L) -> bytes"},
     {"load", load, METH_NOARGS, "load() -> bool: libcuda found"},
+    {"tma", tma, METH_NOARGS, "tma() -> bool: host TMA descriptors can be launched"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -370,6 +534,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "diyflash_claunch", N
 PyMODINIT_FUNC PyInit_diyflash_claunch(void) {
     if (PyType_Ready(&LaunchType) < 0) return NULL;
     data_ptr_name = PyUnicode_InternFromString("data_ptr");
-    if (data_ptr_name == NULL) return NULL;
+    empty_tuple = PyTuple_New(0);
+    if (data_ptr_name == NULL || empty_tuple == NULL) return NULL;
     return PyModule_Create(&module);
 }

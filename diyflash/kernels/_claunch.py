@@ -10,9 +10,12 @@ The C source is compiled at first use with the system compiler, through Triton's
 builds its launchers: its cache directory, no CUDA toolkit; libcuda is opened at run time). Where no
 compiler is found, the build fails, libcuda is missing, or DIYFLASH_C_LAUNCHER=0 (read when diyflash is
 imported), `module()` is None and every launch goes through Triton's launcher: the pure-Python path, with
-the same results. A kernel whose parameters this launcher does not pack (tensor descriptors built on the
-host, clusters, cooperative or PDL launches, a profiler's scratch) keeps Triton's launcher too (`make`
-returns None).
+the same results. A host TMA descriptor (the Hopper kernels' q, k, v, ...) is encoded into its tensor map
+once, when the launch is made (cuTensorMapEncodeTiled with what Triton's launcher encodes at every launch),
+and a launch passing another tensor of the same shape only replaces the map's address
+(cuTensorMapReplaceAddress). A kernel whose parameters this launcher does not pack (descriptors the kernel
+reads as pointers, fp4-padded ones, clusters, cooperative or PDL launches, a profiler's scratch) keeps
+Triton's launcher too (`make` returns None).
 """
 
 from __future__ import annotations
@@ -64,24 +67,51 @@ def build():
 
 def codes(compiled) -> str | None:
     """The C launcher's parameter codes for a compiled kernel, one per argument in order ('p' a pointer,
-    'x' a constexpr), or None where it does not pack this kernel's launch (see the module's docstring)."""
+    'x' a constexpr, 'T' a host TMA descriptor that the kernel reads as a tensor map), or None where it does
+    not pack this kernel's launch (see the module's docstring)."""
     try:
         signature = list(compiled.src.signature.values())
         meta = compiled.metadata
         if (getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False)
                 or getattr(meta, "launch_pdl", False) or getattr(meta, "profile_scratch_size", 0)):
             return None
+        maps = list(getattr(meta, "tensordesc_meta", None) or ())
     except AttributeError:  # a Triton whose compiled kernels look different
         return None
     out = []
     for ty in signature:
         if not isinstance(ty, str):
             return None  # a tuple argument
+        if ty.startswith("tensordesc"):
+            spec = maps.pop(0) if maps else None
+            if not isinstance(spec, dict) or spec.get("fp4_padded") or not _maps_here():
+                return None  # lowered to a pointer, shape and strides; fp4 padding; no tensor-map entry points
+            out.append("T")
+            continue
         code = "p" if ty.startswith("*") else _CODES.get(ty)
         if code is None:
-            return None  # tensor descriptors, ...
+            return None
         out.append(code)
     return "".join(out)
+
+
+def _maps_here() -> bool:
+    mod = module()
+    return mod is not None and mod.tma()
+
+
+# Triton's element types of a tensor map (the device's numbering) -> the host enum cuTensorMapEncodeTiled takes
+# (Triton's launcher translates them alike, TMA_DTYPE_DEVICE_TO_HOST)
+_MAP_TYPES = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
+
+
+def map_specs(compiled, kinds: str, values: tuple) -> tuple:
+    """What the C launcher encodes each host TMA descriptor ('T') of a launch with, as Triton's launcher calls
+    fill_tma_descriptor: (swizzle, element size, host element type, block shape, 1 for NaN padding)."""
+    maps = iter(compiled.metadata.tensordesc_meta)
+    return tuple((spec["swizzle"], spec["elem_size"], _MAP_TYPES[spec["elem_type"]], tuple(spec["block_size"]),
+                  int(getattr(value, "padding", "zero") == "nan"))
+                 for spec, value in ((next(maps), value) for code, value in zip(kinds, values) if code == "T"))
 
 
 def make(compiled, grid: tuple, values: tuple, npointers: int, nargs: int):
@@ -96,8 +126,14 @@ def make(compiled, grid: tuple, values: tuple, npointers: int, nargs: int):
         return None
     meta = compiled.metadata
     g0, g1, g2 = (*grid, 1, 1)[:3]
-    return mod.make(compiled.function, (g0, g1, g2), 32 * meta.num_warps, meta.shared, kinds, tuple(values),
-                    npointers, nargs)
+    if "T" not in kinds:
+        return mod.make(compiled.function, (g0, g1, g2), 32 * meta.num_warps, meta.shared, kinds, tuple(values),
+                        npointers, nargs)
+    try:  # a descriptor the driver will not encode here (it says why to Triton's launcher, which then runs it)
+        return mod.make(compiled.function, (g0, g1, g2), 32 * meta.num_warps, meta.shared, kinds, tuple(values),
+                        npointers, nargs, map_specs(compiled, kinds, values))
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def scratch_bytes(compiled, grid: tuple) -> int:
