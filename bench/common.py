@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import statistics
 import sys
@@ -64,7 +65,9 @@ def provenance() -> dict:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.orig_argv[1:]]),
+        # the DIYFLASH_* settings a run was made under, as a shell would set them
+        "command": " ".join([*(f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("DIYFLASH_")),
+                             "python", *sys.orig_argv[1:]]),
     }
 
 
