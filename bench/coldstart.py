@@ -192,13 +192,15 @@ def readme_table(rows: list[dict]) -> str:
     """The cold-start table (docs/performance.md): one line per case, cold and warm side by side."""
     by = {(r["case"], r["cache"]): r for r in rows}
     cases = list(dict.fromkeys(r["case"] for r in rows))
+    runs = len({r.get("run") for r in rows}) > 1  # rows of several runs (machines): each line says its run
     fmt = lambda r, k: f"{r[k]:.1f} s" if r and r.get(k) is not None else "-"  # noqa: E731
-    lines = ["| case | cold: process | cold: first call | warm: process | warm: first call |",
-             "|---|---|---|---|---|"]
+    lines = ["| case | cold: process | cold: first call | warm: process | warm: first call |" + (" run |" if runs else ""),
+             "|---|---|---|---|---|" + ("---|" if runs else "")]
     for case in cases:
         cold, warm = by.get((case, "cold")), by.get((case, "warm"))
+        run = f" {(cold or warm).get('run', '-')} |" if runs else ""
         lines.append(f"| {case} | {fmt(cold, 'process_s')} | {fmt(cold, 'first_call_s')} | "
-                     f"{fmt(warm, 'process_s')} | {fmt(warm, 'first_call_s')} |")
+                     f"{fmt(warm, 'process_s')} | {fmt(warm, 'first_call_s')} |{run}")
     return "\n".join(lines)
 
 
