@@ -126,12 +126,12 @@ def make(compiled, grid: tuple, values: tuple, npointers: int, nargs: int):
         return None
     meta = compiled.metadata
     g0, g1, g2 = (*grid, 1, 1)[:3]
+    params = (compiled.function, (g0, g1, g2), 32 * meta.num_warps, meta.shared, kinds, tuple(values), npointers,
+              nargs)
     if "T" not in kinds:
-        return mod.make(compiled.function, (g0, g1, g2), 32 * meta.num_warps, meta.shared, kinds, tuple(values),
-                        npointers, nargs)
+        return mod.make(*params)
     try:  # a descriptor the driver will not encode here (it says why to Triton's launcher, which then runs it)
-        return mod.make(compiled.function, (g0, g1, g2), 32 * meta.num_warps, meta.shared, kinds, tuple(values),
-                        npointers, nargs, map_specs(compiled, kinds, values))
+        return mod.make(*params, map_specs(compiled, kinds, values))
     except (RuntimeError, ValueError, TypeError, KeyError, AttributeError):
         return None
 

@@ -218,13 +218,19 @@ class DirectLauncher:
             compiled = compiled.result()
         if PLAIN or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata", "launch_metadata")):
             return  # DIYFLASH_PLAIN=1, the interpreter, or a Triton whose compiled kernels look different: JIT every time
-        names = self.kernel.arg_names[len(args):]
-        if any(name not in meta for name in names):
+        names = self._meta_names(args, meta)
+        if names is None:
             return  # a defaulted parameter: the JIT fills it in, so keep going through the JIT
         if self._driver is None:
             self._driver = active_driver()
         signature = self._signature(self._driver[0](), args, meta)
-        remember(self._compiled, signature, (compiled, tuple(names)), MAX_SIGNATURES)
+        remember(self._compiled, signature, (compiled, names), MAX_SIGNATURES)
+
+    def _meta_names(self, args, meta) -> tuple | None:
+        """The kernel's parameters after the positional args, in order, where meta names each of them; None
+        where one is left to its default (the JIT fills it in)."""
+        names = tuple(self.kernel.arg_names[len(args):])
+        return names if all(name in meta for name in names) else None
 
     def _c_first_launch(self, grid, args, meta):
         """A signature's first launch through the C launcher where it packs the kernel: compiled by the JIT
@@ -233,8 +239,8 @@ class DirectLauncher:
         kernel = self.kernel
         if PLAIN or kernel.pre_run_hooks or not _c_on() or c_launcher() is None:
             return None
-        names = kernel.arg_names[len(args):]
-        if any(name not in meta for name in names):
+        names = self._meta_names(args, meta)
+        if names is None:
             return None
         compiled = kernel.warmup(*args, grid=grid, **meta)
         if hasattr(compiled, "result"):
