@@ -204,6 +204,12 @@ static int encode_map(TensorMap *map, PyObject *spec, PyObject *desc, uint64_t *
     return 0;
 }
 
+/* a descriptor's shape or stride value in parameter slot p of the blob (size bytes of its 8) */
+static void put_slot(Launch *L, Py_ssize_t p, const void *value, size_t size) {
+    memcpy(L->blob + 8 * p, value, size);
+    L->params[p] = L->blob + 8 * p;
+}
+
 /* make(function, grid, block, shared, codes, values, npointers, nargs[, specs]) -> Launch
  * codes: one char per parameter of the kernel in order ('x' for a constexpr, which has none; 'T' for a host
  * TMA descriptor, which is a 128-byte map and then its shape (i32) and strides (i64) as parameters);
@@ -298,15 +304,11 @@ static PyObject *make(PyObject *self, PyObject *args) {
             L->params[p++] = &L->maps[m++];
             for (Py_ssize_t d = 0; d < rank; d++) {
                 int32_t x = (int32_t)shape[d];
-                memcpy(L->blob + 8 * p, &x, 4);
-                L->params[p] = L->blob + 8 * p;
-                p++;
+                put_slot(L, p++, &x, 4);
             }
             for (Py_ssize_t d = 0; d < rank; d++) {
                 int64_t x = (int64_t)strides[d];
-                memcpy(L->blob + 8 * p, &x, 8);
-                L->params[p] = L->blob + 8 * p;
-                p++;
+                put_slot(L, p++, &x, 8);
             }
             continue;
         }
