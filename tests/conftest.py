@@ -37,6 +37,18 @@ if DEVICE == "cuda" and not torch.cuda.is_available():
     raise RuntimeError("DIYFLASH_TEST_DEVICE=cuda but torch.cuda.is_available() is False")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def c_plans_built():
+    """On the GPU, the C++ replay of plans (kernels/_cplan.py) is built before the first test, so that every
+    test meets the replay it would meet in a long-running process (its build otherwise runs in the background
+    and would switch replays over at a time that depends on the compiler's speed)."""
+    if DEVICE == "cuda":
+        from diyflash.kernels import _cplan
+
+        _cplan.ready(timeout=600)
+    yield
+
+
 @pytest.fixture
 def device() -> torch.device:
     return torch.device(DEVICE)

@@ -325,32 +325,42 @@ static PyObject *make(PyObject *self, PyObject *args) {
     return (PyObject *)L;
 }
 
+/* pointer i of a launch at this address: a plain pointer's slot, or a host TMA descriptor's map (of the launch's
+ * shape: only its address may differ, and is replaced where it does) */
+static int put_pointer(Launch *L, Py_ssize_t i, uint64_t address) {
+    Py_ssize_t map = L->pointer_maps[i];
+    if (map >= 0) {
+        if (address != L->map_addresses[map]) {
+            CUresult err = cu_map_replace(&L->maps[map], (void *)(uintptr_t)address);
+            if (err != 0) {
+                PyErr_Format(PyExc_RuntimeError, "diyflash C launcher: cuTensorMapReplaceAddress failed with CUDA error %d",
+                             err);
+                return -1;
+            }
+            L->map_addresses[map] = address;
+        }
+        return 0;
+    }
+    Py_ssize_t offset = L->pointer_offsets[i];
+    if (offset >= 0) memcpy(L->blob + offset, &address, 8);
+    return 0;
+}
+
 static int write_pointers(Launch *L, PyObject *const *pointers, Py_ssize_t n) {
     if (n != L->npointers) {
         PyErr_Format(PyExc_TypeError, "launch: %zd pointers given, the launch takes %zd", n, L->npointers);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t map = L->pointer_maps[i];
-        if (map >= 0) { /* a host TMA descriptor of the launch's shape: only its address may differ */
-            uint64_t address;
+        uint64_t address;
+        if (L->pointer_maps[i] >= 0) {
             if (descriptor_address(pointers[i], &address)) return -1;
-            if (address != L->map_addresses[map]) {
-                CUresult err = cu_map_replace(&L->maps[map], (void *)(uintptr_t)address);
-                if (err != 0) {
-                    PyErr_Format(PyExc_RuntimeError,
-                                 "diyflash C launcher: cuTensorMapReplaceAddress failed with CUDA error %d", err);
-                    return -1;
-                }
-                L->map_addresses[map] = address;
-            }
-            continue;
+        } else if (L->pointer_offsets[i] < 0) {
+            continue; /* no parameter (a constexpr) */
+        } else if (pointer_value(pointers[i], &address)) {
+            return -1;
         }
-        Py_ssize_t offset = L->pointer_offsets[i];
-        if (offset < 0) continue;
-        uint64_t ptr;
-        if (pointer_value(pointers[i], &ptr)) return -1;
-        memcpy(L->blob + offset, &ptr, 8);
+        if (put_pointer(L, i, address)) return -1;
     }
     return 0;
 }
@@ -364,9 +374,7 @@ static int write_scratch(Launch *L, PyObject *scratch) {
 
 /* 1: launched; 0: no current CUDA context on this thread (nothing launched: the caller goes through
  * Triton's launcher, which makes one current); -1: an error is set */
-static int fire(Launch *L, PyObject *stream_obj) {
-    uint64_t stream;
-    if (pointer_value(stream_obj, &stream)) return -1;
+static int fire_on(Launch *L, uint64_t stream) {
     if (L->grid[0] == 0 || L->grid[1] == 0 || L->grid[2] == 0) return 1; /* an empty grid launches nothing */
     if (cu_launch == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "diyflash C launcher: libcuda not loaded (load() first)");
@@ -388,6 +396,43 @@ static int fire(Launch *L, PyObject *stream_obj) {
     }
     return 1;
 }
+
+static int fire(Launch *L, PyObject *stream_obj) {
+    uint64_t stream;
+    if (pointer_value(stream_obj, &stream)) return -1;
+    return fire_on(L, stream);
+}
+
+/* For C callers (diyflash's C++ plans, _cplan.cpp), through the capsule diyflash_claunch._C_API; the GIL held.
+ * launch_raw: a Launch with its open pointers as addresses (a descriptor's: its tensor's) and the global
+ * scratch's, as launch() fires it (1, 0 or -1 with an error set); context: whether a CUDA context is current. */
+static int launch_raw(PyObject *obj, uint64_t stream, uint64_t scratch, const uint64_t *pointers, Py_ssize_t n) {
+    if (Py_TYPE(obj) != &LaunchType) {
+        PyErr_SetString(PyExc_TypeError, "launch_raw: not a Launch");
+        return -1;
+    }
+    Launch *L = (Launch *)obj;
+    if (n != L->npointers) {
+        PyErr_Format(PyExc_TypeError, "launch_raw: %zd pointers given, the launch takes %zd", n, L->npointers);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (put_pointer(L, i, pointers[i])) return -1;
+    memcpy(L->blob + L->scratch_offset, &scratch, 8);
+    return fire_on(L, stream);
+}
+
+static int context_current(void) {
+    CUcontext ctx = NULL;
+    return cu_ctx_get_current != NULL && cu_ctx_get_current(&ctx) == 0 && ctx != NULL;
+}
+
+typedef struct {
+    int version; /* 1 */
+    int (*launch_raw)(PyObject *, uint64_t, uint64_t, const uint64_t *, Py_ssize_t);
+    int (*context_current)(void);
+} ClaunchAPI;
+static ClaunchAPI c_api = {1, launch_raw, context_current};
 
 /* launch(L, stream, scratch, *pointers) -> True (launched) or False (no current context: nothing ran) */
 static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -538,5 +583,13 @@ PyMODINIT_FUNC PyInit_diyflash_claunch(void) {
     data_ptr_name = PyUnicode_InternFromString("data_ptr");
     empty_tuple = PyTuple_New(0);
     if (data_ptr_name == NULL || empty_tuple == NULL) return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    PyObject *capsule = PyCapsule_New(&c_api, "diyflash_claunch._C_API", NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

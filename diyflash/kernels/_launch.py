@@ -354,6 +354,7 @@ class Sequence(NamedTuple):
     in the call's env in one C call (`values`), each launch with the indices of its pointers among them."""
 
     values: Callable[[dict], tuple]  # env -> the pointer values, in the order of `names`
+    names: tuple  # the env entries the launches read, each once
     tail: tuple  # (packed launch, indices of its pointers in values, whether it gets the scratch), flattened
     bounds: tuple  # the BoundLaunches, in order
     kernels: tuple  # their JIT kernels (a pre-run hook added since binding sends the plan through the JIT)
@@ -379,8 +380,19 @@ def sequence(bounds, pointer_names) -> Sequence | None:
         values = operator.itemgetter(*names)
     else:  # (itemgetter of one name returns the value, not a tuple; of none it cannot be made)
         values = lambda env: tuple(env[name] for name in names)  # noqa: E731
-    return Sequence(values, tuple(tail), tuple(bounds), tuple(b.launcher.kernel for b in bounds),
+    return Sequence(values, tuple(names), tuple(tail), tuple(bounds), tuple(b.launcher.kernel for b in bounds),
                     max(b.scratch for b in bounds), max(b.align for b in bounds))
+
+
+def c_sequence_ok(seq: Sequence) -> bool:
+    """Whether a Sequence may run as one C call now (run_bound's condition): the C launcher on, no launch hook
+    set, and no pre-run hook added to its kernels since they were bound."""
+    if not _c_on():
+        return False
+    for kernel in seq.kernels:
+        if kernel.pre_run_hooks:
+            return False
+    return True
 
 
 def run_bound(launches, env, args: list[tuple] | None = None, seq: Sequence | None = None) -> None:
@@ -390,20 +402,16 @@ def run_bound(launches, env, args: list[tuple] | None = None, seq: Sequence | No
     global scratch are looked up once for all of them (the launches of one stream run one after another, so
     one scratch buffer, the largest they need, serves each in turn), and with `seq` (the launches' Sequence)
     and no args they are one C call; else each launch decides alone."""
-    if seq is not None and args is None and _c_on():
-        for kernel in seq.kernels:
-            if kernel.pre_run_hooks:
-                break
-        else:
-            first = seq.bounds[0]
-            stream = first.launcher._driver[1](first.device)
-            scratch = _allocation._allocator.get()(seq.need, seq.align, stream) if seq.need else None
-            done = _c_fire_seq(c_launcher(), stream, scratch, seq.values(env), seq.tail)
-            for bound in seq.bounds[:done]:
-                bound.launcher.direct_launches += 1
-            if done < len(seq.bounds):  # no current context on this thread: Triton's launcher makes one
-                _each(launches[done:], env, None)
-            return
+    if seq is not None and args is None and c_sequence_ok(seq):
+        first = seq.bounds[0]
+        stream = first.launcher._driver[1](first.device)
+        scratch = _allocation._allocator.get()(seq.need, seq.align, stream) if seq.need else None
+        done = _c_fire_seq(c_launcher(), stream, scratch, seq.values(env), seq.tail)
+        for bound in seq.bounds[:done]:
+            bound.launcher.direct_launches += 1
+        if done < len(seq.bounds):  # no current context on this thread: Triton's launcher makes one
+            _each(launches[done:], env, None)
+        return
     if (not _c_on() or not all(bound.packed is not None and not bound.launcher.kernel.pre_run_hooks
                                for bound, _ in launches)
             or (args is not None and not all(len(a) == len(b.args) for (b, _), a in zip(launches, args)))):

@@ -7,11 +7,12 @@ from threading import get_ident
 
 import torch
 
-from .._launch import current_stream, runtime_key
+from .._cplan import module as cplan_module, reason as cplan_reason
+from .._launch import c_sequence_ok, current_stream, runtime_key
 from .._runtime import PLAIN, remember
 from ..contract import empty_out, variant
 from .launch import PLANS, decode_route, heads_of, one_pass_of, plan_key
-from .plans import Plan, aligned, replay, replayable_here, scratch_buffers
+from .plans import Plan, aligned, program_of, replay, replayable_here, scratch_buffers
 
 
 # Row statistics that only the call's own launches read (an lse no caller reads: a call without autograd
@@ -48,6 +49,25 @@ def _keeps(q: torch.Tensor) -> dict | None:
     return {} if q.numel() // max(q.shape[-1], 1) <= KEEP_ROWS_MAX and not PLAIN else None
 
 
+# What a fast replay's C++ call allocates (_cplan.program: "like" an input, its "rows" in fp32) and the env
+# entries that are None
+_FORWARD_ALLOCS = {"out": ("like", "q"), "lse": ("rows", "q"), "seq_lens": None, "cu_k": None, "alibi": None,
+                   "sinks": None}
+_BACKWARD_ALLOCS_NO_ROWS = {"dq": ("like", "q"), "dk": ("like", "k"), "dv": ("like", "v"), "dlse": None,
+                            "seq_lens": None, "cu_k": None, "alibi": None, "dq_acc": None}
+_BACKWARD_ALLOCS = {**_BACKWARD_ALLOCS_NO_ROWS, "delta": ("rows", "q"), "lse2": ("rows", "q")}
+
+
+def _program(plan: Plan, env: dict, inputs: tuple, allocs: dict | None, returned: tuple):
+    """The plan's C++ call after a replay of env from Python (plans.program_of); None while the C++ module is
+    still being built (the next replay asks again), False where there will be none."""
+    if allocs is None:
+        return False
+    if cplan_module() is None:
+        return False if cplan_reason() is not None else None
+    return program_of(plan, env, inputs, allocs, returned) or False
+
+
 class FastForward:
     """A dense forward's plan, held by the caller that keys it on its own arguments (ops/attention_fast.py:
     the API's fast path): calling it with tensors of the layout the plan was made for allocates out and lse
@@ -56,22 +76,32 @@ class FastForward:
     unaligned output), which the caller answers by the ordinary path. need_lse=False: the caller does not
     read lse, which may then be a kept buffer (KEEP_ROWS_MAX)."""
 
-    __slots__ = ("plan", "dv", "device", "runtime", "backwards", "kept")
+    __slots__ = ("plan", "dv", "device", "runtime", "backwards", "kept", "program")
 
     def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple, kept: dict | None = None):
         self.plan, self.dv, self.device, self.runtime = plan, dv, device, runtime
         self.backwards: dict = {}  # the caller's: its FastBackwards by dout's layout
         self.kept = kept  # (stream, thread, slot) -> buffer (_rows), or None: nothing kept (_keeps)
+        self.program = None  # the plan as one C++ call (_program), False where it cannot be one
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
         if not replayable_here(self.device, self.runtime):
             return None
+        program = self.program
+        if program and c_sequence_ok(self.plan.seq):
+            result = program(current_stream(self.device), (q, k, v))
+            if result is not None:
+                return result
         out = empty_out(q, self.dv)
         (lse,) = _rows(None if need_lse else self.kept, self.device, q, _LSE)
         if not aligned(out, lse):
             return None
-        replay(self.plan, {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None,
-                           "alibi": None, "sinks": None})
+        env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None, "alibi": None,
+               "sinks": None}
+        replay(self.plan, env)
+        if program is None:
+            self.program = _program(self.plan, env, ("q", "k", "v"), _FORWARD_ALLOCS if self.dv == q.shape[-1]
+                                    else None, ("out", "lse"))
         return out, lse
 
 
@@ -103,17 +133,23 @@ class FastBackward:
     statistics (kept buffers where small: KEEP_ROWS_MAX) and replays the plan. Returns (dq, dk, dv), or None
     where the plan cannot run now."""
 
-    __slots__ = ("plan", "device", "runtime", "kept", "rows")
+    __slots__ = ("plan", "device", "runtime", "kept", "rows", "program")
 
     def __init__(self, plan: Plan, device: int, runtime: tuple, kept: dict | None = None):
         self.plan, self.device, self.runtime = plan, device, runtime
         self.kept = kept
         # delta and lse2 from here, unless the plan has its own (the Hopper backward's, padded: its scratch)
         self.rows = all(name != "delta" for name, _, _ in plan.scratch)
+        self.program = None  # as FastForward's
 
     def __call__(self, dout, q, k, v, out, lse):
         if not replayable_here(self.device, self.runtime):
             return None
+        program = self.program
+        if program and c_sequence_ok(self.plan.seq):
+            result = program(current_stream(self.device), (dout, q, k, v, out, lse))
+            if result is not None:
+                return result
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         env = {"q": q, "k": k, "v": v, "out": out, "dout": dout, "lse": lse, "dlse": None, "dq": dq, "dk": dk,
                "dv": dv, "seq_lens": None, "cu_k": None, "alibi": None, "dq_acc": None}
@@ -124,6 +160,9 @@ class FastBackward:
         if not aligned(dq, dk, dv, env["delta"], env["lse2"], *(env[name] for name, _, _ in self.plan.scratch)):
             return None
         replay(self.plan, env)
+        if program is None:
+            self.program = _program(self.plan, env, ("dout", "q", "k", "v", "out", "lse"),
+                                    _BACKWARD_ALLOCS if self.rows else _BACKWARD_ALLOCS_NO_ROWS, ("dq", "dk", "dv"))
         return dq, dk, dv
 
 

@@ -10,6 +10,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .._cplan import module as cplan_module, program as cplan_program
 from .._runtime import remember, require_triton
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
@@ -116,6 +117,29 @@ def replay(plan: Plan, env: dict) -> None:
     if plan.descs:
         env = _with_descriptors(env, plan.descs)
     run_bound(plan.launches, env, seq=plan.seq)
+
+
+def program_of(plan: Plan, env: dict, inputs: tuple[str, ...], allocs: dict, returned: tuple[str, ...]):
+    """The plan as one C++ call (_cplan.Program) for calls like this one (env: its tensors, the plan's layout),
+    or None where it cannot be one: no Sequence, the C++ module not loaded (yet), a name it cannot place, or a
+    descriptor not at its tensor's address (the C++ call passes tensors' addresses, which replace the
+    descriptors' own: _claunch.c put_pointer). inputs, allocs, returned: as _cplan.program; the plan's
+    scratch buffers are added to allocs."""
+    seq = plan.seq
+    if seq is None or cplan_module() is None:
+        return None
+    sources = {}
+    if plan.descs:
+        with_descs = _with_descriptors(env, plan.descs)
+        for spec in plan.descs:
+            name = spec[0]
+            key = name if len(spec) == 3 else "gluon_" + name
+            base = getattr(with_descs[key], "base", None)
+            if not isinstance(base, torch.Tensor) or base.data_ptr() != env[name].data_ptr():
+                return None
+            sources[key] = name
+    allocs = {**allocs, **{name: ("new", shape, dtype) for name, shape, dtype in plan.scratch}}
+    return cplan_program(seq, seq.names, inputs, allocs, returned, sources)
 
 
 def replay_with(plan: Plan, env: dict, args: list[tuple]) -> bool:
