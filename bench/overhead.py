@@ -116,8 +116,8 @@ def target_rows(prov: dict) -> list[dict]:
     """The host-cost cells of issue 47, each beside SDPA's default backend: a decode step (B1, 8k keys, GQA
     32/8 D128 bf16) with the default arguments (values checked on the device) and with validate=False, and
     flash_attention's forward and forward + backward at B1 H32 N128 D128 bf16; each diyflash call also with
-    its bound launches through Triton's launcher instead of the C launcher, and the dense ones with their plans
-    replayed from Python instead of by one C++ call (kernels/_cplan.py). In five interleaved turns."""
+    its bound launches through Triton's launcher instead of the C launcher, and with its plans replayed from
+    Python instead of by one C++ call (kernels/_cplan.py). In five interleaved turns."""
     import diyflash
 
     qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
@@ -166,8 +166,7 @@ def target_rows(prov: dict) -> list[dict]:
     for shape, calls in cells.items():
         ours = {name: fn for name, fn in calls.items() if not name.startswith("F.")}
         calls.update({f"{name} (Triton's launcher)": triton_launcher(fn) for name, fn in ours.items()})
-        if not shape.startswith("decode"):
-            calls.update({f"{name} (Python replay)": python_replay(fn) for name, fn in ours.items()})
+        calls.update({f"{name} (Python replay)": python_replay(fn) for name, fn in ours.items()})
     out = []
     print("issue 47's cells: host per call (median of 5 turns), and the ratio to SDPA's in the same run")
     for shape, calls in cells.items():

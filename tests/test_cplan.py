@@ -127,3 +127,25 @@ def test_cpp_replay_is_captured_in_a_cuda_graph(fresh_caches):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, diyflash.flash_attention(q2, k, v, causal=True))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
+@pytest.mark.parametrize("index", range(4), ids=lambda i: f"kv-case{i}")
+def test_cpp_kv_replays_are_bit_identical_to_python_replays(index, fresh_caches):
+    """A decode step of a known layout (flash_attention_with_kvcache's fast path: splits merged in the launch
+    or by the combine launch, paged, left padding, lse returned or kept) replayed by its C++ program and by
+    Python: the same bits."""
+    from diyflash.ops import attention_fast
+    from test_attention_fast import KV_CASES, _kv_inputs
+
+    if _cplan.ready() is None:
+        pytest.skip(f"the C++ replay could not be built here: {_cplan.reason()}")
+    q, kc, vc, lens, kwargs = _kv_inputs(KV_CASES[index], "cuda")
+    outs = [diyflash.flash_attention_with_kvcache(q, kc, vc, lens, **kwargs) for _ in range(3)]
+    (fast,) = [f for f in attention_fast._FAST_KV.values() if f is not None]
+    assert fast.program and isinstance(fast.program[0], _cplan.Program)
+    fast.program = False
+    outs.append(diyflash.flash_attention_with_kvcache(q, kc, vc, lens, **kwargs))
+    for out in outs[1:]:
+        for a, b in zip(out if isinstance(out, tuple) else (out,), outs[0] if isinstance(outs[0], tuple) else (outs[0],)):
+            assert a.stride() == b.stride() and torch.equal(a, b)

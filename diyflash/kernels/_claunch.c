@@ -397,6 +397,23 @@ static int fire_on(Launch *L, uint64_t stream) {
     return 1;
 }
 
+/* fire with these scalars after the pointers (a tuple of L->nargs), then the bound ones back: a plain launch
+ * runs with them */
+static int fire_with(Launch *L, uint64_t stream, PyObject *values) {
+    int fired = -1;
+    Py_ssize_t i = 0;
+    for (; i < L->nargs; i++) {
+        Py_ssize_t offset = L->arg_offsets[i];
+        if (offset >= 0 && pack(L->arg_codes[i], PyTuple_GET_ITEM(values, i), L->blob + offset)) break;
+    }
+    if (i == L->nargs) fired = fire_on(L, stream);
+    for (Py_ssize_t j = 0; j < L->nargs; j++) {
+        Py_ssize_t offset = L->arg_offsets[j];
+        if (offset >= 0) memcpy(L->blob + offset, L->bound + offset, 8);
+    }
+    return fired;
+}
+
 static int fire(Launch *L, PyObject *stream_obj) {
     uint64_t stream;
     if (pointer_value(stream_obj, &stream)) return -1;
@@ -405,8 +422,10 @@ static int fire(Launch *L, PyObject *stream_obj) {
 
 /* For C callers (diyflash's C++ plans, _cplan.cpp), through the capsule diyflash_claunch._C_API; the GIL held.
  * launch_raw: a Launch with its open pointers as addresses (a descriptor's: its tensor's) and the global
- * scratch's, as launch() fires it (1, 0 or -1 with an error set); context: whether a CUDA context is current. */
-static int launch_raw(PyObject *obj, uint64_t stream, uint64_t scratch, const uint64_t *pointers, Py_ssize_t n) {
+ * scratch's, as launch() fires it (1, 0 or -1 with an error set), and with `values` (a tuple of its nargs
+ * scalars, or NULL: the bound ones) as launch_with() does; context: whether a CUDA context is current. */
+static int launch_raw(PyObject *obj, uint64_t stream, uint64_t scratch, const uint64_t *pointers, Py_ssize_t n,
+                      PyObject *values) {
     if (Py_TYPE(obj) != &LaunchType) {
         PyErr_SetString(PyExc_TypeError, "launch_raw: not a Launch");
         return -1;
@@ -416,10 +435,14 @@ static int launch_raw(PyObject *obj, uint64_t stream, uint64_t scratch, const ui
         PyErr_Format(PyExc_TypeError, "launch_raw: %zd pointers given, the launch takes %zd", n, L->npointers);
         return -1;
     }
+    if (values != NULL && (!PyTuple_Check(values) || PyTuple_GET_SIZE(values) != L->nargs)) {
+        PyErr_Format(PyExc_TypeError, "launch_raw: the values are not a tuple of the launch's %zd", L->nargs);
+        return -1;
+    }
     for (Py_ssize_t i = 0; i < n; i++)
         if (put_pointer(L, i, pointers[i])) return -1;
     memcpy(L->blob + L->scratch_offset, &scratch, 8);
-    return fire_on(L, stream);
+    return values == NULL ? fire_on(L, stream) : fire_with(L, stream, values);
 }
 
 static int context_current(void) {
@@ -428,11 +451,11 @@ static int context_current(void) {
 }
 
 typedef struct {
-    int version; /* 1 */
-    int (*launch_raw)(PyObject *, uint64_t, uint64_t, const uint64_t *, Py_ssize_t);
+    int version; /* 2 */
+    int (*launch_raw)(PyObject *, uint64_t, uint64_t, const uint64_t *, Py_ssize_t, PyObject *);
     int (*context_current)(void);
 } ClaunchAPI;
-static ClaunchAPI c_api = {1, launch_raw, context_current};
+static ClaunchAPI c_api = {2, launch_raw, context_current};
 
 /* launch(L, stream, scratch, *pointers) -> True (launched) or False (no current context: nothing ran) */
 static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -462,17 +485,9 @@ static PyObject *launch_with(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     if (write_pointers(L, &PyTuple_GET_ITEM(args[3], 0), PyTuple_GET_SIZE(args[3])) || write_scratch(L, args[2]))
         return NULL;
-    int fired = -1;
-    Py_ssize_t i = 0;
-    for (; i < L->nargs; i++) {
-        Py_ssize_t offset = L->arg_offsets[i];
-        if (offset >= 0 && pack(L->arg_codes[i], PyTuple_GET_ITEM(values, i), L->blob + offset)) break;
-    }
-    if (i == L->nargs) fired = fire(L, args[1]);
-    for (Py_ssize_t j = 0; j < L->nargs; j++) { /* the bound scalars back: a plain launch() runs with them */
-        Py_ssize_t offset = L->arg_offsets[j];
-        if (offset >= 0) memcpy(L->blob + offset, L->bound + offset, 8);
-    }
+    uint64_t stream;
+    if (pointer_value(args[1], &stream)) return NULL;
+    int fired = fire_with(L, stream, values);
     if (fired < 0) return NULL;
     return PyBool_FromLong(fired);
 }

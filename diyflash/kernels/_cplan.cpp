@@ -12,6 +12,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -19,7 +20,7 @@ namespace {
 
 struct ClaunchAPI {
     int version;
-    int (*launch_raw)(PyObject *, uint64_t, uint64_t, const uint64_t *, Py_ssize_t);
+    int (*launch_raw)(PyObject *, uint64_t, uint64_t, const uint64_t *, Py_ssize_t, PyObject *);
     int (*context_current)();
 };
 const ClaunchAPI *api = nullptr;
@@ -34,7 +35,8 @@ struct Alloc {
 };
 
 struct Launch {
-    PyObject *launch;            /* a _claunch Launch (a reference held) */
+    PyObject *launch = nullptr;  /* a _claunch Launch (a reference held) */
+    PyObject *values = nullptr;  /* its scalars after the pointers (a tuple, a reference held), or NULL: the bound ones */
     std::vector<long long> at;   /* its pointers: values by index (>= 0 an input, < 0 allocation -1-v, NULL_VALUE null) */
     bool scratch;
 };
@@ -46,14 +48,18 @@ struct Program {
     std::vector<Py_ssize_t> returned; /* allocations returned, in order */
     int64_t need, align;              /* the global scratch: bytes of the largest launch, its alignment */
     Py_ssize_t max_pointers;
+    ~Program() { /* (the GIL held: a capsule's destructor, or make's error paths) */
+        for (auto &l : launches) {
+            Py_XDECREF(l.launch);
+            Py_XDECREF(l.values);
+        }
+    }
 };
 
 const char *CAPSULE = "diyflash_cplan.Program";
 
 void program_free(PyObject *capsule) {
     auto *p = static_cast<Program *>(PyCapsule_GetPointer(capsule, CAPSULE));
-    if (p == nullptr) return;
-    for (auto &l : p->launches) Py_XDECREF(l.launch);
     delete p;
 }
 
@@ -63,8 +69,9 @@ bool as_int(PyObject *obj, long long *out) {
 }
 
 /* make(ninputs, allocs, launches, returned, need, align) -> Program
- * allocs: ((0, i) | (1, i) | (2, shape, dtype), ...); launches: ((Launch, at, scratch?), ...) with `at` a tuple of
- * ints (>= 0: input i; < 0: allocation -1-v) or None (a null pointer); returned: allocation indices. */
+ * allocs: ((0, i) | (1, i) | (2, shape, dtype), ...); launches: ((Launch, at, scratch?[, values]), ...) with `at` a
+ * tuple of ints (>= 0: input i; < 0: allocation -1-v) or None (a null pointer), and values the scalars the launch
+ * takes after its pointers instead of its bound ones; returned: allocation indices. */
 PyObject *make(PyObject *, PyObject *args) {
     Py_ssize_t ninputs;
     PyObject *allocs, *launches, *returned;
@@ -129,8 +136,11 @@ PyObject *make(PyObject *, PyObject *args) {
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(launches); i++) {
         PyObject *spec = PyTuple_GET_ITEM(launches, i);
-        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 3 || !PyTuple_Check(PyTuple_GET_ITEM(spec, 1))) {
-            PyErr_Format(PyExc_TypeError, "make: launch %zd is not (Launch, at: tuple, scratch?: bool)", i);
+        Py_ssize_t size = PyTuple_Check(spec) ? PyTuple_GET_SIZE(spec) : 0;
+        if ((size != 3 && size != 4) || !PyTuple_Check(PyTuple_GET_ITEM(spec, 1))
+            || (size == 4 && !PyTuple_Check(PyTuple_GET_ITEM(spec, 3)))) {
+            PyErr_Format(PyExc_TypeError, "make: launch %zd is not (Launch, at: tuple, scratch?: bool[, values: tuple])",
+                         i);
             return nullptr;
         }
         Launch l;
@@ -151,6 +161,8 @@ PyObject *make(PyObject *, PyObject *args) {
         l.scratch = scratch != 0;
         l.launch = PyTuple_GET_ITEM(spec, 0);
         Py_INCREF(l.launch);
+        l.values = size == 4 ? PyTuple_GET_ITEM(spec, 3) : nullptr;
+        Py_XINCREF(l.values);
         p->max_pointers = std::max(p->max_pointers, static_cast<Py_ssize_t>(l.at.size()));
         p->launches.push_back(std::move(l));
     }
@@ -218,7 +230,7 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                             : reinterpret_cast<uintptr_t>(v >= 0 ? in[v].data_ptr() : made[-1 - v].data_ptr());
             }
             int fired = api->launch_raw(l.launch, stream, l.scratch ? scratch : 0, pointers.data(),
-                                        static_cast<Py_ssize_t>(l.at.size()));
+                                        static_cast<Py_ssize_t>(l.at.size()), l.values);
             if (fired < 0) return nullptr;
             if (fired == 0) {
                 PyErr_SetString(PyExc_RuntimeError, "diyflash_cplan: the CUDA context went away between launches");
@@ -243,8 +255,8 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
 PyObject *bind(PyObject *, PyObject *capsule) {
     auto *a = static_cast<const ClaunchAPI *>(PyCapsule_GetPointer(capsule, "diyflash_claunch._C_API"));
     if (a == nullptr) return nullptr;
-    if (a->version != 1) {
-        PyErr_Format(PyExc_RuntimeError, "diyflash_cplan: the C launcher's API is version %d, not 1", a->version);
+    if (a->version != 2) {
+        PyErr_Format(PyExc_RuntimeError, "diyflash_cplan: the C launcher's API is version %d, not 2", a->version);
         return nullptr;
     }
     api = a;

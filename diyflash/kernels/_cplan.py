@@ -161,13 +161,15 @@ class Program:
 
 
 def program(seq, names: tuple, inputs: tuple[str, ...], allocs: dict, returned: tuple[str, ...],
-            sources: dict | None = None) -> Program | None:
+            sources: dict | None = None, args: tuple | None = None) -> Program | None:
     """The Program of a plan's Sequence (`seq`, whose launches read the env entries `names`), or None where the
     module is not loaded yet or a name is neither an input, an allocation nor None-valued (`allocs` also lists
     the names whose env value is None, as None). inputs: the names passed to the call, in order. allocs: name ->
     ("like", input), ("rows", input) (fp32, the input's shape but the last), ("new", shape, dtype) or None.
-    sources: env names read through another's memory (a descriptor's name -> its tensor's; the caller checked
-    that the descriptor's address is the tensor's)."""
+    sources: env names read through another's memory (a descriptor's name -> its tensor's, the caller having
+    checked that the descriptor's address is the tensor's; a kernel's output that is the call's out). args: each
+    launch's scalars after its pointers (replay_with's), where they are not the ones the launches were bound
+    with."""
     mod = module()
     if mod is None:
         return None
@@ -193,7 +195,7 @@ def program(seq, names: tuple, inputs: tuple[str, ...], allocs: dict, returned: 
             return None
     tail = seq.tail
     launches = tuple((tail[i], tuple(index[names[j]] for j in tail[i + 1]), tail[i + 2])
-                     for i in range(0, len(tail), 3))
+                     + (() if args is None else (tuple(args[i // 3]),)) for i in range(0, len(tail), 3))
     capsule = mod.make(len(inputs), tuple(specs), launches, tuple(alloc_names.index(n) for n in returned),
                        seq.need, seq.align)
     return Program(capsule, mod.run)

@@ -7,16 +7,17 @@ from typing import NamedTuple
 
 import torch
 
+from .._cplan import module as cplan_module, reason as cplan_reason
 from .._runtime import PLAIN, device_limits, keep, remember, require_triton
 from ..attention_configs import head_dim_pad
 from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, kvcache_capacity, variant
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
-from .._launch import DirectLauncher, current_stream, int_class, cdiv, runtime_key  # noqa: E402
+from .._launch import DirectLauncher, c_sequence_ok, current_stream, int_class, cdiv, runtime_key  # noqa: E402
 from .decode import _attn_decode_combine_kernel, _attn_decode_kernel, _cache_append_kernel  # noqa: E402
 from ..value_checks import check_kvcache  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad  # noqa: E402
-from .plans import (MAX_GRID_Z, aligned, bind_plan, Launch, layout_key, replay_with,  # noqa: E402
+from .plans import (MAX_GRID_Z, aligned, bind_plan, Launch, layout_key, program_of, replay_with,  # noqa: E402
                     replayable_here, run_launches)
 
 _APPEND = DirectLauncher(_cache_append_kernel)
@@ -196,22 +197,56 @@ class FastKV:
     Returns (out, lse or None), or None where the plan cannot run now (another current device, changed JIT
     knobs, an unaligned buffer)."""
 
-    __slots__ = ("plan", "call", "dv", "need_lse", "device", "runtime")
+    __slots__ = ("plan", "call", "dv", "need_lse", "device", "runtime", "program")
 
     def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime):
         self.plan, self.call, self.dv = plan, call, dv
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
+        self.program = None  # (the plan as one C++ call, its index tensors given) where it can be; False where not
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
         if not replayable_here(self.device, self.runtime):
             return None
         keep = _keeps(q)
+        program = self.program
+        if program and keep is not None and c_sequence_ok(self.plan.seq):
+            run, indexes = program
+            tensors = (q, k_cache, v_cache,
+                       *[t for t, given in zip((cache_seqlens, block_table, cache_leftpad), indexes) if given],
+                       *_kept_inputs(q, self.call, keep, self.need_lse))
+            result = run(keep[1], tensors)
+            if result is not None:
+                return result if self.need_lse else (result[0], None)
         out, lse = _outputs(q, self.dv, self.need_lse, keep)
         env = _env(q, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, cache_leftpad, out, lse)
         env.update(_partials(q, out, lse, self.call, keep))
         if not aligned(out, lse, env["dst"], env["dst_lse"]) or not replay_with(self.plan, env, self.call.args):
             return None
+        if program is None and keep is not None:
+            self.program = self._program(q, env)
         return out, lse if self.need_lse else None
+
+    def _program(self, q, env: dict):
+        """(Program, which of cache_seqlens, block_table and cache_leftpad it takes: those given, the decode
+        route's call gives none) after a replay of env from Python, where the plan can be one C++ call (_cplan);
+        None while its module is being built, else False."""
+        if cplan_module() is None:
+            return False if cplan_reason() is not None else None
+        if self.dv != q.shape[-1]:
+            return False  # (out = empty_out's other layouts)
+        optional = ("cache_seqlens", "block_table", "leftpad")
+        indexes = tuple(env[name] is not None for name in optional)
+        inputs = ("q", "k_cache", "v_cache", *[name for name, given in zip(optional, indexes) if given],
+                  *_kept_names(self.call, self.need_lse))
+        allocs = {"out": ("like", "q"), "lse": ("rows", "q") if self.need_lse else None, "k_new": None,
+                  "v_new": None, "alibi": None, "sinks": None, **{name: None for name in optional}}
+        if not self.need_lse:
+            del allocs["lse"]  # (a kept input)
+        sources = {"dst": "out", "dst_lse": "lse", "counts": "lse"} if self.call.splits == 1 else (
+            {} if self.call.merge else {"counts": "lse"})
+        program = program_of(self.plan, env, inputs, allocs, ("out", "lse") if self.need_lse else ("out",),
+                             sources=sources, args=self.call.args)
+        return (program, indexes) if program is not None else False
 
 
 def fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal: bool, scale: float,
@@ -366,6 +401,24 @@ def _launches(q, k_cache, v_cache, call: CallLayout, env: dict, check: bool) -> 
             dict(HEAD_DIM_V=dv, HEAD_DIM_V_PAD=head_dim_pad(dv), SPLITS_PAD=_pow2(splits),
                  SINKS=env["sinks"] is not None, ROWS=rows, num_warps=4)))
     return launches
+
+
+def _kept_names(call: CallLayout, need_lse: bool) -> tuple[str, ...]:
+    """The kept buffers a FastKV's C++ call is given (_kept_inputs), by the names its launches read."""
+    names = () if need_lse else ("lse",)
+    if call.splits == 1:
+        return names
+    return names + (("dst", "dst_lse", "counts") if call.merge else ("dst", "dst_lse"))
+
+
+def _kept_inputs(q: torch.Tensor, call: CallLayout, keep: tuple, need_lse: bool) -> tuple:
+    """The kept buffers of _kept_names, as _outputs and _partials take them for an eager call (keep)."""
+    kept = () if need_lse else (_kept(q, keep, "lse", q.numel() // q.shape[-1]),)
+    if call.splits == 1:
+        return kept
+    rows = q.shape[0] * q.shape[1] * q.shape[2] * call.splits
+    kept += (_kept(q, keep, "out", rows * q.shape[-1]), _kept(q, keep, "lse partials", rows))
+    return kept + (_kept(q, keep, "counts", call.tiles, zeros=True),) if call.merge else kept
 
 
 def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: CallLayout, keep: tuple | None) -> dict:

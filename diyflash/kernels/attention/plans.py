@@ -119,16 +119,17 @@ def replay(plan: Plan, env: dict) -> None:
     run_bound(plan.launches, env, seq=plan.seq)
 
 
-def program_of(plan: Plan, env: dict, inputs: tuple[str, ...], allocs: dict, returned: tuple[str, ...]):
+def program_of(plan: Plan, env: dict, inputs: tuple[str, ...], allocs: dict, returned: tuple[str, ...],
+               sources: dict | None = None, args: tuple | None = None):
     """The plan as one C++ call (_cplan.Program) for calls like this one (env: its tensors, the plan's layout),
     or None where it cannot be one: no Sequence, the C++ module not loaded (yet), a name it cannot place, or a
     descriptor not at its tensor's address (the C++ call passes tensors' addresses, which replace the
-    descriptors' own: _claunch.c put_pointer). inputs, allocs, returned: as _cplan.program; the plan's
-    scratch buffers are added to allocs."""
+    descriptors' own: _claunch.c put_pointer). inputs, allocs, returned, sources, args: as _cplan.program;
+    the plan's scratch buffers are added to allocs."""
     seq = plan.seq
     if seq is None or cplan_module() is None:
         return None
-    sources = {}
+    sources = dict(sources or {})
     if plan.descs:
         with_descs = _with_descriptors(env, plan.descs)
         for spec in plan.descs:
@@ -139,7 +140,7 @@ def program_of(plan: Plan, env: dict, inputs: tuple[str, ...], allocs: dict, ret
                 return None
             sources[key] = name
     allocs = {**allocs, **{name: ("new", shape, dtype) for name, shape, dtype in plan.scratch}}
-    return cplan_program(seq, seq.names, inputs, allocs, returned, sources)
+    return cplan_program(seq, seq.names, inputs, allocs, returned, sources, args)
 
 
 def replay_with(plan: Plan, env: dict, args: list[tuple]) -> bool:
