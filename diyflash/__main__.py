@@ -152,14 +152,14 @@ BENCH_MATMUL = ((4096, 4096, 4096), (8192, 4096, 11008), (8192, 11008, 4096))  #
 def precompile_part(args, dtypes, head_dims, causals, n, size) -> None:
     """Compile what validation and the benchmark will launch, in parallel worker processes, unless an
     earlier run did so into the same Triton cache."""
-    from diyflash.precompile import Job, attention_parts, is_precompiled, matmul_jobs, precompile_jobs
+    from diyflash.precompile import Job, is_precompiled, matmul_jobs, precompile_jobs
 
     names = {v: k for k, v in DTYPES.items()}
     jobs = []
     if not args.skip_validate:
         if "attention" in args.parts:
-            jobs += [job for dt in dtypes for d, c, n_q, n_k in _attention_cells(head_dims, causals, n)
-                     for job in attention_parts(names[dt], (2, 2, n_q, n_k, d), c)]
+            jobs += [Job("attention", names[dt], (2, 2, n_q, n_k, d), causal=c)
+                     for dt in dtypes for d, c, n_q, n_k in _attention_cells(head_dims, causals, n)]
             jobs += [Job("attention", names[dt], (1, 4, n, n + 5, head_dims[0]), causal=True, variants=True)
                      for dt in dtypes]  # validate_variants_cell's call
         if "matmul" in args.parts:
@@ -168,8 +168,8 @@ def precompile_part(args, dtypes, head_dims, causals, n, size) -> None:
     tune = []
     if not args.skip_bench:
         if "attention" in args.parts:
-            jobs += [job for b, h, d in BENCH_ATTENTION for c in (False, True)
-                     for job in attention_parts("fp16", (b, h, args.bench_seq_len, args.bench_seq_len, d), c)]
+            jobs += [Job("attention", "fp16", (b, h, args.bench_seq_len, args.bench_seq_len, d), causal=c)
+                     for b, h, d in BENCH_ATTENTION for c in (False, True)]
         if "matmul" in args.parts:
             jobs += matmul_jobs(["fp16"], BENCH_MATMUL, autotune=True)
             tune = [("fp16", shape, False) for shape in BENCH_MATMUL]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -39,8 +38,7 @@ MAX_WORKERS = 16
 class Job:
     """One call to make once: an attention forward (and backward) or a matmul (and its gradients).
 
-    attention: shape (B, H, N_q, N_k, D), `causal`; `part` "forward" or "backward": that half of a call with a
-    backward alone (attention_parts); `variants`: the main job's cell with every variant at once
+    attention: shape (B, H, N_q, N_k, D), `causal`; `variants`: the main job's cell with every variant at once
     (utils.validation.variants_cell, built from N_q and D). matmul: shape (M, K, N), `b_transposed` (b given
     as the transpose of (N, K) storage), `autotune` (False: the untuned default tiles), or `tiles` (one tuner
     candidate's fields, forward only: compiled here, timed later by the tuner)."""
@@ -54,39 +52,26 @@ class Job:
     autotune: bool = False
     tiles: tuple | None = None
     variants: bool = False
-    part: str | None = None
 
     def label(self) -> str:
         dims = "x".join(map(str, self.shape))
         if self.kind == "attention":
             what = "every variant" if self.variants else "causal" if self.causal else "full"
-            part = (" +bwd" + (f": {self.part}" if self.part else "")) if self.backward else ""
-            return f"attention {self.dtype} {dims} {what}{part}"
+            return f"attention {self.dtype} {dims} {what}{' +bwd' if self.backward else ''}"
         what = f"tiles {self.tiles[:3]}" if self.tiles else ("autotuned" if self.autotune else "default tiles")
         return f"matmul {self.dtype} {dims}{' (b = view.mT)' if self.b_transposed else ''} {what}"
 
 
-def attention_parts(dtype: str, shape: tuple, causal: bool, backward: bool = True) -> list[Job]:
-    """A forward (and backward) call's jobs, shape (B, H, N_q, N_k, D): with the backward, the forward and the
-    backward as two jobs, so that two workers compile them side by side (the backward alone runs on out and
-    lse laid out as the forward allocates them). A call's kernels compile one after the other in a worker:
-    in the main job's cold run the fp32 D128 causal forward + backward was the longest job, 27.5 of the
-    precompile's 29 s (bench/results/mainjob_cold_log_h200.txt)."""
-    if not backward:
-        return [Job("attention", dtype, shape, causal=causal, backward=False)]
-    return [Job("attention", dtype, shape, causal=causal, part=part) for part in ("forward", "backward")]
-
-
 def attention_jobs(dtypes: Iterable[str], head_dims: Iterable[int], causal: Iterable[bool],
                    shapes: Iterable[tuple], backward: bool = True) -> list[Job]:
-    """shapes: (B, H, N) or (B, H, N_q, N_k); each call's jobs by attention_parts."""
+    """shapes: (B, H, N) or (B, H, N_q, N_k)."""
     jobs = []
     for dtype in dtypes:
         for d in head_dims:
             for c in causal:
                 for shape in shapes:
                     b, h, n_q, n_k = shape if len(shape) == 4 else (*shape, shape[-1])
-                    jobs += attention_parts(dtype, (b, h, n_q, n_k, d), c, backward)
+                    jobs.append(Job("attention", dtype, (b, h, n_q, n_k, d), causal=c, backward=backward))
     return jobs
 
 
@@ -129,21 +114,12 @@ def run_job(job: Job, device: str = "cuda") -> float:
         out = variants_call(q, k, v, sinks, kw)
         if job.backward:
             torch.autograd.grad(out, leaves, torch.randn_like(out))
-    elif job.kind == "attention" and job.part == "backward":  # out and lse's values do not matter
-        from .ops.attention import forward_outputs
-
-        b, h, n_q, n_k, d = job.shape
-        q, k, v = (torch.randn(b, h, n, d, generator=gen).to(device, dtype) for n in (n_q, n_k, n_k))
-        out, lse = forward_outputs(q, v)
-        out.copy_(q)
-        lse.fill_(math.log(n_k))
-        torch.ops.diyflash.attention_bwd(torch.randn_like(out), None, q, k, v, out, lse, job.causal, None, None)
     elif job.kind == "attention":
         b, h, n_q, n_k, d = job.shape
         need = job.backward
         q, k, v = (torch.randn(b, h, n, d, generator=gen).to(device, dtype).requires_grad_(need) for n in (n_q, n_k, n_k))
         out = diyflash.flash_attention(q, k, v, causal=job.causal)
-        if need and job.part != "forward":
+        if need:
             torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     else:
         m, k, n = job.shape

@@ -135,11 +135,7 @@ def _attention_fwd_fake(q, k, v, causal, scale, seq_lens, window_left=-1, window
                         alibi_slopes=None, sinks=None, diagonal_offset=0, deterministic=None):
     _check_qkv("attention_fwd", q, k, v, seq_lens, window_left, window_right, softcap, alibi_slopes, sinks,
                diagonal_offset)
-    return forward_outputs(q, v)
-
-
-def forward_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """attention_fwd's out and lse, allocated as its launchers allocate them (and nothing else), unfilled."""
+    # the launchers' allocation list, nothing else
     return empty_out(q, v.shape[-1]), q.new_empty(q.shape[:-1], dtype=lse_dtype(q.dtype))
 
 
