@@ -18,10 +18,12 @@ same results (tests/test_cplan.py).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -122,11 +124,29 @@ def build() -> Path:
     where.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=where) as tmp:
         built = Path(tmp) / target.name
-        result = subprocess.run(_command(cxx, SOURCE, built), capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{cxx} failed: {result.stderr.strip()[-2000:]}")
+        proc = subprocess.Popen(_command(cxx, SOURCE, built), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)  # (its own group: the driver and cc1plus stop)
+        _BUILDS.add(proc)
+        try:
+            stderr = proc.communicate()[1]
+        finally:
+            _BUILDS.discard(proc)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cxx} failed ({proc.returncode}): {stderr.strip()[-2000:]}")
         os.replace(built, target)
     return target
+
+
+_BUILDS: set = set()  # compiler processes running (a background build the process exits during is stopped)
+
+
+@atexit.register
+def _stop_builds() -> None:
+    for proc in list(_BUILDS):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _import(path: Path):
