@@ -149,3 +149,30 @@ def test_cpp_kv_replays_are_bit_identical_to_python_replays(index, fresh_caches)
     for out in outs[1:]:
         for a, b in zip(out if isinstance(out, tuple) else (out,), outs[0] if isinstance(outs[0], tuple) else (outs[0],)):
             assert a.stride() == b.stride() and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("splits, merge", [(1, False), (4, True), (4, False)])
+@pytest.mark.parametrize("need_lse", [True, False])
+def test_the_kv_program_is_given_the_buffers_python_takes(splits, merge, need_lse):
+    """A decode step's C++ call is given, by name, the kept buffers the Python replay takes (the same tensors of
+    the same store), and every partial the launches read is one of them, out or lse."""
+    from diyflash.kernels.attention import kvcache
+
+    q = torch.randn(2, 4, 1, 8)
+    call = kvcache.CallLayout(args=(), var=None, block_m=16, row_tiles=1, splits=splits, tiles=8, merge=merge,
+                              paged=False, page_size=1, n_new=0, capacity=64, num_pages=1, grows=())
+    keep = ("test", 0, 0)  # (a store of its own in kvcache._KEPT)
+    try:
+        out, lse = kvcache._outputs(q, 8, need_lse, keep)
+        python = kvcache._partials(q, out, lse, call, keep)
+        names = kvcache._kept_names(call, need_lse)
+        given = dict(zip(names, kvcache._kept_inputs(q, call, keep, need_lse)))
+        assert ("lse" in given) == (not need_lse) and (not need_lse) <= (given.get("lse") is lse)
+        for name in ("dst", "dst_lse", "counts"):
+            if name in given:
+                assert given[name] is python[name]
+            else:  # the C++ call's sources: out or lse (kvcache.FastKV._program)
+                assert python[name] is out or python[name] is lse
+    finally:
+        for key in [key for key in kvcache._KEPT if key[0] == "test"]:
+            del kvcache._KEPT[key]
