@@ -180,10 +180,10 @@ class Program:
         return self.run(self.capsule, stream, inputs) if _USE[0] else None
 
 
-def program(seq, names: tuple, inputs: tuple[str, ...], allocs: dict, returned: tuple[str, ...],
-            sources: dict | None = None, args: tuple | None = None) -> Program | None:
-    """The Program of a plan's Sequence (`seq`, whose launches read the env entries `names`), or None where the
-    module is not loaded yet or a name is neither an input, an allocation nor None-valued (`allocs` also lists
+def program(seq, inputs: tuple[str, ...], allocs: dict, returned: tuple[str, ...], sources: dict | None = None,
+            args: tuple | None = None) -> Program | None:
+    """The Program of a plan's Sequence (`seq`, whose launches read the env entries `seq.names`), or None where
+    the module is not loaded yet or a name is neither an input, an allocation nor None-valued (`allocs` also lists
     the names whose env value is None, as None). inputs: the names passed to the call, in order. allocs: name ->
     ("like", input), ("rows", input) (fp32, the input's shape but the last), ("new", shape, dtype) or None.
     sources: env names read through another's memory (a descriptor's name -> its tensor's, the caller having
@@ -202,6 +202,7 @@ def program(seq, names: tuple, inputs: tuple[str, ...], allocs: dict, returned: 
             specs.append((2, tuple(rest[0]), rest[1]))
         else:
             specs.append((0 if kind == "like" else 1, inputs.index(rest[0])))
+    names = seq.names
     index = {}
     for name in names:
         name_of = sources.get(name, name)

@@ -7,7 +7,6 @@ from threading import get_ident
 
 import torch
 
-from .._cplan import module as cplan_module, reason as cplan_reason
 from .._launch import c_sequence_ok, current_stream, runtime_key
 from .._runtime import PLAIN, remember
 from ..contract import empty_out, variant
@@ -58,16 +57,6 @@ _BACKWARD_ALLOCS_NO_ROWS = {"dq": ("like", "q"), "dk": ("like", "k"), "dv": ("li
 _BACKWARD_ALLOCS = {**_BACKWARD_ALLOCS_NO_ROWS, "delta": ("rows", "q"), "lse2": ("rows", "q")}
 
 
-def _program(plan: Plan, env: dict, inputs: tuple, allocs: dict | None, returned: tuple):
-    """The plan's C++ call after a replay of env from Python (plans.program_of); None while the C++ module is
-    still being built (the next replay asks again), False where there will be none."""
-    if allocs is None:
-        return False
-    if cplan_module() is None:
-        return False if cplan_reason() is not None else None
-    return program_of(plan, env, inputs, allocs, returned) or False
-
-
 class FastForward:
     """A dense forward's plan, held by the caller that keys it on its own arguments (ops/attention_fast.py:
     the API's fast path): calling it with tensors of the layout the plan was made for allocates out and lse
@@ -82,7 +71,7 @@ class FastForward:
         self.plan, self.dv, self.device, self.runtime = plan, dv, device, runtime
         self.backwards: dict = {}  # the caller's: its FastBackwards by dout's layout
         self.kept = kept  # (stream, thread, slot) -> buffer (_rows), or None: nothing kept (_keeps)
-        self.program = None  # the plan as one C++ call (_program), False where it cannot be one
+        self.program = None  # the plan as one C++ call (plans.program_of), False where it cannot be one
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
         if not replayable_here(self.device, self.runtime):
@@ -99,9 +88,9 @@ class FastForward:
         env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None, "alibi": None,
                "sinks": None}
         replay(self.plan, env)
-        if program is None:
-            self.program = _program(self.plan, env, ("q", "k", "v"), _FORWARD_ALLOCS if self.dv == q.shape[-1]
-                                    else None, ("out", "lse"))
+        if program is None:  # (out in empty_out's other layouts, where D_v != D: no C++ call)
+            self.program = (program_of(self.plan, env, ("q", "k", "v"), _FORWARD_ALLOCS, ("out", "lse"))
+                            if self.dv == q.shape[-1] else False)
         return out, lse
 
 
@@ -161,8 +150,8 @@ class FastBackward:
             return None
         replay(self.plan, env)
         if program is None:
-            self.program = _program(self.plan, env, ("dout", "q", "k", "v", "out", "lse"),
-                                    _BACKWARD_ALLOCS if self.rows else _BACKWARD_ALLOCS_NO_ROWS, ("dq", "dk", "dv"))
+            self.program = program_of(self.plan, env, ("dout", "q", "k", "v", "out", "lse"),
+                                      _BACKWARD_ALLOCS if self.rows else _BACKWARD_ALLOCS_NO_ROWS, ("dq", "dk", "dv"))
         return dq, dk, dv
 
 

@@ -7,7 +7,6 @@ from typing import NamedTuple
 
 import torch
 
-from .._cplan import module as cplan_module, reason as cplan_reason
 from .._runtime import PLAIN, device_limits, keep, remember, require_triton
 from ..attention_configs import head_dim_pad
 from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, kvcache_capacity, variant
@@ -228,10 +227,8 @@ class FastKV:
 
     def _program(self, q, env: dict):
         """(Program, which of cache_seqlens, block_table and cache_leftpad it takes: those given, the decode
-        route's call gives none) after a replay of env from Python, where the plan can be one C++ call (_cplan);
-        None while its module is being built, else False."""
-        if cplan_module() is None:
-            return False if cplan_reason() is not None else None
+        route's call gives none) after a replay of env from Python, where the plan can be one C++ call; None or
+        False as plans.program_of answers."""
         if self.dv != q.shape[-1]:
             return False  # (out = empty_out's other layouts)
         optional = ("cache_seqlens", "block_table", "leftpad")
@@ -246,7 +243,7 @@ class FastKV:
             {} if self.call.merge else {"counts": "lse"})
         program = program_of(self.plan, env, inputs, allocs, ("out", "lse") if self.need_lse else ("out",),
                              sources=sources, args=self.call.args)
-        return (program, indexes) if program is not None else False
+        return (program, indexes) if program else program
 
 
 def fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad, causal: bool, scale: float,

@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .._cplan import module as cplan_module, program as cplan_program
+from .._cplan import module as cplan_module, program as cplan_program, reason as cplan_reason
 from .._runtime import remember, require_triton
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
@@ -121,14 +121,16 @@ def replay(plan: Plan, env: dict) -> None:
 
 def program_of(plan: Plan, env: dict, inputs: tuple[str, ...], allocs: dict, returned: tuple[str, ...],
                sources: dict | None = None, args: tuple | None = None):
-    """The plan as one C++ call (_cplan.Program) for calls like this one (env: its tensors, the plan's layout),
-    or None where it cannot be one: no Sequence, the C++ module not loaded (yet), a name it cannot place, or a
-    descriptor not at its tensor's address (the C++ call passes tensors' addresses, which replace the
-    descriptors' own: _claunch.c put_pointer). inputs, allocs, returned, sources, args: as _cplan.program;
-    the plan's scratch buffers are added to allocs."""
+    """The plan as one C++ call (_cplan.Program) for calls like this one (env: its tensors, the plan's layout);
+    None while the C++ module is being built (a later replay asks again); False where there will be none: no
+    C++ module, no Sequence, a name it cannot place, or a descriptor not at its tensor's address (the C++ call
+    passes tensors' addresses, which replace the descriptors' own: _claunch.c put_pointer). inputs, allocs,
+    returned, sources, args: as _cplan.program; the plan's scratch buffers are added to allocs."""
+    if cplan_module() is None:
+        return False if cplan_reason() is not None else None
     seq = plan.seq
-    if seq is None or cplan_module() is None:
-        return None
+    if seq is None:
+        return False
     sources = dict(sources or {})
     if plan.descs:
         with_descs = _with_descriptors(env, plan.descs)
@@ -137,10 +139,10 @@ def program_of(plan: Plan, env: dict, inputs: tuple[str, ...], allocs: dict, ret
             key = name if len(spec) == 3 else "gluon_" + name
             base = getattr(with_descs[key], "base", None)
             if not isinstance(base, torch.Tensor) or base.data_ptr() != env[name].data_ptr():
-                return None
+                return False
             sources[key] = name
     allocs = {**allocs, **{name: ("new", shape, dtype) for name, shape, dtype in plan.scratch}}
-    return cplan_program(seq, seq.names, inputs, allocs, returned, sources, args)
+    return cplan_program(seq, inputs, allocs, returned, sources, args) or False
 
 
 def replay_with(plan: Plan, env: dict, args: list[tuple]) -> bool:
