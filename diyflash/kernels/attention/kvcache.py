@@ -177,8 +177,13 @@ def _outputs(q: torch.Tensor, dv: int, need_lse: bool, keep: tuple | None) -> tu
     nothing may be kept (keep None), else a kept buffer (_kept)."""
     out = empty_out(q, dv)
     lse = (torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device) if need_lse or keep is None
-           else _kept(q, keep, "lse", q.numel() // q.shape[-1]))
+           else _kept_lse(q, keep))
     return out, lse
+
+
+def _kept_lse(q: torch.Tensor, keep: tuple) -> torch.Tensor:
+    """The kept lse of an eager call that does not return it (_outputs)."""
+    return _kept(q, keep, "lse", q.numel() // q.shape[-1])
 
 
 def _env(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad, out,
@@ -409,13 +414,24 @@ def _kept_names(call: CallLayout, need_lse: bool) -> tuple[str, ...]:
 
 
 def _kept_inputs(q: torch.Tensor, call: CallLayout, keep: tuple, need_lse: bool) -> tuple:
-    """The kept buffers of _kept_names, as _outputs and _partials take them for an eager call (keep)."""
-    kept = () if need_lse else (_kept(q, keep, "lse", q.numel() // q.shape[-1]),)
+    """The kept buffers of _kept_names, as _outputs and _partials take them for an eager call (keep; the C++
+    call's out has q's head_dim)."""
+    kept = () if need_lse else (_kept_lse(q, keep),)
     if call.splits == 1:
         return kept
+    dst, dst_lse = _kept_partials(q, call, keep, q.shape[-1])
+    return kept + ((dst, dst_lse, _kept_counts(q, call, keep)) if call.merge else (dst, dst_lse))
+
+
+def _kept_partials(q: torch.Tensor, call: CallLayout, keep: tuple, dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split call's kept fp32 partials: its outputs (rows x dv) and their lse (rows), rows = B H N_q splits."""
     rows = q.shape[0] * q.shape[1] * q.shape[2] * call.splits
-    kept += (_kept(q, keep, "out", rows * q.shape[-1]), _kept(q, keep, "lse partials", rows))
-    return kept + (_kept(q, keep, "counts", call.tiles, zeros=True),) if call.merge else kept
+    return _kept(q, keep, "out", rows * dv), _kept(q, keep, "lse partials", rows)
+
+
+def _kept_counts(q: torch.Tensor, call: CallLayout, keep: tuple) -> torch.Tensor:
+    """A merging call's kept counters, one int32 zero a row tile."""
+    return _kept(q, keep, "counts", call.tiles, zeros=True)
 
 
 def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: CallLayout, keep: tuple | None) -> dict:
@@ -432,12 +448,12 @@ def _partials(q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, call: CallL
     if not call.merge:
         counts = lse
     elif keep is not None:
-        counts = _kept(q, keep, "counts", call.tiles, zeros=True)
+        counts = _kept_counts(q, call, keep)
     else:  # (a merging plan replayed while a CUDA graph is captured: FastKV)
         counts = torch.zeros(call.tiles, dtype=torch.int32, device=q.device)
     if keep is not None:
-        return {"dst": _kept(q, keep, "out", rows * out.shape[-1]), "dst_lse": _kept(q, keep, "lse partials", rows),
-                "counts": counts}
+        dst, dst_lse = _kept_partials(q, call, keep, out.shape[-1])
+        return {"dst": dst, "dst_lse": dst_lse, "counts": counts}
     return {"dst": torch.empty(rows * out.shape[-1], dtype=torch.float32, device=q.device),
             "dst_lse": torch.empty(rows, dtype=torch.float32, device=q.device), "counts": counts}
 
