@@ -69,8 +69,9 @@ AUTO_TILES = (128,)
 # "auto" leaves short calls (less work than plans.HOST_DESC_MIN_WORK, Z*H*N_q*N_k*D) to the portable kernel,
 # which builds no host descriptors for them: the Hopper kernel's three (Gluon's TensorDescriptor, then
 # Triton's encoding at each launch) made a B1 H32 N128 D128 bf16 forward cost 69 us a call in a loop against
-# the portable route's 36 us, whose GPU time is 15 us (H200, bench/results/hopper_threshold_h200.jsonl). The
-# C launcher now encodes a bound launch's maps once (not measured again: the GPU times differed by 2.3 us).
+# the portable route's 36 us, whose GPU time is 15 us (H200, bench/results/hopper_threshold_h200.jsonl). That
+# was measured while the maps were encoded at every launch; the C launcher encodes a bound launch's maps once,
+# and the threshold has not been measured since.
 
 
 def schedule(num_tiles: int, num_bh: int, causal: bool, device: torch.device) -> tuple[int, int]:
