@@ -91,10 +91,13 @@ def test_cpp_replays_are_bit_identical_to_python_replays(case, fresh_caches):
     (fast,) = [entry[0] for entry in attention_fast._FAST.values() if entry is not None]
     (backward,) = fast.backwards.values()
     assert isinstance(fast.program, _cplan.Program) and isinstance(backward.program, _cplan.Program)
-    fast.program = backward.program = False  # Python's replays
-    q.grad = k.grad = v.grad = None
-    out = diyflash.flash_attention(q, k, v, deterministic=True, **kwargs)
-    out.backward(dout)
+    before = _cplan.use(False)  # Python's replays (the node then runs its Python backward)
+    try:
+        q.grad = k.grad = v.grad = None
+        out = diyflash.flash_attention(q, k, v, deterministic=True, **kwargs)
+        out.backward(dout)
+    finally:
+        _cplan.use(before)
     python = (out, q.grad, k.grad, v.grad)
     for turn in range(4):
         for a, b_ in zip(results[turn], python):
@@ -176,3 +179,97 @@ def test_the_kv_program_is_given_the_buffers_python_takes(splits, merge, need_ls
     finally:
         for key in [key for key in kvcache._KEPT if key[0] == "test"]:
             del kvcache._KEPT[key]
+
+
+def _node_inputs(built, causal=True):
+    """q, k, v requiring grad, the op's out and lse with its graph, and the same out and lse computed without
+    autograd and given the C++ node (a Cache with no Program: its backward is the Python one)."""
+    from diyflash.ops import attention_fast
+
+    q, k, v = (t.requires_grad_() for t in make_qkv(2, 4, 17, 23, 16, torch.float32, seed=4))
+    ref = diyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
+    built.set_backward(attention_fast._node_backward)
+    with torch.no_grad():
+        out, lse = diyflash.flash_attention(q, k, v, causal=causal, return_lse=True)
+    cache = built.cache_new(0)
+    return (q, k, v), ref, lambda: built.attach(q, k, v, out.clone(), lse.clone(), cache, True, causal, None, -1, 0,
+                                                0.0, -1)
+
+
+def test_the_node_gives_the_ops_gradients(built):
+    """The fast path's autograd node (_cplan.cpp Attention) with its Python backward: the op's gradients bit for
+    bit, through out alone (dlse None) and through out and lse; its grad_fn is the node, out is not a view."""
+    inputs, (ref_out, ref_lse), attach = _node_inputs(built)
+    out, lse = attach()
+    assert out.grad_fn.name() == "torch::autograd::CppNode<diyflash::Attention>" and out._base is None
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    ref = torch.autograd.grad(ref_out, inputs, dout, retain_graph=True)
+    for a, b in zip(ref, torch.autograd.grad(out, inputs, dout, retain_graph=True)):
+        assert torch.equal(a, b)
+    ref = torch.autograd.grad((ref_out, ref_lse), inputs, (dout, dlse))
+    for a, b in zip(ref, torch.autograd.grad((out, lse), inputs, (dout, dlse))):
+        assert torch.equal(a, b)
+
+
+def test_the_node_behaves_as_an_autograd_function(built):
+    """What autograd promises of a node: a Python error in its backward reaches the caller, an in-place change of
+    a saved output is caught, saved-tensor hooks see its five tensors, and compiled autograd runs it (as an
+    opaque call) to the same gradients."""
+    from torch._dynamo import compiled_autograd
+
+    from diyflash.ops import attention_fast
+
+    inputs, (ref_out, _), attach = _node_inputs(built)
+    dout = torch.randn_like(ref_out)
+    ref = torch.autograd.grad(ref_out, inputs, dout)
+    out, _ = attach()
+    built.set_backward(lambda *args: (_ for _ in ()).throw(ValueError("a backward's error")))
+    try:
+        with pytest.raises(ValueError, match="a backward's error"):
+            torch.autograd.grad(out, inputs, dout)
+    finally:
+        built.set_backward(attention_fast._node_backward)
+    out, _ = attach()
+    loss = (out * dout).sum()
+    with torch.no_grad():
+        out.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        out, _ = attach()
+    assert len(packed) == 5
+    for a, b in zip(ref, torch.autograd.grad(out, inputs, dout)):
+        assert torch.equal(a, b)
+    out, _ = attach()
+    for t in inputs:
+        t.grad = None
+    with compiled_autograd._enable(torch.compile(backend="eager", fullgraph=True)):
+        (out * dout).sum().backward()
+    for a, t in zip(ref, inputs):
+        assert torch.equal(a, t.grad)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
+def test_the_node_runs_its_program_without_python(fresh_caches, monkeypatch):
+    """A fast-path forward under autograd gets the C++ node; its first backward of a layout runs the ordinary path
+    (keeping the plan), the second replays it from Python (making its Program, given to the node), and later
+    ones run the Program without calling Python: the same gradients as the ordinary path's (deterministic)."""
+    from diyflash.ops import attention_fast
+
+    if _cplan.ready() is None:
+        pytest.skip(f"the C++ replay could not be built here: {_cplan.reason()}")
+    calls = []
+    python_backward = attention_fast._node_backward
+    monkeypatch.setattr(attention_fast, "_node_backward", lambda *args: calls.append(1) or python_backward(*args))
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 8, 256, 256, 128, torch.bfloat16, "cuda", seed=5))
+    dout = torch.randn_like(q)
+    grads = []
+    for _ in range(5):
+        out = diyflash.flash_attention(q, k, v, causal=True, deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), dout))
+    assert out.grad_fn.name().endswith("CppNode<diyflash::Attention>")
+    assert len(calls) == 2  # (the first call of the key ran the op, whose own autograd node is Python's)
+    for got in grads[1:]:
+        for a, b in zip(grads[0], got):
+            assert torch.equal(a, b)

@@ -10,9 +10,17 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 #include <cstdint>
 #include <vector>
 
@@ -57,6 +65,21 @@ struct Program {
 };
 
 const char *CAPSULE = "diyflash_cplan.Program";
+
+/* A tuple of the tensors (from `first`), as Python objects; nullptr with the error set where one fails */
+PyObject *wrap_all(const std::vector<at::Tensor> &tensors, size_t first) {
+    PyObject *out = PyTuple_New(static_cast<Py_ssize_t>(tensors.size() - first));
+    if (out == nullptr) return nullptr;
+    for (size_t i = first; i < tensors.size(); i++) {
+        PyObject *t = THPVariable_Wrap(tensors[i]);
+        if (t == nullptr) {
+            Py_DECREF(out);
+            return nullptr;
+        }
+        PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i - first), t);
+    }
+    return out;
+}
 
 void program_free(PyObject *capsule) {
     auto *p = static_cast<Program *>(PyCapsule_GetPointer(capsule, CAPSULE));
@@ -171,8 +194,57 @@ PyObject *make(PyObject *, PyObject *args) {
     return capsule;
 }
 
+/* A program run on `in` (the GIL held): the returned allocations, or nothing where nothing ran (no CUDA context
+ * current on this thread, an allocation not 16-byte aligned: the plans assume it). A launch's error is the
+ * Python error the C launcher set, thrown as python_error. */
+std::optional<std::vector<at::Tensor>> run_program(const Program *p, uint64_t stream, const std::vector<at::Tensor> &in) {
+    if (!api->context_current()) return std::nullopt;
+    std::vector<at::Tensor> made;
+    made.reserve(p->allocs.size());
+    for (const auto &a : p->allocs) {
+        const at::Tensor &of = in[a.of];
+        at::Tensor t;
+        if (a.kind == 0) {
+            t = at::empty_like(of);
+        } else if (a.kind == 1) {
+            t = at::empty(of.sizes().slice(0, of.dim() - 1), of.options().dtype(at::kFloat));
+        } else {
+            t = at::empty(a.shape, of.options().dtype(a.dtype));
+        }
+        if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return std::nullopt;
+        made.push_back(std::move(t));
+    }
+    at::Tensor scratch_buffer;
+    uint64_t scratch = 0;
+    if (p->need > 0) { /* (as the allocator Triton is given: torch's, on the stream's device) */
+        scratch_buffer = at::empty({p->need + p->align}, in[0].options().dtype(at::kByte));
+        uint64_t base = reinterpret_cast<uintptr_t>(scratch_buffer.data_ptr());
+        scratch = (base + p->align - 1) / p->align * p->align;
+    }
+    std::vector<uint64_t> pointers(p->max_pointers);
+    for (const auto &l : p->launches) {
+        for (size_t j = 0; j < l.at.size(); j++) {
+            long long v = l.at[j];
+            pointers[j] = v == NULL_VALUE ? 0
+                        : reinterpret_cast<uintptr_t>(v >= 0 ? in[v].data_ptr() : made[-1 - v].data_ptr());
+        }
+        int fired = api->launch_raw(l.launch, stream, l.scratch ? scratch : 0, pointers.data(),
+                                    static_cast<Py_ssize_t>(l.at.size()), l.values);
+        if (fired == 0) PyErr_SetString(PyExc_RuntimeError, "diyflash_cplan: the CUDA context went away between launches");
+        if (fired <= 0) {
+            python_error err;
+            err.persist();
+            throw err;
+        }
+    }
+    std::vector<at::Tensor> out;
+    out.reserve(p->returned.size());
+    for (Py_ssize_t r : p->returned) out.push_back(made[r]);
+    return out;
+}
+
 /* run(program, stream, inputs: tuple of tensors) -> the returned allocations (a tuple), or None where nothing
- * ran: no CUDA context current on this thread, or an allocation not 16-byte aligned (the plans assume it) */
+ * ran (run_program) */
 PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyTuple_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "run(program, stream, inputs: tuple)");
@@ -188,7 +260,6 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
                      p->ninputs);
         return nullptr;
     }
-    if (!api->context_current()) Py_RETURN_NONE;
     HANDLE_TH_ERRORS /* an allocation's error as torch raises it (torch.OutOfMemoryError, ...) */
         std::vector<at::Tensor> in;
         in.reserve(p->ninputs);
@@ -200,55 +271,239 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
             }
             in.push_back(THPVariable_Unpack(t));
         }
-        std::vector<at::Tensor> made;
-        made.reserve(p->allocs.size());
-        for (const auto &a : p->allocs) {
-            const at::Tensor &of = in[a.of];
-            at::Tensor t;
-            if (a.kind == 0) {
-                t = at::empty_like(of);
-            } else if (a.kind == 1) {
-                t = at::empty(of.sizes().slice(0, of.dim() - 1), of.options().dtype(at::kFloat));
-            } else {
-                t = at::empty(a.shape, of.options().dtype(a.dtype));
-            }
-            if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) Py_RETURN_NONE;
-            made.push_back(std::move(t));
-        }
-        at::Tensor scratch_buffer;
-        uint64_t scratch = 0;
-        if (p->need > 0) { /* (as the allocator Triton is given: torch's, on the stream's device) */
-            scratch_buffer = at::empty({p->need + p->align}, in[0].options().dtype(at::kByte));
-            uint64_t base = reinterpret_cast<uintptr_t>(scratch_buffer.data_ptr());
-            scratch = (base + p->align - 1) / p->align * p->align;
-        }
-        std::vector<uint64_t> pointers(p->max_pointers);
-        for (const auto &l : p->launches) {
-            for (size_t j = 0; j < l.at.size(); j++) {
-                long long v = l.at[j];
-                pointers[j] = v == NULL_VALUE ? 0
-                            : reinterpret_cast<uintptr_t>(v >= 0 ? in[v].data_ptr() : made[-1 - v].data_ptr());
-            }
-            int fired = api->launch_raw(l.launch, stream, l.scratch ? scratch : 0, pointers.data(),
-                                        static_cast<Py_ssize_t>(l.at.size()), l.values);
-            if (fired < 0) return nullptr;
-            if (fired == 0) {
-                PyErr_SetString(PyExc_RuntimeError, "diyflash_cplan: the CUDA context went away between launches");
-                return nullptr;
-            }
-        }
-        PyObject *out = PyTuple_New(static_cast<Py_ssize_t>(p->returned.size()));
-        if (out == nullptr) return nullptr;
-        for (size_t i = 0; i < p->returned.size(); i++) {
-            PyObject *t = THPVariable_Wrap(made[p->returned[i]]);
-            if (t == nullptr) {
-                Py_DECREF(out);
-                return nullptr;
-            }
-            PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), t);
-        }
-        return out;
+        auto made = run_program(p, stream, in);
+        if (!made) Py_RETURN_NONE;
+        return wrap_all(*made, 0);
     END_HANDLE_TH_ERRORS
+}
+
+/* The fast path's autograd node (issue: a Python autograd.Function's backward runs Python on autograd's device
+ * thread, where it costs about twice its time on the calling thread). `attach` gives a fast-path forward's out
+ * and lse a torch::autograd::Function node whose backward runs, without Python, the Program kept for dout's
+ * layout in the forward's Cache; anything else (dlse given, a layout not kept yet, a mode, tracer, profiler or
+ * autocast that must see the op, grad mode on) calls the Python backward set by `set_backward`, which also
+ * keeps new layouts' Programs (`cache_add`). Caches, programs and the C launcher are touched only with the GIL held. */
+struct Cache {
+    struct Entry {
+        std::vector<int64_t> sizes, strides;
+        at::ScalarType dtype;
+        bool aligned, deterministic;
+        PyObject *capsule; /* the Program's (a reference held) */
+    };
+    int64_t device;
+    std::vector<Entry> entries;
+};
+PyObject *python_backward = nullptr; /* set_backward's (a reference held) */
+
+struct Gil {
+    PyGILState_STATE state;
+    Gil() : state(PyGILState_Ensure()) {}
+    ~Gil() { PyGILState_Release(state); }
+};
+
+bool aligned16(const at::Tensor &t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+const Program *find(const Cache &cache, const at::Tensor &dout, bool deterministic) {
+    for (const auto &e : cache.entries)
+        if (e.deterministic == deterministic && e.dtype == dout.scalar_type() && dout.sizes().equals(e.sizes)
+            && dout.strides().equals(e.strides) && e.aligned == aligned16(dout))
+            return static_cast<const Program *>(PyCapsule_GetPointer(e.capsule, CAPSULE));
+    return nullptr;
+}
+
+/* Whether nothing could see the op skipped (ops/eager.py op_observed, as far as C++ reads it): grad mode off
+ * (no double backward), no dispatch or function mode, no profiler or autocast, and dout a tensor of q's kind
+ * (a subclass or a functorch wrapper has other dispatch keys). */
+bool unobserved(const at::Tensor &dout, const at::Tensor &q) {
+    return !at::GradMode::is_enabled() && c10::impl::TorchDispatchModeTLS::stack_len() == 0
+           && !at::impl::torch_function_mode_enabled() && !torch::profiler::impl::profilerEnabled()
+           && !at::autocast::is_autocast_enabled(at::kCUDA) && !at::autocast::is_autocast_enabled(at::kCPU)
+           && dout.key_set() == q.key_set();
+}
+
+PyObject *none_or(const at::Tensor &t) {
+    if (t.defined()) return THPVariable_Wrap(t);
+    Py_RETURN_NONE;
+}
+
+using Outputs = std::pair<at::Tensor, at::Tensor>; /* out, lse */
+
+}  // namespace
+
+namespace diyflash { /* (the node's name: torch::autograd::CppNode<diyflash::Attention>) */
+
+struct Attention : public torch::autograd::Function<Attention> {
+    /* compiled autograd traces the backward: under its tracing mode it calls the Python backward, which calls
+     * the op (ops/attention_fast.py _node_backward) */
+    static constexpr bool is_traceable = true;
+
+    static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const at::Tensor &q,
+                                                  const at::Tensor &k, const at::Tensor &v, const Outputs *made,
+                                                  int64_t cache, bool programs, bool causal,
+                                                  c10::IValue scale, int64_t left, int64_t right, double softcap,
+                                                  int64_t deterministic) {
+        /* (in one list: compiled autograd lifts top-level numbers into graph inputs, nested ones it specializes on) */
+        c10::impl::GenericList args(c10::AnyType::get());
+        for (const c10::IValue &a : {c10::IValue(cache), c10::IValue(programs), c10::IValue(causal), scale,
+                                     c10::IValue(left), c10::IValue(right), c10::IValue(softcap),
+                                     c10::IValue(deterministic)})
+            args.push_back(a);
+        ctx->saved_data["args"] = args;
+        ctx->save_for_backward({q, k, v, made->first, made->second});
+        ctx->set_materialize_grads(false);
+        return {made->first, made->second};
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                   torch::autograd::variable_list grads) {
+        auto saved = ctx->get_saved_variables(); /* q, k, v, out, lse */
+        const at::Tensor dout = grads[0], dlse = grads[1];
+        auto saved_args = ctx->saved_data["args"].toList(); /* cache, programs, causal, scale, left, right, softcap, det */
+        int64_t det = saved_args.get(7).toInt(); /* -1: None, resolved now as PyTorch's own kernels do */
+        bool deterministic = det < 0 ? at::globalContext().deterministicAlgorithms() : det != 0;
+        torch::autograd::variable_list result(12); /* one per forward argument */
+        Gil gil;
+        auto *cache = reinterpret_cast<const Cache *>(saved_args.get(0).toInt());
+        if (dout.defined() && !dlse.defined() && saved_args.get(1).toBool() && unobserved(dout, saved[0])) {
+            const Program *p = find(*cache, dout, deterministic);
+            const auto *impl = p != nullptr ? c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA) : nullptr;
+            if (p != nullptr && impl->getDevice().index() == cache->device) {
+                auto stream = impl->getStream(c10::Device(c10::DeviceType::CUDA, cache->device));
+                auto made = run_program(p, reinterpret_cast<uint64_t>(impl->getStreamNativeHandle(stream)),
+                                        {dout, saved[0], saved[1], saved[2], saved[3], saved[4]});
+                if (made) {
+                    std::copy(made->begin(), made->end(), result.begin());
+                    return result;
+                }
+            }
+        }
+        PyObject *args = PyTuple_New(14);
+        if (args == nullptr) throw python_error();
+        PyObject *items[14] = {none_or(dout), none_or(dlse), THPVariable_Wrap(saved[0]), THPVariable_Wrap(saved[1]),
+                               THPVariable_Wrap(saved[2]), THPVariable_Wrap(saved[3]), THPVariable_Wrap(saved[4]),
+                               PyLong_FromLongLong(saved_args.get(0).toInt()), PyBool_FromLong(saved_args.get(2).toBool()),
+                               saved_args.get(3).isNone() ? (Py_INCREF(Py_None), Py_None)
+                                                    : PyFloat_FromDouble(saved_args.get(3).toDouble()),
+                               PyLong_FromLongLong(saved_args.get(4).toInt()), PyLong_FromLongLong(saved_args.get(5).toInt()),
+                               PyFloat_FromDouble(saved_args.get(6).toDouble()),
+                               det < 0 ? (Py_INCREF(Py_None), Py_None) : PyBool_FromLong(det)};
+        bool ok = true;
+        for (int i = 0; i < 14; i++) {
+            ok = ok && items[i] != nullptr;
+            PyTuple_SET_ITEM(args, i, items[i] != nullptr ? items[i] : (Py_INCREF(Py_None), Py_None));
+        }
+        PyObject *grads_in = ok ? PyObject_Call(python_backward, args, nullptr) : nullptr;
+        Py_DECREF(args);
+        if (grads_in == nullptr) {
+            python_error err;
+            err.persist();
+            throw err;
+        }
+        bool shaped = PyTuple_Check(grads_in) && PyTuple_GET_SIZE(grads_in) == 3;
+        for (int i = 0; shaped && i < 3; i++) {
+            PyObject *g = PyTuple_GET_ITEM(grads_in, i);
+            if (THPVariable_Check(g)) result[i] = THPVariable_Unpack(g);
+            else shaped = g == Py_None;
+        }
+        Py_DECREF(grads_in);
+        if (!shaped) {
+            PyErr_SetString(PyExc_TypeError, "diyflash_cplan: the Python backward did not return (dq, dk, dv)");
+            python_error err;
+            err.persist();
+            throw err;
+        }
+        return result;
+    }
+};
+
+}  // namespace diyflash
+
+namespace {
+
+using diyflash::Attention;
+
+/* attach(q, k, v, out, lse, cache, programs, causal, scale, left, right, softcap, deterministic) -> (out, lse) with
+ * the node (Attention) as their grad_fn. cache: cache_new's; programs: whether the node may run kept Programs
+ * (else every backward is Python's); scale: float or None; deterministic: -1 (None), 0 or 1. */
+PyObject *attach(PyObject *, PyObject *args) {
+    PyObject *tensors[5], *scale;
+    long long cache, left, right, deterministic;
+    int programs, causal;
+    double softcap;
+    if (!PyArg_ParseTuple(args, "OOOOOLppOLLdL", &tensors[0], &tensors[1], &tensors[2], &tensors[3], &tensors[4],
+                          &cache, &programs, &causal, &scale, &left, &right, &softcap, &deterministic))
+        return nullptr;
+    for (auto *t : tensors)
+        if (!THPVariable_Check(t)) {
+            PyErr_SetString(PyExc_TypeError, "attach: q, k, v, out and lse must be tensors");
+            return nullptr;
+        }
+    if (python_backward == nullptr) {
+        PyErr_SetString(PyExc_RuntimeError, "attach: set_backward() first");
+        return nullptr;
+    }
+    HANDLE_TH_ERRORS
+        c10::IValue scale_value;
+        if (scale != Py_None) scale_value = PyFloat_AsDouble(scale);
+        if (PyErr_Occurred()) return nullptr;
+        /* (out and lse not as tensor arguments: an output that is an input would be returned as a view of it) */
+        Outputs made{THPVariable_Unpack(tensors[3]), THPVariable_Unpack(tensors[4])};
+        auto outs = Attention::apply(THPVariable_Unpack(tensors[0]), THPVariable_Unpack(tensors[1]),
+                                     THPVariable_Unpack(tensors[2]), &made, static_cast<int64_t>(cache), programs != 0,
+                                     causal != 0, scale_value, static_cast<int64_t>(left), static_cast<int64_t>(right),
+                                     softcap, static_cast<int64_t>(deterministic));
+        return wrap_all(outs, 0);
+    END_HANDLE_TH_ERRORS
+}
+
+/* cache_new(device) -> an id (a Cache, never freed: a node may outlive its forward's plan; cache_clear empties it) */
+PyObject *cache_new(PyObject *, PyObject *arg) {
+    long long device;
+    if (!as_int(arg, &device)) return nullptr;
+    auto *cache = new Cache();
+    cache->device = device;
+    return PyLong_FromVoidPtr(cache);
+}
+
+Cache *cache_of(PyObject *id) {
+    void *p = PyLong_AsVoidPtr(id);
+    return p == nullptr && PyErr_Occurred() ? nullptr : static_cast<Cache *>(p);
+}
+
+/* cache_add(cache, dout, deterministic, program): a Program for backwards of dout's layout (and mode) */
+PyObject *cache_add(PyObject *, PyObject *args) {
+    PyObject *id, *dout, *capsule;
+    int deterministic;
+    if (!PyArg_ParseTuple(args, "OOpO", &id, &dout, &deterministic, &capsule)) return nullptr;
+    Cache *cache = cache_of(id);
+    if (cache == nullptr || !THPVariable_Check(dout) || PyCapsule_GetPointer(capsule, CAPSULE) == nullptr) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "cache_add(cache, dout: tensor, deterministic, program)");
+        return nullptr;
+    }
+    const at::Tensor &t = THPVariable_Unpack(dout);
+    if (find(*cache, t, deterministic != 0) == nullptr) {
+        Py_INCREF(capsule);
+        cache->entries.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type(), aligned16(t), deterministic != 0,
+                                  capsule});
+    }
+    Py_RETURN_NONE;
+}
+
+/* cache_clear(cache): its Programs dropped (their plan's kernels may be released) */
+PyObject *cache_clear(PyObject *, PyObject *id) {
+    Cache *cache = cache_of(id);
+    if (cache == nullptr) return nullptr;
+    auto entries = std::move(cache->entries);
+    cache->entries.clear();
+    for (auto &e : entries) Py_DECREF(e.capsule);
+    Py_RETURN_NONE;
+}
+
+/* set_backward(fn): the Python backward of nodes that run no Program */
+PyObject *set_backward(PyObject *, PyObject *fn) {
+    Py_INCREF(fn);
+    Py_XSETREF(python_backward, fn);
+    Py_RETURN_NONE;
 }
 
 /* bind(capsule): the C launcher's entry points (diyflash_claunch._C_API) */
@@ -268,6 +523,12 @@ PyMethodDef methods[] = {
     {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)), METH_FASTCALL,
      "run(program, stream, inputs) -> tuple of tensors, or None"},
     {"bind", bind, METH_O, "bind(capsule): the C launcher's entry points"},
+    {"attach", attach, METH_VARARGS, "attach(q, k, v, out, lse, cache, programs, causal, scale, left, right, softcap, "
+                                     "deterministic) -> (out, lse) with the fast path's autograd node"},
+    {"cache_new", cache_new, METH_O, "cache_new(device) -> a backward Cache's id"},
+    {"cache_add", cache_add, METH_VARARGS, "cache_add(cache, dout, deterministic, program)"},
+    {"cache_clear", cache_clear, METH_O, "cache_clear(cache)"},
+    {"set_backward", set_backward, METH_O, "set_backward(fn): the nodes' Python backward"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -180,6 +180,22 @@ class Program:
         return self.run(self.capsule, stream, inputs) if _USE[0] else None
 
 
+def programs_on() -> bool:
+    """Whether Programs run (use())."""
+    return _USE[0]
+
+
+def node_module(backward):
+    """The loaded module with `backward` set as its autograd nodes' Python backward (set once), or None while it
+    is not loaded (module()). backward(dout, dlse, q, k, v, out, lse, cache, causal, scale, left, right, softcap,
+    deterministic) -> (dq, dk, dv): what a node runs where it runs no kept Program (_cplan.cpp `Attention`)."""
+    mod = module()
+    if mod is not None and _state.get("backward") is not backward:
+        mod.set_backward(backward)
+        _state["backward"] = backward
+    return mod
+
+
 def program(seq, inputs: tuple[str, ...], allocs: dict, returned: tuple[str, ...], sources: dict | None = None,
             args: tuple | None = None) -> Program | None:
     """The Program of a plan's Sequence (`seq`, whose launches read the env entries `seq.names`), or None where

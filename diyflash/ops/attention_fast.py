@@ -28,10 +28,13 @@ takes the ordinary path, which dispatches the op. Results are bit-identical to t
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.autograd.forward_ad as forward_ad
 
 from ..kernels import uses_triton
+from ..kernels._cplan import node_module as cplan_node_module, programs_on as cplan_programs_on
 from ..kernels._runtime import PLAIN, keep, remember
 from ..kernels.contract import few_query_rows
 from .attention import (attention_backward, attention_fwd_impl, kernels_module, resolve_deterministic, resolve_scale,
@@ -137,7 +140,7 @@ def call_fast(key: tuple, q, k, v):
     if route == DIRECT:
         result = fast(q, k, v, need_lse=return_lse)
     elif route == DIRECT_WITH_AUTOGRAD:
-        result = _FastEagerAttention.apply(fast, q, k, v, causal, sm_scale, left, right, softcap, deterministic)
+        result = _with_autograd(fast, q, k, v, causal, sm_scale, left, right, softcap, deterministic)
     else:
         return None
     if result is None:
@@ -164,11 +167,79 @@ def remember_fast(key: tuple, q, k, v, causal: bool, sm_scale: float | None, lef
                                                     deterministic))
 
 
+def _with_autograd(fast, q, k, v, causal, sm_scale, left, right, softcap, deterministic):
+    """The forward under autograd: the plan's out and lse given the C++ module's autograd node (_cplan.cpp
+    `Attention`, whose backward runs kept Programs without Python, else `_node_backward`), or, until that module
+    is loaded, `_FastEagerAttention`. None where the plan cannot run now."""
+    mod = cplan_node_module(_node_backward)
+    if mod is None:
+        return _FastEagerAttention.apply(fast, q, k, v, causal, sm_scale, left, right, softcap, deterministic)
+    if fast.node is None:
+        _NODES[fast.node_cache(mod)] = fast
+    cache = fast.node[1]
+    result = fast(q, k, v)
+    if result is None:
+        return None
+    return mod.attach(q, k, v, *result, cache, cplan_programs_on(), causal, sm_scale, left, right, softcap,
+                      -1 if deterministic is None else int(deterministic))
+
+
+_NODES = weakref.WeakValueDictionary()  # a node Cache's id -> its FastForward (while the plan is kept)
+keep("attention fast nodes", lambda: (_NODES,))
+
+
+class _NodeContext:
+    """What attention_backward reads of an autograd context, for the C++ node's Python backward."""
+
+    __slots__ = ("saved_tensors", "causal", "scale", "window", "softcap", "offset", "deterministic")
+
+    def __init__(self, saved_tensors, causal, scale, window, softcap, deterministic):
+        self.saved_tensors, self.causal, self.scale, self.window = saved_tensors, causal, scale, window
+        self.softcap, self.offset, self.deterministic = softcap, 0, deterministic
+
+
+def _node_backward(dout, dlse, q, k, v, out, lse, cache, causal, scale, left, right, softcap, deterministic):
+    """The backward of the C++ node where it ran no kept Program: the FastForward's FastBackward for dout's
+    layout (whose Program the node runs from then on: FastBackward.offer), else the autograd formula."""
+    ctx = _NodeContext((q, k, v, out, lse, None, None, None), causal, scale, (left, right), softcap, deterministic)
+    fast = _NODES.get(cache)
+    if fast is None:  # (the plan is gone: clear_caches)
+        return attention_backward(ctx, dout, dlse)[:3]
+    return _backward(fast, ctx, dout, dlse, offer=True)
+
+
+def _backward(fast, ctx, dout, dlse, offer: bool = False):
+    """dq, dk, dv of a fast-path call: its forward's FastBackward for dout's layout where dlse is None (lse not in
+    the loss) and nothing could see the op (ops/eager.py), else the autograd formula, whose plan is then kept
+    for the layout (offer: and its Program given to the node's Cache)."""
+    layout = None
+    if dlse is None and type(dout) in PLAIN_TYPES:  # (a subclass may have no data pointer)
+        deterministic = resolve_deterministic(ctx.deterministic)
+        layout = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16 == 0, deterministic)
+        replay = fast.backwards.get(layout)
+        # q, k, v: the forward's plain tensors (fast_key), out and lse its own: with grad mode off (no
+        # double backward) only a mode, tracer or profiler could see the op
+        if replay is not None and not torch.is_grad_enabled() and not op_observed():
+            q, k, v, out, lse = ctx.saved_tensors[:5]
+            grads = replay(dout, q, k, v, out, lse)
+            if grads is not None:
+                if offer:
+                    replay.offer(fast, dout, deterministic)
+                return grads
+    dq, dk, dv = attention_backward(ctx, dout, dlse)[:3]
+    if layout is not None and layout not in fast.backwards:
+        q, k, v, out, lse = ctx.saved_tensors[:5]
+        remember(fast.backwards, layout, kernels_module().fast_backward(
+            dout, q, k, v, out, lse, ctx.causal, resolve_scale(ctx.scale, q.shape[-1]), ctx.window, ctx.softcap,
+            deterministic))
+    return dq, dk, dv
+
+
 class _FastEagerAttention(torch.autograd.Function):
     """_EagerAttention (ops/attention.py) with a FastForward as its forward: the same setup_context and
-    backward formula, so the same saved tensors and gradients. Its backward, too, replays the plan the
-    ordinary backward left for dout's layout (kept beside the FastForward, `fast.backwards`), where dlse
-    is None (lse not in the loss) and nothing could see the op (ops/eager.py)."""
+    backward formula, so the same saved tensors and gradients; its backward replays the plan the ordinary
+    backward left for dout's layout (`_backward`). The C++ node does the same with less host time; this
+    serves until its module is loaded."""
 
     @staticmethod
     def forward(ctx, fast, q, k, v, causal, sm_scale, left, right, softcap, deterministic):
@@ -184,25 +255,7 @@ class _FastEagerAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         # (this runs on autograd's device thread, where the host's work measured twice its cost on the
         # calling thread: bench/results/overhead_h200.jsonl, table "host breakdown")
-        layout = None
-        if dlse is None and type(dout) in PLAIN_TYPES:  # (a subclass may have no data pointer)
-            deterministic = resolve_deterministic(ctx.deterministic)
-            layout = (dout.shape, dout.stride(), dout.dtype, dout.data_ptr() % 16 == 0, deterministic)
-            replay = ctx.fast.backwards.get(layout)
-            # q, k, v: the forward's plain tensors (fast_key), out and lse its own: with grad mode off (no
-            # double backward) only a mode, tracer or profiler could see the op
-            if replay is not None and not torch.is_grad_enabled() and not op_observed():
-                q, k, v, out, lse = ctx.saved_tensors[:5]
-                grads = replay(dout, q, k, v, out, lse)
-                if grads is not None:
-                    return None, *grads, None, None, None, None, None, None
-        dq, dk, dv = attention_backward(ctx, dout, dlse)[:3]
-        if layout is not None and layout not in ctx.fast.backwards:
-            q, k, v, out, lse = ctx.saved_tensors[:5]
-            remember(ctx.fast.backwards, layout, kernels_module().fast_backward(
-                dout, q, k, v, out, lse, ctx.causal, resolve_scale(ctx.scale, q.shape[-1]), ctx.window, ctx.softcap,
-                deterministic))
-        return None, dq, dk, dv, None, None, None, None, None, None
+        return None, *_backward(ctx.fast, ctx, dout, dlse), None, None, None, None, None, None
 
 
 def _index_layout(t):

@@ -65,13 +65,26 @@ class FastForward:
     unaligned output), which the caller answers by the ordinary path. need_lse=False: the caller does not
     read lse, which may then be a kept buffer (KEEP_ROWS_MAX)."""
 
-    __slots__ = ("plan", "dv", "device", "runtime", "backwards", "kept", "program")
+    __slots__ = ("plan", "dv", "device", "runtime", "backwards", "kept", "program", "node", "__weakref__")
 
     def __init__(self, plan: Plan, dv: int, device: int, runtime: tuple, kept: dict | None = None):
         self.plan, self.dv, self.device, self.runtime = plan, dv, device, runtime
         self.backwards: dict = {}  # the caller's: its FastBackwards by dout's layout
         self.kept = kept  # (stream, thread, slot) -> buffer (_rows), or None: nothing kept (_keeps)
         self.program = None  # the plan as one C++ call (plans.program_of), False where it cannot be one
+        self.node = None  # (the C++ module, the id of its Cache of backward Programs): node_cache
+
+    def node_cache(self, mod) -> int:
+        """The id of this plan's Cache in the C++ module `mod`: the Programs of its FastBackwards (`offer`), which
+        the fast path's autograd node runs (_cplan.cpp `Attention`). Emptied when this plan goes (__del__)."""
+        node = self.node
+        if node is None:
+            node = self.node = (mod, mod.cache_new(self.device))
+        return node[1]
+
+    def __del__(self):
+        if self.node is not None:
+            self.node[0].cache_clear(self.node[1])
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
         if not replayable_here(self.device, self.runtime):
@@ -153,6 +166,14 @@ class FastBackward:
             self.program = program_of(self.plan, env, ("dout", "q", "k", "v", "out", "lse"),
                                       _BACKWARD_ALLOCS if self.rows else _BACKWARD_ALLOCS_NO_ROWS, ("dq", "dk", "dv"))
         return dq, dk, dv
+
+
+    def offer(self, fast: FastForward, dout, deterministic: bool) -> None:
+        """Give this plan's Program, where it has one that may run now, to the forward's node Cache (node_cache)
+        for backwards of dout's layout and mode."""
+        program = self.program
+        if program and fast.node is not None and c_sequence_ok(self.plan.seq):
+            fast.node[0].cache_add(fast.node[1], dout, deterministic, program.capsule)
 
 
 def fast_backward(dout, q, k, v, out, lse, causal: bool, scale: float, window: tuple[int, int],
