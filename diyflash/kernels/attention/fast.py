@@ -3,6 +3,7 @@ call of a known layout and then replayed by the caller (ops/attention_fast.py) w
 
 from __future__ import annotations
 
+import weakref
 from threading import get_ident
 
 import torch
@@ -76,15 +77,12 @@ class FastForward:
 
     def node_cache(self, mod) -> int:
         """The id of this plan's Cache in the C++ module `mod`: the Programs of its FastBackwards (`offer`), which
-        the fast path's autograd node runs (_cplan.cpp `Attention`). Emptied when this plan goes (__del__)."""
+        the fast path's autograd node runs (_cplan.cpp `Attention`). Emptied when this plan goes."""
         node = self.node
         if node is None:
             node = self.node = (mod, mod.cache_new(self.device))
+            weakref.finalize(self, mod.cache_clear, node[1]).atexit = False
         return node[1]
-
-    def __del__(self):
-        if self.node is not None:
-            self.node[0].cache_clear(self.node[1])
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
         if not replayable_here(self.device, self.runtime):
