@@ -13,7 +13,8 @@ cache directory. The build takes seconds, so it runs on a background thread when
 it, and replays take Python's path until it is loaded (`ready()` waits for it). Where there is no
 compiler, the build fails, or the C launcher is off (DIYFLASH_C_LAUNCHER=0, DIYFLASH_PLAIN=1),
 `module()` stays None and every replay is Python's: the same launches with the same arguments, so the
-same results (tests/test_cplan.py).
+same results (tests/test_cplan.py). The module also holds the fast path's autograd node (`Attention`), whose
+backward runs a backward's Program without Python where one is kept for its layout (node_module).
 """
 
 from __future__ import annotations

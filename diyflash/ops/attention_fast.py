@@ -20,9 +20,11 @@ layout) has the same path: its plan and its launches' arguments (kernels' FastKV
 checks the values where `validate=True` asks (the plan was made so).
 
 The same conditions as the ordinary path's shortcuts decide the route (ops/eager.py): without autograd
-the plan alone; with autograd `_FastEagerAttention`, the attention's autograd formula with the plan as
-its forward (the same saved tensors, the same backward); anything a tracer, mode or subclass could see
-takes the ordinary path, which dispatches the op. Results are bit-identical to the ordinary path's
+the plan alone; with autograd the plan's out and lse given the C++ module's autograd node (kernels/_cplan.cpp
+`Attention`: its backward runs the backward's kept C++ call without Python, else `_node_backward`, the
+attention's autograd formula), or `_FastEagerAttention` (the same formula as a Python Function) until that
+module is loaded; anything a tracer, mode or subclass could see takes the ordinary path, which dispatches
+the op. Results are bit-identical to the ordinary path's
 (tests/test_attention_fast.py on the GPU).
 """
 
