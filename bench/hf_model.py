@@ -85,6 +85,9 @@ def main():
         impls.append("flash_attention_2")
     except ImportError:
         print("# flash_attention_2: flash_attn is not installed here")
+    from diyflash.kernels import _cplan
+
+    _cplan.ready()  # (a long-running process's path: the C++ replay's build otherwise lands during the turns)
     torch.manual_seed(0)
     base = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg)).to("cuda", torch.bfloat16)
     state = base.state_dict()
