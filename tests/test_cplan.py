@@ -154,6 +154,38 @@ def test_cpp_kv_replays_are_bit_identical_to_python_replays(index, fresh_caches)
             assert a.stride() == b.stride() and torch.equal(a, b)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
+@pytest.mark.parametrize("n_k", [1000, 8190])
+def test_a_growing_cache_runs_the_program_before_with_its_own_scalars(n_k, fresh_caches):
+    """The decode route on caches one token longer every step (transformers' DynamicCache: torch.cat, new strides),
+    four layers a step: a step's first call takes the step before's C++ call with its own launch scalars where
+    the plan is the same (FastKV.follow), and every output equals the Python replay's, bit for bit."""
+    from diyflash.ops import attention_fast
+
+    if _cplan.ready() is None:
+        pytest.skip(f"the C++ replay could not be built here: {_cplan.reason()}")
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    caches = [[torch.randn(1, 8, n_k, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2)]
+              for _ in range(4)]
+    followed = 0
+    for _ in range(6):
+        for layer in caches:
+            new = torch.randn(2, 1, 8, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+            layer[:] = [torch.cat([t, n], dim=2) for t, n in zip(layer, new)]
+        outs = [diyflash.flash_attention(q, k, v, causal=True) for k, v in caches]
+        (decode,) = [entry for entry in attention_fast._FAST.values() if entry is not None]
+        followed += decode.last is not None and decode.last[1].values is not None
+        before = _cplan.use(False)
+        try:
+            python = [diyflash.flash_attention(q, k, v, causal=True) for k, v in caches]
+        finally:
+            _cplan.use(before)
+        for a, b in zip(outs, python):
+            assert torch.equal(a, b)
+    assert followed >= 3  # (a length of another int class, 8192, has its own plan: the steps after it follow it)
+
+
 @pytest.mark.parametrize("splits, merge", [(1, False), (4, True), (4, False)])
 @pytest.mark.parametrize("need_lse", [True, False])
 def test_the_kv_program_is_given_the_buffers_python_takes(splits, merge, need_lse):

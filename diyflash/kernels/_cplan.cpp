@@ -197,7 +197,8 @@ PyObject *make(PyObject *, PyObject *args) {
 /* A program run on `in` (the GIL held): the returned allocations, or nothing where nothing ran (no CUDA context
  * current on this thread, an allocation not 16-byte aligned: the plans assume it). A launch's error is the
  * Python error the C launcher set, thrown as python_error. */
-std::optional<std::vector<at::Tensor>> run_program(const Program *p, uint64_t stream, const std::vector<at::Tensor> &in) {
+std::optional<std::vector<at::Tensor>> run_program(const Program *p, uint64_t stream, const std::vector<at::Tensor> &in,
+                                                   PyObject *values = nullptr) {
     if (!api->context_current()) return std::nullopt;
     std::vector<at::Tensor> made;
     made.reserve(p->allocs.size());
@@ -222,14 +223,16 @@ std::optional<std::vector<at::Tensor>> run_program(const Program *p, uint64_t st
         scratch = (base + p->align - 1) / p->align * p->align;
     }
     std::vector<uint64_t> pointers(p->max_pointers);
-    for (const auto &l : p->launches) {
+    for (size_t i = 0; i < p->launches.size(); i++) {
+        const Launch &l = p->launches[i];
         for (size_t j = 0; j < l.at.size(); j++) {
             long long v = l.at[j];
             pointers[j] = v == NULL_VALUE ? 0
                         : reinterpret_cast<uintptr_t>(v >= 0 ? in[v].data_ptr() : made[-1 - v].data_ptr());
         }
         int fired = api->launch_raw(l.launch, stream, l.scratch ? scratch : 0, pointers.data(),
-                                    static_cast<Py_ssize_t>(l.at.size()), l.values);
+                                    static_cast<Py_ssize_t>(l.at.size()),
+                                    values != nullptr ? PyTuple_GET_ITEM(values, i) : l.values);
         if (fired == 0) PyErr_SetString(PyExc_RuntimeError, "diyflash_cplan: the CUDA context went away between launches");
         if (fired <= 0) {
             python_error err;
@@ -243,15 +246,22 @@ std::optional<std::vector<at::Tensor>> run_program(const Program *p, uint64_t st
     return out;
 }
 
-/* run(program, stream, inputs: tuple of tensors) -> the returned allocations (a tuple), or None where nothing
- * ran (run_program) */
+/* run(program, stream, inputs: tuple of tensors[, values]) -> the returned allocations (a tuple), or None where
+ * nothing ran (run_program). values: each launch's scalars (a tuple of tuples) instead of the program's own, for
+ * a call of the same plan with other strides and lengths (a KV cache one token longer). */
 PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "run(program, stream, inputs: tuple)");
+    if ((nargs != 3 && nargs != 4) || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "run(program, stream, inputs: tuple[, values: tuple])");
         return nullptr;
     }
     auto *p = static_cast<Program *>(PyCapsule_GetPointer(args[0], CAPSULE));
     if (p == nullptr) return nullptr;
+    PyObject *values = nargs == 4 && args[3] != Py_None ? args[3] : nullptr;
+    if (values != nullptr && (!PyTuple_Check(values) || PyTuple_GET_SIZE(values) != static_cast<Py_ssize_t>(p->launches.size()))) {
+        PyErr_Format(PyExc_TypeError, "run: values must be a tuple of the program's %zu launches' scalars",
+                     p->launches.size());
+        return nullptr;
+    }
     unsigned long long stream = PyLong_AsUnsignedLongLong(args[1]);
     if (stream == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return nullptr;
     PyObject *inputs = args[2];
@@ -271,7 +281,7 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
             }
             in.push_back(THPVariable_Unpack(t));
         }
-        auto made = run_program(p, stream, in);
+        auto made = run_program(p, stream, in, values);
         if (!made) Py_RETURN_NONE;
         return wrap_all(*made, 0);
     END_HANDLE_TH_ERRORS
@@ -521,7 +531,7 @@ PyObject *bind(PyObject *, PyObject *capsule) {
 PyMethodDef methods[] = {
     {"make", make, METH_VARARGS, "make(ninputs, allocs, launches, returned, need, align) -> Program"},
     {"run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(run)), METH_FASTCALL,
-     "run(program, stream, inputs) -> tuple of tensors, or None"},
+     "run(program, stream, inputs[, values]) -> tuple of tensors, or None"},
     {"bind", bind, METH_O, "bind(capsule): the C launcher's entry points"},
     {"attach", attach, METH_VARARGS, "attach(q, k, v, out, lse, cache, programs, causal, scale, left, right, softcap, "
                                      "deterministic) -> (out, lse) with the fast path's autograd node"},

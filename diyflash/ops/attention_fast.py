@@ -119,6 +119,8 @@ class _Decode:
             if last is None or last[0] != layout:
                 fast = kernels_module().fast_kvcache(q, k, v, None, None, None, self.causal, self.scale, self.window,
                                                      self.softcap, 0, self.return_lse)
+                if fast is not None and last is not None:
+                    fast.follow(last[1])  # (its C++ call, where the plan is the same)
                 last = self.last = None if fast is None else (layout, fast)
             if last is not None:
                 result = last[1](q, k, v, None, None, None)

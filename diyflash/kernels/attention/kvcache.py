@@ -201,12 +201,21 @@ class FastKV:
     Returns (out, lse or None), or None where the plan cannot run now (another current device, changed JIT
     knobs, an unaligned buffer)."""
 
-    __slots__ = ("plan", "call", "dv", "need_lse", "device", "runtime", "program")
+    __slots__ = ("plan", "call", "dv", "need_lse", "device", "runtime", "program", "values")
 
     def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime):
         self.plan, self.call, self.dv = plan, call, dv
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
         self.program = None  # (the plan as one C++ call, its index tensors given) where it can be; False where not
+        self.values = None  # the launches' scalars the program runs with, where it was made for another call (follow)
+
+    def follow(self, before: FastKV) -> None:
+        """Run `before`'s Program with this call's scalars where both replay one plan: a decode step on a cache
+        one token longer (a DynamicCache has new strides each step) is the same launches with other strides and
+        lengths, so its first call need not replay from Python and make a Program of its own."""
+        if (self.program is None and before.program and before.plan is self.plan and not self.plan.descs
+                and before.need_lse == self.need_lse and before.dv == self.dv):
+            self.program, self.values = before.program, self.call.args
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
         if not replayable_here(self.device, self.runtime):
@@ -218,7 +227,7 @@ class FastKV:
             tensors = (q, k_cache, v_cache,
                        *[t for t, given in zip((cache_seqlens, block_table, cache_leftpad), indexes) if given],
                        *_kept_inputs(q, self.call, keep, self.need_lse))
-            result = run(keep[1], tensors)
+            result = run(keep[1], tensors, self.values)
             if result is not None:
                 return result if self.need_lse else (result[0], None)
         out, lse = _outputs(q, self.dv, self.need_lse, keep)
