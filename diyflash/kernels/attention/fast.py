@@ -165,7 +165,6 @@ class FastBackward:
                                       _BACKWARD_ALLOCS if self.rows else _BACKWARD_ALLOCS_NO_ROWS, ("dq", "dk", "dv"))
         return dq, dk, dv
 
-
     def offer(self, fast: FastForward, dout, deterministic: bool) -> None:
         """Give this plan's Program, where it has one that may run now, to the forward's node Cache (node_cache)
         for backwards of dout's layout and mode."""
