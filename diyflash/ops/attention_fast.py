@@ -36,8 +36,7 @@ import torch
 import torch.autograd.forward_ad as forward_ad
 
 from ..kernels import uses_triton
-from ..kernels._cplan import node_module as cplan_node_module, programs_on as cplan_programs_on
-from ..kernels._launch import c_sequence_ok
+from ..kernels._cplan import node_module as cplan_node_module
 from ..kernels._runtime import PLAIN, keep, remember
 from ..kernels.contract import few_query_rows
 from .attention import (attention_backward, attention_fwd_impl, kernels_module, resolve_deterministic, resolve_scale,
@@ -185,9 +184,7 @@ def _with_autograd(fast, q, k, v, causal, sm_scale, left, right, softcap, determ
     result = fast(q, k, v)
     if result is None:
         return None
-    # (the node may run kept Programs where the forward's could run now: no launch hook set, the C launcher on)
-    programs = cplan_programs_on() and c_sequence_ok(fast.plan.seq)
-    return mod.attach(q, k, v, *result, cache, programs, causal, sm_scale, left, right, softcap,
+    return mod.attach(q, k, v, *result, cache, fast.node_programs(), causal, sm_scale, left, right, softcap,
                       -1 if deterministic is None else int(deterministic))
 
 

@@ -8,6 +8,7 @@ from threading import get_ident
 
 import torch
 
+from .._cplan import programs_on
 from .._launch import c_sequence_ok, current_stream, runtime_key
 from .._runtime import PLAIN, remember
 from ..contract import empty_out, variant
@@ -83,6 +84,11 @@ class FastForward:
             node = self.node = (mod, mod.cache_new(self.device))
             weakref.finalize(self, mod.cache_clear, node[1]).atexit = False
         return node[1]
+
+    def node_programs(self) -> bool:
+        """Whether the autograd node of a call of this plan may run kept Programs: where this plan's own could
+        (Programs in use, the C launcher on, no launch hook set)."""
+        return programs_on() and c_sequence_ok(self.plan.seq)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
         if not replayable_here(self.device, self.runtime):
