@@ -44,7 +44,11 @@ def test_a_program_is_checked_when_made(built):
 
 @pytest.mark.skipif(ON_GPU, reason="on the GPU a CUDA context is current: the GPU tests below replay")
 def test_nothing_runs_without_a_current_context(built):
-    assert built.run(built.make(1, ((0, 0),), (), (0,), 0, 16), 0, (torch.zeros(2),)) is None
+    program = built.make(1, ((0, 0),), (), (0,), 0, 16)
+    assert built.run(program, 0, (torch.zeros(2),)) is None
+    assert built.run(program, 0, (torch.zeros(2),), None) is None  # (values None: the program's own)
+    with pytest.raises(TypeError, match="tuple of the program's 0 launches' scalars"):
+        built.run(program, 0, (torch.zeros(2),), ((1,),))
 
 
 def test_off_means_python_replays(monkeypatch):
@@ -245,8 +249,8 @@ def test_the_node_gives_the_ops_gradients(built):
 
 def test_the_node_behaves_as_an_autograd_function(built):
     """What autograd promises of a node: a Python error in its backward reaches the caller, an in-place change of
-    a saved output is caught, saved-tensor hooks see its five tensors, and compiled autograd runs it (as an
-    opaque call) to the same gradients."""
+    a saved output is caught, saved-tensor hooks see its five tensors, and compiled autograd traces it (its
+    Python backward calling the op) to the same gradients."""
     from torch._dynamo import compiled_autograd
 
     from diyflash.ops import attention_fast

@@ -66,19 +66,25 @@ struct Program {
 
 const char *CAPSULE = "diyflash_cplan.Program";
 
-/* A tuple of the tensors (from `first`), as Python objects; nullptr with the error set where one fails */
-PyObject *wrap_all(const std::vector<at::Tensor> &tensors, size_t first) {
-    PyObject *out = PyTuple_New(static_cast<Py_ssize_t>(tensors.size() - first));
-    if (out == nullptr) return nullptr;
-    for (size_t i = first; i < tensors.size(); i++) {
-        PyObject *t = THPVariable_Wrap(tensors[i]);
-        if (t == nullptr) {
-            Py_DECREF(out);
-            return nullptr;
-        }
-        PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i - first), t);
+/* A tuple of new references (each taken, also on failure); nullptr with the error set where one is nullptr */
+PyObject *tuple_of(std::vector<PyObject *> items) {
+    PyObject *out = nullptr;
+    bool all = std::all_of(items.begin(), items.end(), [](PyObject *o) { return o != nullptr; });
+    if (all) out = PyTuple_New(static_cast<Py_ssize_t>(items.size()));
+    if (out == nullptr) {
+        for (PyObject *o : items) Py_XDECREF(o);
+        return nullptr;
     }
+    for (size_t i = 0; i < items.size(); i++) PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), items[i]);
     return out;
+}
+
+/* A tuple of the tensors as Python objects; nullptr with the error set where one fails */
+PyObject *wrap_all(const std::vector<at::Tensor> &tensors) {
+    std::vector<PyObject *> items;
+    items.reserve(tensors.size());
+    for (const auto &t : tensors) items.push_back(THPVariable_Wrap(t));
+    return tuple_of(std::move(items));
 }
 
 void program_free(PyObject *capsule) {
@@ -283,7 +289,7 @@ PyObject *run(PyObject *, PyObject *const *args, Py_ssize_t nargs) {
         }
         auto made = run_program(p, stream, in, values);
         if (!made) Py_RETURN_NONE;
-        return wrap_all(*made, 0);
+        return wrap_all(*made);
     END_HANDLE_TH_ERRORS
 }
 
@@ -387,23 +393,15 @@ struct Attention : public torch::autograd::Function<Attention> {
                 }
             }
         }
-        PyObject *args = PyTuple_New(14);
-        if (args == nullptr) throw python_error();
-        PyObject *items[14] = {none_or(dout), none_or(dlse), THPVariable_Wrap(saved[0]), THPVariable_Wrap(saved[1]),
-                               THPVariable_Wrap(saved[2]), THPVariable_Wrap(saved[3]), THPVariable_Wrap(saved[4]),
-                               PyLong_FromLongLong(saved_args.get(0).toInt()), PyBool_FromLong(saved_args.get(2).toBool()),
-                               saved_args.get(3).isNone() ? (Py_INCREF(Py_None), Py_None)
-                                                    : PyFloat_FromDouble(saved_args.get(3).toDouble()),
-                               PyLong_FromLongLong(saved_args.get(4).toInt()), PyLong_FromLongLong(saved_args.get(5).toInt()),
-                               PyFloat_FromDouble(saved_args.get(6).toDouble()),
-                               det < 0 ? (Py_INCREF(Py_None), Py_None) : PyBool_FromLong(det)};
-        bool ok = true;
-        for (int i = 0; i < 14; i++) {
-            ok = ok && items[i] != nullptr;
-            PyTuple_SET_ITEM(args, i, items[i] != nullptr ? items[i] : (Py_INCREF(Py_None), Py_None));
-        }
-        PyObject *grads_in = ok ? PyObject_Call(python_backward, args, nullptr) : nullptr;
-        Py_DECREF(args);
+        PyObject *args = tuple_of(
+            {none_or(dout), none_or(dlse), THPVariable_Wrap(saved[0]), THPVariable_Wrap(saved[1]),
+             THPVariable_Wrap(saved[2]), THPVariable_Wrap(saved[3]), THPVariable_Wrap(saved[4]),
+             PyLong_FromLongLong(saved_args.get(0).toInt()), PyBool_FromLong(saved_args.get(2).toBool()),
+             saved_args.get(3).isNone() ? (Py_INCREF(Py_None), Py_None) : PyFloat_FromDouble(saved_args.get(3).toDouble()),
+             PyLong_FromLongLong(saved_args.get(4).toInt()), PyLong_FromLongLong(saved_args.get(5).toInt()),
+             PyFloat_FromDouble(saved_args.get(6).toDouble()), det < 0 ? (Py_INCREF(Py_None), Py_None) : PyBool_FromLong(det)});
+        PyObject *grads_in = args != nullptr ? PyObject_Call(python_backward, args, nullptr) : nullptr;
+        Py_XDECREF(args);
         if (grads_in == nullptr) {
             python_error err;
             err.persist();
@@ -462,7 +460,7 @@ PyObject *attach(PyObject *, PyObject *args) {
                                      THPVariable_Unpack(tensors[2]), &made, static_cast<int64_t>(cache), programs != 0,
                                      causal != 0, scale_value, static_cast<int64_t>(left), static_cast<int64_t>(right),
                                      softcap, static_cast<int64_t>(deterministic));
-        return wrap_all(outs, 0);
+        return wrap_all(outs);
     END_HANDLE_TH_ERRORS
 }
 

@@ -180,10 +180,7 @@ class Program:
     def __call__(self, stream: int, inputs: tuple, values: tuple | None = None):
         """values: each launch's scalars instead of those the Program was made with (a call of the same plan
         with other strides and lengths)."""
-        if not _USE[0]:
-            return None
-        return self.run(self.capsule, stream, inputs) if values is None else self.run(self.capsule, stream, inputs,
-                                                                                       values)
+        return self.run(self.capsule, stream, inputs, values) if _USE[0] else None
 
 
 def programs_on() -> bool:
