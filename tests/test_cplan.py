@@ -160,26 +160,32 @@ def test_cpp_kv_replays_are_bit_identical_to_python_replays(index, fresh_caches)
 
 @pytest.mark.skipif(not ON_GPU, reason="plans exist for CUDA calls only")
 @pytest.mark.parametrize("n_k", [1000, 8190])
-def test_a_growing_cache_runs_the_program_before_with_its_own_scalars(n_k, fresh_caches):
+def test_a_growing_cache_runs_the_program_before_with_its_own_scalars(n_k, fresh_caches, monkeypatch):
     """The decode route on caches one token longer every step (transformers' DynamicCache: torch.cat, new strides),
     four layers a step: a step's first call takes the step before's C++ call with its own launch scalars where
-    the plan is the same (FastKV.follow), and every output equals the Python replay's, bit for bit."""
+    the plan is the same (FastKV.grown), without looking the plan up again (fast_kvcache) but where the length
+    changes its int class (8192: divisible by 16) or the step before had no C++ call, and every output equals
+    the Python replay's, bit for bit."""
+    from diyflash.kernels import attention as kernels
     from diyflash.ops import attention_fast
 
     if _cplan.ready() is None:
         pytest.skip(f"the C++ replay could not be built here: {_cplan.reason()}")
+    looked_up = []
+    lookup = kernels.fast_kvcache
+    monkeypatch.setattr(kernels, "fast_kvcache", lambda *args: looked_up.append(args[1].shape[2]) or lookup(*args))
     gen = torch.Generator(device="cuda").manual_seed(6)
     q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     caches = [[torch.randn(1, 8, n_k, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2)]
               for _ in range(4)]
-    followed = 0
+    grown = 0
     for _ in range(6):
         for layer in caches:
             new = torch.randn(2, 1, 8, 1, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
             layer[:] = [torch.cat([t, n], dim=2) for t, n in zip(layer, new)]
         outs = [diyflash.flash_attention(q, k, v, causal=True) for k, v in caches]
         (decode,) = [entry for entry in attention_fast._FAST.values() if entry is not None]
-        followed += decode.last is not None and decode.last[1].values is not None
+        grown += decode.last is not None and decode.last[1].values is not None
         before = _cplan.use(False)
         try:
             python = [diyflash.flash_attention(q, k, v, causal=True) for k, v in caches]
@@ -187,7 +193,10 @@ def test_a_growing_cache_runs_the_program_before_with_its_own_scalars(n_k, fresh
             _cplan.use(before)
         for a, b in zip(outs, python):
             assert torch.equal(a, b)
-    assert followed >= 3  # (a length of another int class, 8192, has its own plan: the steps after it follow it)
+    # the first step (whose first call runs the ordinary path); at 8190 also the steps whose ints change class:
+    # 8191 (the unbounded left side 1 + 8191), 8192, 8193 (a class pair of its own, no plan yet)
+    assert set(looked_up) == ({1001} if n_k == 1000 else {8191, 8192, 8193}), looked_up
+    assert grown == (5 if n_k == 1000 else 3)
 
 
 @pytest.mark.parametrize("splits, merge", [(1, False), (4, True), (4, False)])

@@ -233,9 +233,20 @@ def test_a_growing_cache_replays_the_plan_of_its_length_class(device, monkeypatc
     """transformers' DynamicCache hands each decode step a contiguous cache one token longer (new length,
     new strides): the dense route's call then replays an earlier call's kernels with its own arguments
     where the lengths and strides have the classes Triton compiled for (not across a multiple of 16) and
-    the split count is the same. Bit-identical to the same call planned afresh, and right by the oracle."""
+    the split count is the same. Bit-identical to the same call planned afresh, and right by the oracle.
+    The replays are Python's here (the C++ module off, so the count does not depend on whether its build
+    finished): tests/test_cplan.py checks the C++ call's growing cache."""
+    from diyflash.kernels import _cplan
     from diyflash.kernels.attention import kvcache as kv
 
+    before = _cplan.use(False)
+    try:
+        _growing_cache_replays(device, monkeypatch, window, kv)
+    finally:
+        _cplan.use(before)
+
+
+def _growing_cache_replays(device, monkeypatch, window, kv):
     replays = []
     real = kv.replay_with
     monkeypatch.setattr(kv, "replay_with", lambda plan, env, args: replays.append(1) or real(plan, env, args))

@@ -98,7 +98,9 @@ class _Decode:
     the device it ran on (None: the CPU under the interpreter), which must be current (its device_guard).
     On CUDA it keeps the FastKV (kernels.fast_kvcache: the KV-cache plan with its launches' arguments) of the
     latest caches' layout: the layers of one decode step attend to caches of one length and strides, so all
-    but the first replay it; a layout whose class has no plan yet runs the launcher, which makes one."""
+    but the first replay it; the first takes the step before's grown (FastKV.grown: its C++ call with this
+    step's launch scalars, where the lengths' int classes and the split count are the same), else looks its
+    plan up (fast_kvcache); a layout whose class has no plan yet runs the launcher, which makes one."""
 
     __slots__ = ("device", "causal", "scale", "window", "softcap", "return_lse", "last")
 
@@ -109,18 +111,21 @@ class _Decode:
         self.last = None  # (the caches' layout, its FastKV)
 
     def __call__(self, q, k, v):
-        if not dispatcher_free(q, k, v):
+        # dispatcher_free's conditions but the tensors' types, which fast_key checked (_keyable)
+        if op_observed() or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             return None
         if self.device is not None:
-            if torch.cuda.current_device() != self.device:
+            if torch._C._cuda_getDevice() != self.device:  # (torch.cuda.current_device() less its lazy init)
                 return None
-            layout = (k.shape[2], k.stride(), v.stride(), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+            layout = (q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, k.shape[2], k.stride(), v.stride())
             last = self.last
             if last is None or last[0] != layout:
-                fast = kernels_module().fast_kvcache(q, k, v, None, None, None, self.causal, self.scale, self.window,
-                                                     self.softcap, 0, self.return_lse)
-                if fast is not None and last is not None:
-                    fast.follow(last[1])  # (its C++ call, where the plan is the same)
+                fast = None
+                if last is not None and last[0][:3] == layout[:3]:  # the step before's, grown (its C++ call)
+                    fast = last[1].grown(q, k, v, self.causal, self.scale, self.window, self.softcap)
+                if fast is None:
+                    fast = kernels_module().fast_kvcache(q, k, v, None, None, None, self.causal, self.scale,
+                                                         self.window, self.softcap, 0, self.return_lse)
                 last = self.last = None if fast is None else (layout, fast)
             if last is not None:
                 result = last[1](q, k, v, None, None, None)

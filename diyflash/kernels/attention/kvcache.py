@@ -147,7 +147,7 @@ def attention_kvcache(
     keep = _keeps(q) if keep_scratch else None
     out, lse = _outputs(q, v_cache.shape[-1], need_lse, keep)
     call = _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
-                        num_splits, out, keep)
+                        num_splits, _strides_of(out), keep)
     env = _env(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_slopes, sinks, cache_leftpad,
                out, lse)
     if call.var is None:  # nothing to attend: the append alone
@@ -207,15 +207,31 @@ class FastKV:
         self.plan, self.call, self.dv = plan, call, dv
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
         self.program = None  # (the plan as one C++ call, its index tensors given) where it can be; False where not
-        self.values = None  # the launches' scalars the program runs with, where it was made for another call (follow)
+        self.values = None  # the launches' scalars the program runs with, where it was made for another call (grown)
 
-    def follow(self, before: FastKV) -> None:
-        """Run `before`'s Program with this call's scalars where both replay one plan: a decode step on a cache
-        one token longer (a DynamicCache has new strides each step) is the same launches with other strides and
-        lengths, so its first call need not replay from Python and make a Program of its own."""
-        if (self.program is None and before.program and before.plan is self.plan and not self.plan.descs
-                and before.need_lse == self.need_lse and before.dv == self.dv):
-            self.program, self.values = before.program, self.call.args
+    def grown(self, q, k_cache, v_cache, causal: bool, scale: float, window: tuple[int, int],
+              softcap: float) -> FastKV | None:
+        """This decode-route call (no index tensors, num_splits 0) on caches of another length and strides, as a
+        FastKV that runs this one's C++ call with its own launch scalars, where both are one plan: a DynamicCache
+        is one token longer with new strides every decode step, and its launches are the same but for those
+        ints. The caller (ops/attention_fast.py, _Decode) holds every other part of _kv_key fixed (q's layout,
+        the caches' shapes but their length, dtypes, devices, the 16-byte alignments, the scalars); this
+        compares what depends on the length: the variant, the split count and merge, the growing ints' classes.
+        None where one differs or this one has no C++ call: the caller then asks fast_kvcache (~25 us of the
+        H200 host's time a step: its key alone ~11 us, bench/results/host_budget_h200.txt)."""
+        program, before = self.program, self.call
+        if not program or self.plan.descs:
+            return None
+        call = _call_layout(q, k_cache, v_cache, None, None, None, causal, scale, window, softcap, None, 0,
+                            before.out_strides, _keeps(q))
+        var, was = call.var, before.var
+        if (var is None or var.causal != was.causal or var.window != was.window or var.cap2 != was.cap2
+                or call.splits != before.splits or call.merge != before.merge
+                or _classes(call.grows) != _classes(before.grows)):
+            return None
+        fast = FastKV(self.plan, call, self.dv, self.need_lse, self.device, self.runtime)
+        fast.program, fast.values = program, call.args
+        return fast
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
         if not replayable_here(self.device, self.runtime):
@@ -269,7 +285,7 @@ def fast_kvcache(q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad,
         return None
     out = empty_out(q, v_cache.shape[-1])  # its layout, for the arguments (the call's own was the same)
     call = _call_layout(q, k_cache, v_cache, None, None, block_table, causal, scale, window, softcap, None,
-                        num_splits, out, _keeps(q))
+                        num_splits, _strides_of(out), _keeps(q))
     if call.var is None:
         return None
     others = (cache_seqlens, None, None, block_table, None, None, cache_leftpad)
@@ -299,10 +315,12 @@ class CallLayout(NamedTuple):
     capacity: int
     num_pages: int
     grows: tuple  # the ints of the args that grow with a contiguous cache (_kv_key counts their classes)
+    out_strides: tuple | None = None  # out's strides (None: out has no element)
 
 
 def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
-                 num_splits, out, keep: tuple | None) -> CallLayout:
+                 num_splits, out_strides: tuple | None, keep: tuple | None) -> CallLayout:
+    """out_strides: out's strides (empty_out's, a function of q's layout), None where out has no element."""
     b, h, n_q, d = q.shape
     k_shape = k_cache.shape
     h_kv, dv = k_shape[1], v_cache.shape[-1]
@@ -318,7 +336,7 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
     args = []  # each launch's arguments after its pointers: append (new keys), decode, combine (many splits)
     if n_new and b:
         args.append((*k_new.stride(), *v_new.stride(), *k_strides, *v_strides, bt_stride, n_new, capacity, num_pages))
-    if out.numel() == 0:
+    if out_strides is None:
         return CallLayout(tuple(args), None, 0, 0, 1, 0, False, paged, page_size, n_new, capacity, num_pages, ())
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
@@ -328,16 +346,20 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
         o_strides = (h * n_q * splits * dv, n_q * splits * dv, splits * dv, dv, 1)
         l_strides = (h * n_q * splits, n_q * splits, splits, 1)
     else:
-        o_strides = (*out.stride()[:3], 0, out.stride(3))
+        o_strides = (*out_strides[:3], 0, out_strides[3])
         l_strides = (*lse_strides, 0)
-    args.append((*q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, *out.stride(), *lse_strides, bt_stride,
+    args.append((*q.stride(), *k_strides, *v_strides, *o_strides, *l_strides, *out_strides, *lse_strides, bt_stride,
                  alibi_stride(alibi_slopes), h_kv, n_q, n_new, capacity, num_pages, splits, scale * LOG2E, var.kv_group,
                  var.left, var.right, var.cap2))
     merge = _merges(splits, keep is not None, paged)
     if splits > 1 and not merge:
-        args.append((*out.stride(), *lse_strides, h, n_q, splits, b * h * n_q))
+        args.append((*out_strides, *lse_strides, h, n_q, splits, b * h * n_q))
     return CallLayout(tuple(args), var, block_m, row_tiles, splits, b * h_kv * row_tiles, merge, paged, page_size,
-                      n_new, capacity, num_pages, (*k_strides, *v_strides, capacity, var.left, var.right))
+                      n_new, capacity, num_pages, (*k_strides, *v_strides, capacity, var.left, var.right), out_strides)
+
+
+def _strides_of(out: torch.Tensor) -> tuple | None:
+    return out.stride() if out.numel() else None
 
 
 def _kv_key(q, k_cache, v_cache, call: CallLayout, others: tuple, scale: float, num_splits: int,
@@ -488,7 +510,7 @@ def _keeps(q: torch.Tensor) -> tuple | None:
     """Where this call's scratch buffers come from in _KEPT, (device index, current stream, thread), for an
     eager CUDA call; None where nothing is kept (the interpreter, a CUDA graph being captured). Found once a
     call: each _kept of the call takes it."""
-    if PLAIN or not q.is_cuda or torch.cuda.is_current_stream_capturing():
+    if PLAIN or not q.is_cuda or torch._C._cuda_isCurrentStreamCapturing():  # (the torch.cuda function's body)
         return None
     index = q.get_device()
     return index, current_stream(index), get_ident()

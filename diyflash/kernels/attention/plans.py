@@ -108,7 +108,8 @@ def replayable_here(device: int, runtime: tuple) -> bool:
     """Whether a plan bound on `device` under the JIT knobs `runtime` (runtime_key) can replay now: the
     current device is the same and the knobs have not changed. The callers that keep a plan outside the
     launchers' keyed stores (FastForward, FastBackward, FastKV) ask before each replay."""
-    return torch.cuda.current_device() == device and runtime_key() == runtime
+    # (torch.cuda.current_device() less its lazy init: a plan exists only where CUDA is initialized)
+    return torch._C._cuda_getDevice() == device and runtime_key() == runtime
 
 
 def replay(plan: Plan, env: dict) -> None:
