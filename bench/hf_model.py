@@ -76,6 +76,8 @@ def main():
                         help="generate's KV cache: transformers' default (dynamic) and/or cache_implementation="
                              "'static' (generate compiles the forward for it)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gen-repeats", type=int, default=None,
+                        help="generate's turns (default: half of --repeats, at least one)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cfg = llama_config(args.layers, args.prompt + args.new + args.seq)
@@ -97,8 +99,10 @@ def main():
         m = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=impl)
         m.load_state_dict(state)
         models[impl] = m.to("cuda", torch.bfloat16)
+    gen_repeats = args.gen_repeats or max(1, args.repeats // 2)
     head = (f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | transformers {transformers.__version__} | "
-            f"Llama {args.layers} layers h2048 H16/4 bf16 | medians of {args.repeats}, the implementations in turns")
+            f"Llama {args.layers} layers h2048 H16/4 bf16 | medians of {args.repeats} (generate {gen_repeats}), the "
+            "implementations in turns")
     print(head)
     rows = []
     for batch in args.batch:
@@ -131,7 +135,7 @@ def main():
             for fn in fns.values():
                 fn()
             rows += _rows(f"generate B{batch} {cache} prompt {args.prompt} +{args.new}",
-                          _in_turns(fns, max(1, args.repeats // 2)), batch * args.new)
+                          _in_turns(fns, gen_repeats), batch * args.new)
     print("| task | impl | ms | tok/s | speed vs sdpa, median of turns (range) |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
