@@ -194,6 +194,9 @@ def _env(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_sl
             "leftpad": cache_leftpad, "out": out, "lse": lse}
 
 
+_NO_INDEXES = (False, False, False)  # a FastKV program's `indexes` without cache_seqlens, block_table, cache_leftpad
+
+
 class FastKV:
     """A KV-cache call's plan with its launches' arguments, held by a caller that keys it on the call's
     exact layouts (ops/attention_fast.py, the API's fast path for a decode step without new keys): calling
@@ -201,13 +204,16 @@ class FastKV:
     Returns (out, lse or None), or None where the plan cannot run now (another current device, changed JIT
     knobs, an unaligned buffer)."""
 
-    __slots__ = ("plan", "call", "dv", "need_lse", "device", "runtime", "program", "values")
+    __slots__ = ("plan", "call", "dv", "need_lse", "device", "runtime", "program", "values", "kept")
 
     def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime):
         self.plan, self.call, self.dv = plan, call, dv
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
         self.program = None  # (the plan as one C++ call, its index tensors given) where it can be; False where not
         self.values = None  # the launches' scalars the program runs with, where it was made for another call (grown)
+        # (keep, _kept_inputs) of the latest C++ call: a store lookup a buffer a call otherwise. A buffer the store
+        # has since replaced by a longer one (another call's) stays this call's: its launches run in stream order
+        self.kept = None
 
     def grown(self, q, k_cache, v_cache, causal: bool, scale: float, window: tuple[int, int],
               softcap: float) -> FastKV | None:
@@ -230,7 +236,7 @@ class FastKV:
                 or _classes(call.grows) != _classes(before.grows)):
             return None
         fast = FastKV(self.plan, call, self.dv, self.need_lse, self.device, self.runtime)
-        fast.program, fast.values = program, call.args
+        fast.program, fast.values, fast.kept = program, call.args, self.kept  # (the same buffers' sizes)
         return fast
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
@@ -240,9 +246,15 @@ class FastKV:
         program = self.program
         if program and keep is not None and c_sequence_ok(self.plan.seq):
             run, indexes = program
-            tensors = (q, k_cache, v_cache,
-                       *[t for t, given in zip((cache_seqlens, block_table, cache_leftpad), indexes) if given],
-                       *_kept_inputs(q, self.call, keep, self.need_lse))
+            kept = self.kept
+            if kept is None or kept[0] != keep:  # (another stream or thread than the call before's)
+                kept = self.kept = (keep, _kept_inputs(q, self.call, keep, self.need_lse))
+            if indexes == _NO_INDEXES:  # (the decode route's calls)
+                tensors = (q, k_cache, v_cache, *kept[1])
+            else:
+                tensors = (q, k_cache, v_cache,
+                           *[t for t, given in zip((cache_seqlens, block_table, cache_leftpad), indexes) if given],
+                           *kept[1])
             result = run(keep[1], tensors, self.values)
             if result is not None:
                 return result if self.need_lse else (result[0], None)
