@@ -272,6 +272,64 @@ def _growing_cache_replays(device, monkeypatch, window, kv):
         assert report.ok, str(report)
 
 
+@pytest.mark.parametrize("window, softcap", [((-1, -1), 0.0), ((40, 0), 0.0), ((1100, 0), 0.0), ((-1, -1), 30.0)])
+def test_a_grown_decode_call_keeps_the_plan_exactly_where_the_plan_key_is_the_same(monkeypatch, window, softcap):
+    """FastKV.grown (a decode step's first call, on caches one token longer than the step before's) compares what
+    depends on the caches' length instead of computing the plan key: it takes the step before's plan exactly
+    where kvcache._kv_key is the same, over lengths whose ints change class (multiples of 16), whose split count
+    changes (a 132-SM grid, 100-key splits here so that a split count changes where no int changes class), past
+    a left window's width, and where the step before merged its splits and this one's stream is captured; and runs
+    it with its own call's launch scalars. A FastKV without a C++ call, or with TMA descriptors, grows none."""
+    from types import SimpleNamespace
+
+    from diyflash.kernels.attention import kvcache as kv
+
+    monkeypatch.setattr(kv, "device_limits", lambda device: SimpleNamespace(sms=132))
+    monkeypatch.setattr(kv, "INTERPRETED", False)  # (_kv_key has no key under the interpreter)
+    monkeypatch.setattr(kv, "MIN_KEYS_PER_SPLIT", 100)  # split counts that change where no int changes class
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    stream = {"keep": None}  # what _keeps answers: None, as for a CPU tensor or a stream being captured
+    monkeypatch.setattr(kv, "_keeps", lambda q: stream["keep"])
+    q = torch.randn(1, 8, 1, 64)
+    scale, out_strides = 0.125, kv.empty_out(q, 64).stride()
+
+    def call(n):
+        k = torch.empty(1, 2, n, 64)
+        layout = kv._call_layout(q, k, k, None, None, None, True, scale, window, softcap, None, 0, out_strides,
+                                 kv._keeps(q))
+        return k, layout, kv._kv_key(q, k, k, layout, (None,) * 7, scale, 0, False)
+
+    plan, program = SimpleNamespace(descs=()), (object(), kv._NO_INDEXES)
+    _, before, before_key = call(1000)
+    same = 0
+    for n in range(1001, 1301):
+        k, layout, key = call(n)
+        fast = kv.FastKV(plan, before, 64, False, 0, ())
+        fast.program = program
+        grown = fast.grown(q, k, k, True, scale, window, softcap)
+        assert (grown is not None) == (key == before_key), n
+        if grown is not None:
+            assert grown.plan is plan and grown.program is program and grown.values == layout.args
+            same += 1
+        before, before_key = layout, key
+    assert 200 < same < 300  # (most steps keep their plan; a length of a new class or split count does not)
+    k, captured, _ = call(1001)
+    stream["keep"] = ("a stream", 0, 0)  # an eager call's: its splits merged in the decode launch
+    _, merged, _ = call(1001)
+    assert merged.merge and not captured.merge and merged.splits == captured.splits
+    stream["keep"] = None  # the step before's merged; this one's stream is being captured
+    fast = kv.FastKV(plan, merged, 64, False, 0, ())
+    fast.program = program
+    assert fast.grown(q, k, k, True, scale, window, softcap) is None
+    fast = kv.FastKV(plan, captured, 64, False, 0, ())
+    fast.program = program
+    assert fast.grown(q, k, k, True, scale, window, softcap) is not None
+    fast.program = False  # (no C++ call)
+    assert fast.grown(q, k, k, True, scale, window, softcap) is None
+    fast.program, fast.plan = program, SimpleNamespace(descs=("k",))
+    assert fast.grown(q, k, k, True, scale, window, softcap) is None
+
+
 def test_split_count_and_stages_fill_whole_waves(monkeypatch):
     """The launch shape rule (kvcache.py, measured in bench/results/decode_probe_h200.txt): a grid smaller
     than the GPU is split into one whole wave of programs, one an SM (four for a paged cache, whose
