@@ -221,8 +221,9 @@ class FastKV:
         FastKV that runs this one's C++ call with its own launch scalars, where both are one plan: a DynamicCache
         is one token longer with new strides every decode step, and its launches are the same but for those
         ints. The caller (ops/attention_fast.py, _Decode) holds every other part of _kv_key fixed (q's layout,
-        the caches' shapes but their length, dtypes, devices, the 16-byte alignments, the scalars); this
-        compares what depends on the length: the variant, the split count and merge, the growing ints' classes.
+        the caches' shapes but their length, dtypes, devices, the 16-byte alignments, the scalars, and with them
+        the variant's flags); this compares what depends on the length or on the stream's capture: the split
+        count and merge, the growing ints' classes.
         None where one differs or this one has no C++ call: the caller then asks fast_kvcache (~25 us of the
         H200 host's time a step: its key alone ~11 us, bench/results/host_budget_h200.txt)."""
         program, before = self.program, self.call
@@ -230,9 +231,7 @@ class FastKV:
             return None
         call = _call_layout(q, k_cache, v_cache, None, None, None, causal, scale, window, softcap, None, 0,
                             before.out_strides, _keeps(q))
-        var, was = call.var, before.var
-        if (var is None or var.causal != was.causal or var.window != was.window or var.cap2 != was.cap2
-                or call.splits != before.splits or call.merge != before.merge
+        if (call.splits != before.splits or call.merge != before.merge
                 or _classes(call.grows) != _classes(before.grows)):
             return None
         fast = FastKV(self.plan, call, self.dv, self.need_lse, self.device, self.runtime)
