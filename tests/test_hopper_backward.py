@@ -112,6 +112,27 @@ def test_the_call_rule(monkeypatch):
     assert not runs()
 
 
+@pytest.mark.parametrize("d", [64, 128])
+def test_flat_dq_accumulator_reads_back(device, d):
+    """The dq convert pass reads the Hopper backward's fp32 accumulator back (CPU: the interpreter): each
+    64-row tile's two warpgroup halves in backward_sm90._store_dq's order, built here with torch's reshape and
+    permute as the kernel's Gluon code builds it, N_q rounded up to 64 rows a head (hopper.bwd_dq_rows; the
+    padding rows hold values that must not reach dq), into a strided dq, times the scale."""
+    from diyflash.kernels.attention.backward_rows import _attn_bwd_dq_convert_kernel
+
+    z, h, n = 2, 3, 100
+    rows = hopper.bwd_dq_rows(n, d, packed=False)
+    assert rows == 128 and hopper.bwd_dq_rows(n, d, packed=True) == n
+    dq = torch.randn(z, h, rows, d, device=device)
+    # (tile, warpgroup, r // 16, r // 8 % 2, r % 8, c // 8, c % 8 // 2, c % 2) -> _store_dq's order
+    halves = dq.view(z, h, rows // 64, 64, 2, d // 2).transpose(3, 4)
+    acc = halves.reshape(z, h, rows // 64, 2, 4, 2, 8, d // 16, 4, 2).permute(0, 1, 2, 3, 7, 4, 6, 8, 5, 9).contiguous()
+    out = torch.full((z, n, h, d), float("nan"), device=device).transpose(1, 2)  # fp32: the order alone
+    _attn_bwd_dq_convert_kernel[(-(-n // 64), h, z)](acc, out, *out.stride(), h, n, 0.5, HEAD_DIM=d, HEAD_DIM_PAD=d,
+                                                    BLOCK_M=64, FLAT=True)
+    assert torch.equal(out, dq[:, :, :n] * 0.5)
+
+
 @needs_hopper
 def test_dk_dv_are_reproducible_and_dq_close(fresh_caches):
     """dk and dv come from the program that owns their keys, in a fixed order: bitwise equal call after call

@@ -22,11 +22,13 @@ def _attn_bwd_preprocess_kernel(
     num_heads, seq_len_q, stat_stride,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM_Q: tl.constexpr, HEAD_DIM_Q_PAD: tl.constexpr,
+    DQ_FLAT: tl.constexpr,
 ):
     """delta and lse2 of BLOCK_M query rows of one head ((Z, H, stat_stride) fp32: N_q rows a head, or the
     Hopper backward's N_q rounded up to 4, whose TMA reads need 16-byte aligned rows); ZERO_DQ: also the
     zeros of the rows' fp32 dq accumulator (contiguous (Z, H, N_q, HEAD_DIM_Q)), which the dk/dv kernel's
-    atomic adds then fill (DQ_ATOMIC), so that no separate fill runs."""
+    atomic adds then fill (DQ_ATOMIC), so that no separate fill runs; DQ_FLAT: the Hopper backward's
+    (_dq_flat_offset), N_q rounded up to BLOCK_M rows a head, the last block's padding rows too."""
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -55,11 +57,12 @@ def _attn_bwd_preprocess_kernel(
     tl.store(delta_ptr + head * stat_stride + offs_m, delta, mask=offs_m < stat_stride)
     tl.store(lse2_ptr + head * stat_stride + offs_m, lse2, mask=offs_m < stat_stride)
     if ZERO_DQ:
-        row_off = head * seq_len_q + offs_m
+        acc_rows = tl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M if DQ_FLAT else seq_len_q
+        row_off = head * acc_rows + offs_m
         offs_q = tl.arange(0, HEAD_DIM_Q_PAD)
         tl.store(dq_acc_ptr + row_off[:, None] * HEAD_DIM_Q + offs_q[None, :],
                  tl.zeros([BLOCK_M, HEAD_DIM_Q_PAD], dtype=tl.float32),
-                 mask=row_in[:, None] & (offs_q < HEAD_DIM_Q)[None, :])
+                 mask=(offs_m < acc_rows)[:, None] & (offs_q < HEAD_DIM_Q)[None, :])
 
 
 @triton.jit
@@ -98,22 +101,41 @@ def _attn_bwd_group_sum_kernel(
 
 
 @triton.jit
+def _dq_flat_offset(r, d, HEAD_DIM: tl.constexpr):
+    """Where element (r, d) of a 64-row dq tile sits in the Hopper backward's flat accumulator tile
+    (backward_sm90._store_dq writes it): each MMA warpgroup's D/2 columns a chunk of 64 * D/2 floats, element
+    (r, c) of a chunk at (c // 8) * 512 + (32 * (r // 16) + 4 * (r % 8) + c % 8 // 2) * 4 + 2 * (r // 8 % 2)
+    + c % 2 (its wgmma accumulator registers' order)."""
+    H2: tl.constexpr = HEAD_DIM // 2
+    w = d // H2
+    c = d % H2
+    return (w * (64 * H2) + (c // 8) * 512 + (32 * (r // 16) + 4 * (r % 8) + c % 8 // 2) * 4
+            + 2 * (r // 8 % 2) + c % 2)
+
+
+@triton.jit
 def _attn_bwd_dq_convert_kernel(
     dq_acc_ptr, dq_ptr,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
     num_heads, seq_len_q, scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FLAT: tl.constexpr,
 ):
     """dq of BLOCK_M query rows of one head from the fp32 accumulator the dk/dv kernel's atomic adds
-    filled (contiguous (Z, H, N_q, HEAD_DIM)): times the natural scale, in dq's dtype and strides. Grid
-    (row blocks, heads, batch), as the preprocess kernel's."""
+    filled (contiguous (Z, H, N_q, HEAD_DIM)), or FLAT the Hopper backward's TMA reduces (N_q rounded up to
+    BLOCK_M = 64 rows a head, each 64-row tile in _dq_flat_offset's order): times the natural scale, in dq's
+    dtype and strides. Grid (row blocks, heads, batch), as the preprocess kernel's."""
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     mask = (offs_m < seq_len_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    row_off = (off_z * num_heads + off_h).to(tl.int64) * seq_len_q + offs_m
-    dq = tl.load(dq_acc_ptr + row_off[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0)
+    head = (off_z * num_heads + off_h).to(tl.int64)
+    if FLAT:
+        tile = (head * tl.cdiv(seq_len_q, BLOCK_M) + tl.program_id(0)) * BLOCK_M * HEAD_DIM
+        at = tile + _dq_flat_offset(tl.arange(0, BLOCK_M)[:, None], offs_d[None, :], HEAD_DIM=HEAD_DIM)
+    else:
+        at = (head * seq_len_q + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
+    dq = tl.load(dq_acc_ptr + at, mask=mask, other=0.0)
     tl.store(dq_ptr + off_z.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh
              + offs_m.to(tl.int64)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              (dq * scale).to(dq_ptr.dtype.element_ty), mask=mask)

@@ -12,9 +12,12 @@ it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 r
 - a loader warp: k and v once, then q, do, lse and delta of each step into STAGES slots (TMA; packed
   sequences' lse and delta rows start anywhere, unaligned for the TMA: the warp loads those itself);
 - a writer warp: each step's dq tile added into the fp32 accumulator by the TMA unit (a bulk tensor
-  reduce-add, 128-byte-wide panels; DQ_BUFS tiles in turns, so the next step's tile need not wait for it),
-  where a warp of red.global.add.v4 instructions held the kernel at 0.61-0.80x of the TMA form's speed
-  (bench/results/onepass_backward_h200.jsonl, run "fa3 split").
+  reduce-add), where a warp of red.global.add.v4 instructions held the kernel at 0.61-0.80x of the TMA form's
+  speed (bench/results/onepass_backward_h200.jsonl, run "fa3 split"). Each MMA warpgroup stores its half of
+  the tile in its registers' order, one flat chunk of the accumulator, which one reduce adds as soon as that
+  half is in (_store_dq; as FlashAttention-3 does): 1.02-1.06x at D128 against 128-byte swizzled panels,
+  whose 64-bit stores met 2-way bank conflicts (run "dq in register order"). Packed sequences' tiles start at
+  any row: they keep the panels (DQ_BUFS tiles in turns), clipped by the TMA at the tensor's rows.
 Semantics are semantics.py's (_tile, _sequence, _query_band, _scores, _probs, _visible, _prescaled). dk and dv are
 written by the program that owns the keys (no atomics); dq's adds land in any order (not deterministic:
 launch.attention_bwd runs it only where determinism is not asked for). hopper.py decides where it runs."""
@@ -96,21 +99,74 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
 
 
 @gluon.jit
-def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, BLOCK_M: gl.constexpr):
-    """Each step's dq tile (its panels) added into the fp32 accumulator by the TMA unit; the tile's buffer is
-    free again once the unit has read it (DQ_BUFS buffers in turns). A tile's rows past the sequence hold
-    zeros (their p is masked): for packed sequences the next sequence's rows get +0."""
-    DQ_BUFS: gl.constexpr = dq_full.shape[0]
-    PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
-    PANEL: gl.constexpr = dq_bufs.shape[4]  # dq's columns a TMA reduce (its descriptor's block)
-    for t in range(total):
-        start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
-        b = t % DQ_BUFS
-        mbarrier.wait(dq_full.index(b), (t // DQ_BUFS) & 1)
-        for j in gl.static_range(PANELS):
-            _tma_reduce_add(dq_desc, [z_in, off_h, q_start + start_m, j * PANEL], dq_bufs.index(b * PANELS + j))
-        tma.store_wait(0)
-        mbarrier.arrive(dq_empty.index(b), count=1)
+def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, num_heads, acc_rows,
+            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr):
+    """Each step's dq tile added into the fp32 accumulator by the TMA unit; a buffer is free again once the
+    unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
+    of the (Z, H, acc_rows, D) accumulator (acc_rows: N_q rounded up to 64), reduced as soon as it is in.
+    Else the tile's panels of the (Z, H, N_q, D) accumulator once both halves are in (DQ_BUFS buffers in
+    turns). A tile's rows past the sequence hold zeros (their p is masked): for packed sequences the next
+    sequence's rows get +0."""
+    if FLAT:
+        CHUNK: gl.constexpr = dq_bufs.shape[1]  # rows of 256 floats a warpgroup's half
+        head_z = z_in * num_heads
+        for t in range(total):
+            start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
+            row = (((head_z + off_h).to(gl.int64) * acc_rows + start_m) * HEAD_DIM // 256).to(gl.int32)
+            for w in gl.static_range(2):
+                mbarrier.wait(dq_full.index(w), t & 1)
+                _tma_reduce_add(dq_desc, [row + w * CHUNK, 0], dq_bufs.index(w))
+            tma.store_wait(1)
+            mbarrier.arrive(dq_empty.index(0), count=1)
+            tma.store_wait(0)
+            mbarrier.arrive(dq_empty.index(1), count=1)
+    else:
+        DQ_BUFS: gl.constexpr = dq_full.shape[0]
+        PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
+        PANEL: gl.constexpr = dq_bufs.shape[4]  # dq's columns a TMA reduce (its descriptor's block)
+        for t in range(total):
+            start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
+            b = t % DQ_BUFS
+            mbarrier.wait(dq_full.index(b), (t // DQ_BUFS) & 1)
+            for j in gl.static_range(PANELS):
+                _tma_reduce_add(dq_desc, [z_in, off_h, q_start + start_m, j * PANEL], dq_bufs.index(b * PANELS + j))
+            tma.store_wait(0)
+            mbarrier.arrive(dq_empty.index(b), count=1)
+
+
+@gluon.jit
+def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr):
+    """MMA warpgroup W's half of step t's dq tile (64 rows x D/2 columns, fp32) into shared memory for the
+    writer warp. FLAT: in the accumulator registers' order, one buffer a warpgroup: element (r, c) at
+    (c // 8) * 512 + (32 * (r // 16) + 4 * (r % 8) + c % 8 // 2) * 4 + 2 * (r // 8 % 2) + c % 2, so that
+    thread t's registers 4i .. 4i+3 land at i * 512 + t * 4 (128-bit stores, a warp's 512 bytes in a row: no
+    bank conflicts); backward_rows._dq_flat_offset reads it back. Else the tile's 128-byte swizzled panels (one
+    a warpgroup at D64, two at D128; 64-bit stores), DQ_BUFS tiles in turns."""
+    if FLAT:
+        H2: gl.constexpr = dq.shape[1]
+        # (r // 16, r // 8 % 2, r % 8, c // 8, c % 8 // 2, c % 2), then in the order of the offset above
+        x = gl.permute(gl.reshape(dq, [4, 2, 8, H2 // 8, 4, 2]), (3, 0, 2, 4, 1, 5))
+        mbarrier.wait(dq_empty.index(W), (t & 1) ^ 1)
+        dq_bufs.index(W).store(gl.reshape(x, [dq_bufs.shape[1], 256]))
+        fence_async_shared()
+        _barrier()
+        mbarrier.arrive(dq_full.index(W), count=1)
+    else:
+        DQ_BUFS: gl.constexpr = dq_full.shape[0]
+        PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
+        PANEL: gl.constexpr = dq_bufs.shape[4]
+        M: gl.constexpr = dq.shape[0]
+        qb = t % DQ_BUFS
+        mbarrier.wait(dq_empty.index(qb), ((t // DQ_BUFS) & 1) ^ 1)
+        if dq.shape[1] == PANEL:
+            dq_bufs.index(qb * PANELS + W).reshape([M, PANEL]).store(dq)
+        else:
+            dq0, dq1 = gl.split(gl.permute(gl.reshape(dq, [M, 2, PANEL]), (0, 2, 1)))
+            dq_bufs.index(qb * PANELS + 2 * W).reshape([M, PANEL]).store(dq0)
+            dq_bufs.index(qb * PANELS + 2 * W + 1).reshape([M, PANEL]).store(dq1)
+        fence_async_shared()
+        _barrier()
+        mbarrier.arrive(dq_full.index(qb), count=1)
 
 
 @gluon.jit
@@ -119,16 +175,13 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
          stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
          key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-         W: gl.constexpr):
+         W: gl.constexpr, FLAT: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's)."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]  # the program's keys (k's descriptor block)
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's
-    PANEL: gl.constexpr = dq_bufs.shape[4]
-    DQ_BUFS: gl.constexpr = dq_full.shape[0]
-    PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
     dtype: gl.constexpr = k_s.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
@@ -198,18 +251,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(s), count=1)
-        qb = t % DQ_BUFS
-        mbarrier.wait(dq_empty.index(qb), ((t // DQ_BUFS) & 1) ^ 1)
-        # this warpgroup's panels of the tile (one at D64, two at D128), stored in the TMA's swizzled layout
-        if HEAD_DIM // 2 == PANEL:
-            dq_bufs.index(qb * PANELS + W).reshape([BLOCK_M, PANEL]).store(dq * dq_scale)
-        else:
-            dq0, dq1 = gl.split(gl.permute(gl.reshape(dq * dq_scale, [BLOCK_M, 2, PANEL]), (0, 2, 1)))
-            dq_bufs.index(qb * PANELS + 2 * W).reshape([BLOCK_M, PANEL]).store(dq0)
-            dq_bufs.index(qb * PANELS + 2 * W + 1).reshape([BLOCK_M, PANEL]).store(dq1)
-        fence_async_shared()
-        _barrier()
-        mbarrier.arrive(dq_full.index(qb), count=1)
+        _store_dq(dq * dq_scale, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT)
 
     kv_rows = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -239,13 +281,15 @@ def _hopper_bwd_kernel(
     (Z, H_kv * parts, N_k, D) that a last launch adds up. k_desc, v_desc: (1, 1, BLOCK_N, D) blocks of (Z, H_kv, N_k, D);
     q_desc, do_desc: (1, 1, BLOCK_M, D) blocks of (Z, H, N_q, D); lse_desc, delta_desc: BLOCK_M blocks of the
     flat (Z * H * stat_stride) base-2 lse and delta (stat_stride >= N_q rows a head, a multiple of 4: TMA
-    coordinates 16-byte aligned); dq_desc: (1, 1, BLOCK_M, PANEL) blocks of the fp32 (Z, H, N_q, D)
-    accumulator, zeroed before (the preprocess) and scaled after (the convert pass); lse_ptr, delta_ptr: that
+    coordinates 16-byte aligned); dq_desc: the fp32 accumulator, zeroed before (the preprocess) and scaled
+    after (the convert pass): (CHUNK, 256) blocks of its floats in rows of 256, (Z, H, N_q rounded up to
+    BLOCK_M = 64, D) in _store_dq's order, or, VARLEN, (1, 1, BLOCK_M, PANEL) blocks of (Z, H, N_q, D)
+    (hopper.bwd_descriptors); lse_ptr, delta_ptr: that
     flat base-2 lse and delta (VARLEN reads them through these). HAS_SEQ_LENS, VARLEN: seq_lens_ptr and cu_k_ptr
     as semantics._sequence takes them; packed sequences are the (1, H, T, D) views, a grid slice a sequence."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]  # keys a program: two MMA warpgroups' halves
-    PANEL: gl.constexpr = dq_desc.block_type.shape[3]  # dq's columns a TMA reduce (hopper.BWD_DQ_PANEL)
+    FLAT: gl.constexpr = not VARLEN  # dq's tile in its registers' order (_store_dq): tiles start at 64-row bounds
     pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
     off_hk = off_hp // parts
     heads = kv_group // parts
@@ -272,36 +316,43 @@ def _hopper_bwd_kernel(
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
-    dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * (HEAD_DIM // PANEL)] + dq_desc.block_type.shape,
-                                        dq_desc.layout)
+    if FLAT:  # a buffer a warpgroup
+        DQ_BARS: gl.constexpr = 2
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+    else:  # DQ_BUFS tiles of HEAD_DIM // PANEL panels
+        DQ_BARS: gl.constexpr = DQ_BUFS
+        PANEL: gl.constexpr = dq_desc.block_type.shape[3]  # dq's columns a TMA reduce (hopper.BWD_DQ_PANEL)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * (HEAD_DIM // PANEL)] + dq_desc.block_type.shape,
+                                            dq_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
-    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_BUFS, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [DQ_BARS, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_BARS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
-    for i in gl.static_range(DQ_BUFS):
-        mbarrier.init(dq_full.index(i), count=2)
+    for i in gl.static_range(DQ_BARS):
+        mbarrier.init(dq_full.index(i), count=1 if FLAT else 2)
         mbarrier.init(dq_empty.index(i), count=1)
     gl.warp_specialize([
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL,
-                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0)),
+                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL,
-                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1)),
+                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, num_heads, stat_stride, VARLEN, BLOCK_M)),
-        (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, BLOCK_M)),
+        (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, num_heads,
+                   gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M, HEAD_DIM, BLOCK_M, FLAT)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

@@ -215,8 +215,9 @@ def launcher():
 
 # -- the backward (backward_sm90.py) --
 
-# The Hopper backward's tiles by head dim (D = Dv): (query rows a step, q/dout/stat stages, dq tile buffers
-# the MMA warpgroups and the writer take in turns: 2 where shared memory has room). Its programs take
+# The Hopper backward's tiles by head dim (D = Dv): (query rows a step: 64, one wgmma row tile, which
+# backward_sm90._store_dq's order assumes; q/dout/stat stages; for packed sequences, dq tile buffers the MMA
+# warpgroups and the writer take in turns: 2 where shared memory has room). Its programs take
 # 128 keys (two MMA warpgroups of 64; the kernel reads it off k's descriptor). H200, Triton 3.6, in one run
 # beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "integrated"): D128 0.98-1.03x cuDNN on the GQA
 # 32/8 and MHA cells, where the two portable kernels (deterministic=True) ran 0.73-0.80x; 1.32x FlexAttention
@@ -300,10 +301,30 @@ def _stat_descriptor(t: torch.Tensor, block_m: int):
 BWD_POINTERS = ("gluon_k", "gluon_v", "gluon_q", "gluon_dout", "gluon_lse2", "gluon_delta", "gluon_dq_acc")
 
 
-def bwd_descriptors(d: int) -> tuple:
+def _flat_descriptor(t: torch.Tensor, rows: int):
+    """A TMA descriptor over the fp32 tensor t's floats in rows of 256, in (rows, 256) blocks (unswizzled)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, [t.numel() // 256, 256], [256, 1], [rows, 256],
+                            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+
+
+def bwd_dq_rows(n_q: int, d: int, packed: bool) -> int:
+    """Rows a head of the Hopper backward's fp32 dq accumulator: N_q rounded up to the kernel's 64-row tiles,
+    each MMA warpgroup's half a flat chunk in its registers' order (backward_sm90._store_dq); packed
+    sequences, whose tiles start at any row, N_q (swizzled panels, clipped by the TMA)."""
+    block_m = BWD_TILES[d][0]
+    return n_q if packed else -(-n_q // block_m) * block_m
+
+
+def bwd_descriptors(d: int, packed: bool = False) -> tuple:
     """The backward launch's host descriptors (plans.launch_chunks' descs): k, v, q, dout, the fp32 dq
-    accumulator, and the flat row statistics (a spec with a function: plans._with_descriptors)."""
+    accumulator (a warpgroup's half of a tile, 64 x d/2 floats, a block; packed: BWD_DQ_PANEL-column panels of
+    its (Z, H, N_q, D) view), and the flat row statistics (specs with a function: plans._with_descriptors)."""
     block_m = BWD_TILES[d][0]
     stats = functools.partial(_stat_descriptor, block_m=block_m)
+    dq = (("dq_acc", block_m, BWD_DQ_PANEL, True) if packed
+          else ("dq_acc", functools.partial(_flat_descriptor, rows=block_m * d // 2 // 256)))
     return (("k", BWD_BLOCK_N, d, True), ("v", BWD_BLOCK_N, d, True), ("q", block_m, d, True),
-            ("dout", block_m, d, True), ("dq_acc", block_m, BWD_DQ_PANEL, True), ("lse2", stats), ("delta", stats))
+            ("dout", block_m, d, True), dq, ("lse2", stats), ("delta", stats))

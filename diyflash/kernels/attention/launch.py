@@ -327,12 +327,14 @@ def _stat_rows(q: torch.Tensor, packed: Packed | None) -> tuple[torch.Tensor, to
 
 
 def _preprocess_launch(row_grid: tuple, pre_args: tuple, stat_stride: int, d: int, d_pad: int, dv: int,
-                       dv_pad: int, has_dlse: bool, zero_dq: bool) -> Launch:
+                       dv_pad: int, has_dlse: bool, zero_dq: bool, dq_flat: bool = False) -> Launch:
     """The backward's preprocess (backward_rows.py): delta and lse2 with stat_stride rows a head, and (zero_dq)
-    the zeros of dq's fp32 accumulator. pre_args: its strides, heads and N_q, as attention_bwd builds them."""
+    the zeros of dq's fp32 accumulator (dq_flat: the Hopper backward's, hopper.bwd_dq_rows rows a head).
+    pre_args: its strides, heads and N_q, as attention_bwd builds them."""
     return Launch(_BWD_PRE, row_grid, ("out", "dout", "lse", "dlse", "delta", "lse2", "dq_acc"),
                   (*pre_args, stat_stride), dict(HEAD_DIM=dv, HEAD_DIM_PAD=dv_pad, BLOCK_M=PRE_BLOCK,
-                                                 HAS_DLSE=has_dlse, ZERO_DQ=zero_dq, HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d_pad))
+                                                 HAS_DLSE=has_dlse, ZERO_DQ=zero_dq, HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d_pad,
+                                                 DQ_FLAT=dq_flat))
 
 
 def _split_scratch(z: int, h_kv: int, parts: int, len_k: int, d: int, dv: int) -> tuple[tuple, tuple[str, str]]:
@@ -356,11 +358,12 @@ def _group_sum_launch(dk4: torch.Tensor, dv4: torch.Tensor, parts: int, grid_z: 
                        num_warps=4))
 
 
-def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float) -> Launch:
-    """dq from its fp32 accumulator, times the scale, in dq's dtype and strides."""
+def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float, flat: bool = False) -> Launch:
+    """dq from its fp32 accumulator (flat: the Hopper backward's order, hopper.bwd_dq_rows), times the scale,
+    in dq's dtype and strides."""
     h, len_q, d = dq4.shape[1:]
     return Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"), (*_strides(dq4), h, len_q, scale),
-                  dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=PRE_BLOCK))
+                  dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=PRE_BLOCK, FLAT=flat))
 
 
 def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple, batches: int, n_q: int,
@@ -381,8 +384,9 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
     key_blocks = cdiv(n_k, hopper.BWD_BLOCK_N)
     parts = head_split(var.kv_group, key_blocks * h_kv * batches, batches * h * n_q * n_k * d, q4.device)
     split_scratch, kv_out = _split_scratch(z, h_kv, parts, len_k, d, d)
+    flat = not varlen  # dq's accumulator in the kernel's order (hopper.bwd_dq_rows)
     scratch = (("delta", (z, h, rows), torch.float32), ("lse2", (z, h, rows), torch.float32),
-               ("dq_acc", (z, h, len_q, d), torch.float32), *split_scratch)
+               ("dq_acc", (z, h, hopper.bwd_dq_rows(len_q, d, varlen), d), torch.float32), *split_scratch)
     env.update(scratch_buffers(scratch, q4.device))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HAS_SEQ_LENS=has_seq_lens,
@@ -394,13 +398,13 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
         args = (*_strides(dk_out), *_strides(dv_out), h, len_q, len_k, scale * LOG2E, scale,
                 head_group(var.causal, key_blocks, zc * h_kv * parts, q4.device), var.kv_group, parts, rows,
                 var.left, var.right, var.cap2)
-        return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True),
+        return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True, dq_flat=flat),
                 Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc),
                        hopper.BWD_POINTERS + ("lse2", "delta", *kv_out, "seq_lens", "cu_k"), args, kernel_meta),
                 *([_group_sum_launch(dk4, dv4, parts, z_rows)] if parts > 1 else []),
-                _dq_convert_launch(dq4, row_grid, scale)]
+                _dq_convert_launch(dq4, row_grid, scale, flat=flat)]
 
-    descs = hopper.bwd_descriptors(d)
+    descs = hopper.bwd_descriptors(d, packed=varlen)
     if varlen:  # packed q, k, v, dout: descriptors of their (1, H, T, D) views
         descs = tuple((spec[0], functools.partial(packed_host_descriptor, block_rows=spec[1], block_cols=spec[2],
                                                   gluon=True)) if spec[0] in ("q", "k", "v", "dout") else spec
