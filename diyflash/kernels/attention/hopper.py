@@ -219,9 +219,9 @@ def launcher():
 # backward_sm90._store_dq's order assumes; q/dout/stat stages; for packed sequences, dq tile buffers the MMA
 # warpgroups and the writer take in turns: 2 where shared memory has room). Its programs take
 # 128 keys (two MMA warpgroups of 64; the kernel reads it off k's descriptor). H200, Triton 3.6, in one run
-# beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "integrated"): D128 0.98-1.03x cuDNN on the GQA
-# 32/8 and MHA cells, where the two portable kernels (deterministic=True) ran 0.73-0.80x; 1.32x FlexAttention
-# on the window 4096 cell; D64 (run "d64 tiles"): 0.96-1.06x cuDNN (1.21-1.25x the portable kernels), where 128
+# beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "dq in register order, cells"): D128 1.03-1.08x
+# cuDNN on the GQA 32/8 and MHA cells, D64 1.00-1.04x, 1.39x FlexAttention on the window 4096 cell, where the two
+# portable kernels (deterministic=True) ran 0.71-0.81x of it; D64's tiles (run "d64 tiles"): 128
 # query rows a step (spills) or 3 stages ran no faster; two dq buffers (run "dq buffers", where shared memory has
 # room for them: 132 of 227 KB at D64, 230 at D128) 0.991x against one buffer's 0.970x on MHA fp16 B2 H16 N8192
 # not causal, the causal cells equal. Other head dims keep the portable backward.
