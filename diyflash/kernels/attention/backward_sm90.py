@@ -104,22 +104,30 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
     """Each step's dq tile added into the fp32 accumulator by the TMA unit; a buffer is free again once the
     unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
     of the (Z, H, acc_rows, D) accumulator (acc_rows: N_q rounded up to 64), reduced as soon as it is in.
-    Else the tile's panels of the (Z, H, N_q, D) accumulator once both halves are in (DQ_BUFS buffers in
-    turns). A tile's rows past the sequence hold zeros (their p is masked): for packed sequences the next
+    Else the tile's panels of the (Z, H, N_q, D) accumulator once both halves are in. DQ_BUFS buffers (a
+    warpgroup's, or a tile's) in turns. A tile's rows past the sequence hold zeros (their p is masked): for packed sequences the next
     sequence's rows get +0."""
     if FLAT:
         CHUNK: gl.constexpr = dq_bufs.shape[1]  # rows of 256 floats a warpgroup's half
+        DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2  # a warpgroup's (1 or 2)
         head_z = z_in * num_heads
         for t in range(total):
             start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
             row = (((head_z + off_h).to(gl.int64) * acc_rows + start_m) * HEAD_DIM // 256).to(gl.int32)
+            b = t % DQ_BUFS
             for w in gl.static_range(2):
-                mbarrier.wait(dq_full.index(w), t & 1)
-                _tma_reduce_add(dq_desc, [row + w * CHUNK, 0], dq_bufs.index(w))
-            tma.store_wait(1)
-            mbarrier.arrive(dq_empty.index(0), count=1)
-            tma.store_wait(0)
-            mbarrier.arrive(dq_empty.index(1), count=1)
+                mbarrier.wait(dq_full.index(b * 2 + w), (t // DQ_BUFS) & 1)
+                _tma_reduce_add(dq_desc, [row + w * CHUNK, 0], dq_bufs.index(b * 2 + w))
+            if DQ_BUFS == 1:  # each half's buffer free once its reduce has read it
+                tma.store_wait(1)
+                mbarrier.arrive(dq_empty.index(0), count=1)
+                tma.store_wait(0)
+                mbarrier.arrive(dq_empty.index(1), count=1)
+            elif t > 0:  # two: the step before's buffers, once its reduces are done
+                tma.store_wait(2)
+                mbarrier.arrive(dq_empty.index((1 - b) * 2), count=1)
+                mbarrier.arrive(dq_empty.index((1 - b) * 2 + 1), count=1)
+        tma.store_wait(0)
     else:
         DQ_BUFS: gl.constexpr = dq_full.shape[0]
         PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
@@ -137,20 +145,23 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
 @gluon.jit
 def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr):
     """MMA warpgroup W's half of step t's dq tile (64 rows x D/2 columns, fp32) into shared memory for the
-    writer warp. FLAT: in the accumulator registers' order, one buffer a warpgroup: element (r, c) at
+    writer warp, DQ_BUFS buffers in turns. FLAT: in the accumulator registers' order, a warpgroup's own
+    buffers: element (r, c) at
     (c // 8) * 512 + (32 * (r // 16) + 4 * (r % 8) + c % 8 // 2) * 4 + 2 * (r // 8 % 2) + c % 2, so that
     thread t's registers 4i .. 4i+3 land at i * 512 + t * 4 (128-bit stores, a warp's 512 bytes in a row: no
     bank conflicts); backward_rows._dq_flat_offset reads it back. Else the tile's 128-byte swizzled panels (one
-    a warpgroup at D64, two at D128; 64-bit stores), DQ_BUFS tiles in turns."""
+    a warpgroup at D64, two at D128; 64-bit stores)."""
     if FLAT:
         H2: gl.constexpr = dq.shape[1]
+        DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2
+        i = (t % DQ_BUFS) * 2 + W
         # (r // 16, r // 8 % 2, r % 8, c // 8, c % 8 // 2, c % 2), then in the order of the offset above
         x = gl.permute(gl.reshape(dq, [4, 2, 8, H2 // 8, 4, 2]), (3, 0, 2, 4, 1, 5))
-        mbarrier.wait(dq_empty.index(W), (t & 1) ^ 1)
-        dq_bufs.index(W).store(gl.reshape(x, [dq_bufs.shape[1], 256]))
+        mbarrier.wait(dq_empty.index(i), ((t // DQ_BUFS) & 1) ^ 1)
+        dq_bufs.index(i).store(gl.reshape(x, [dq_bufs.shape[1], 256]))
         fence_async_shared()
         _barrier()
-        mbarrier.arrive(dq_full.index(W), count=1)
+        mbarrier.arrive(dq_full.index(i), count=1)
     else:
         DQ_BUFS: gl.constexpr = dq_full.shape[0]
         PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
@@ -316,9 +327,9 @@ def _hopper_bwd_kernel(
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
-    if FLAT:  # a buffer a warpgroup
-        DQ_BARS: gl.constexpr = 2
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+    if FLAT:  # DQ_BUFS buffers a warpgroup
+        DQ_BARS: gl.constexpr = 2 * DQ_BUFS
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
     else:  # DQ_BUFS tiles of HEAD_DIM // PANEL panels
         DQ_BARS: gl.constexpr = DQ_BUFS
         PANEL: gl.constexpr = dq_desc.block_type.shape[3]  # dq's columns a TMA reduce (hopper.BWD_DQ_PANEL)

@@ -216,15 +216,16 @@ def launcher():
 # -- the backward (backward_sm90.py) --
 
 # The Hopper backward's tiles by head dim (D = Dv): (query rows a step: 64, one wgmma row tile, which
-# backward_sm90._store_dq's order assumes; q/dout/stat stages; for packed sequences, dq tile buffers the MMA
-# warpgroups and the writer take in turns: 2 where shared memory has room). Its programs take
+# backward_sm90._store_dq's order assumes; q/dout/stat stages; dq buffers a warpgroup, or for packed sequences
+# dq tile buffers, the MMA warpgroups and the writer take in turns). Its programs take
 # 128 keys (two MMA warpgroups of 64; the kernel reads it off k's descriptor). H200, Triton 3.6, in one run
 # beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "dq in register order, cells"): D128 1.03-1.08x
 # cuDNN on the GQA 32/8 and MHA cells, D64 1.00-1.04x, 1.39x FlexAttention on the window 4096 cell, where the two
 # portable kernels (deterministic=True) ran 0.71-0.81x of it; D64's tiles (run "d64 tiles"): 128
-# query rows a step (spills) or 3 stages ran no faster; two dq buffers (run "dq buffers", where shared memory has
-# room for them: 132 of 227 KB at D64, 230 at D128) 0.991x against one buffer's 0.970x on MHA fp16 B2 H16 N8192
-# not causal, the causal cells equal. Other head dims keep the portable backward.
+# query rows a step (spills) or 3 stages ran no faster. Two dq buffers a warpgroup (run "dq buffers a
+# warpgroup"): 1.006-1.016x of one at D64, 0.96-1.00x at D128 (231 of 227 KiB of shared memory, just in); the
+# packed sequences' two panel tiles (run "dq buffers", where shared memory has room: at D64) 0.991x against
+# one's 0.970x on MHA fp16 B2 H16 N8192 not causal. Other head dims keep the portable backward.
 BWD_TILES: dict[int, tuple[int, int, int]] = {128: (64, 2, 1), 64: (64, 2, 2)}
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
