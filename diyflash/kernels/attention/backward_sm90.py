@@ -16,8 +16,9 @@ it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 r
   speed (bench/results/onepass_backward_h200.jsonl, run "fa3 split"). Each MMA warpgroup stores its half of
   the tile in its registers' order, one flat chunk of the accumulator, which one reduce adds as soon as that
   half is in (_store_dq; as FlashAttention-3 does): 1.02-1.06x at D128 against 128-byte swizzled panels,
-  whose 64-bit stores met 2-way bank conflicts (run "dq in register order"). Packed sequences' tiles start at
-  any row: they keep the panels (DQ_BUFS tiles in turns), clipped by the TMA at the tensor's rows.
+  whose 64-bit stores met 2-way bank conflicts (run "dq in register order"); DQ_BUFS buffers a warpgroup in
+  turns (hopper.BWD_TILES). Packed sequences' tiles start at any row: they keep the panels (DQ_BUFS tiles in
+  turns), clipped by the TMA at the tensor's rows.
 Semantics are semantics.py's (_tile, _sequence, _query_band, _scores, _probs, _visible, _prescaled). dk and dv are
 written by the program that owns the keys (no atomics); dq's adds land in any order (not deterministic:
 launch.attention_bwd runs it only where determinism is not asked for). hopper.py decides where it runs."""
@@ -105,8 +106,8 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
     unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
     of the (Z, H, acc_rows, D) accumulator (acc_rows: N_q rounded up to 64), reduced as soon as it is in.
     Else the tile's panels of the (Z, H, N_q, D) accumulator once both halves are in. DQ_BUFS buffers (a
-    warpgroup's, or a tile's) in turns. A tile's rows past the sequence hold zeros (their p is masked): for packed sequences the next
-    sequence's rows get +0."""
+    warpgroup's, or a tile's) in turns. A tile's rows past the sequence hold zeros (their p is masked): for
+    packed sequences the next sequence's rows get +0."""
     if FLAT:
         CHUNK: gl.constexpr = dq_bufs.shape[1]  # rows of 256 floats a warpgroup's half
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2  # a warpgroup's (1 or 2)
@@ -145,12 +146,11 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
 @gluon.jit
 def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr):
     """MMA warpgroup W's half of step t's dq tile (64 rows x D/2 columns, fp32) into shared memory for the
-    writer warp, DQ_BUFS buffers in turns. FLAT: in the accumulator registers' order, a warpgroup's own
-    buffers: element (r, c) at
-    (c // 8) * 512 + (32 * (r // 16) + 4 * (r % 8) + c % 8 // 2) * 4 + 2 * (r // 8 % 2) + c % 2, so that
-    thread t's registers 4i .. 4i+3 land at i * 512 + t * 4 (128-bit stores, a warp's 512 bytes in a row: no
-    bank conflicts); backward_rows._dq_flat_offset reads it back. Else the tile's 128-byte swizzled panels (one
-    a warpgroup at D64, two at D128; 64-bit stores)."""
+    writer warp, DQ_BUFS buffers in turns. FLAT: in the accumulator registers' order, into the warpgroup's
+    own buffers, element (r, c) at (c // 8) * 512 + (32 * (r // 16) + 4 * (r % 8) + c % 8 // 2) * 4
+    + 2 * (r // 8 % 2) + c % 2, so that thread t's registers 4i .. 4i+3 land at i * 512 + t * 4 (128-bit
+    stores, a warp's 512 bytes in a row: no bank conflicts); backward_rows._dq_flat_offset reads it back.
+    Else the tile's 128-byte swizzled panels (one a warpgroup at D64, two at D128; 64-bit stores)."""
     if FLAT:
         H2: gl.constexpr = dq.shape[1]
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2

@@ -230,7 +230,7 @@ BWD_TILES: dict[int, tuple[int, int, int]] = {128: (64, 2, 1), 64: (64, 2, 2)}
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
-BWD_DQ_PANEL = 32  # dq's columns a TMA reduce: 128 bytes of fp32, the widest swizzled box (off dq_acc's descriptor)
+BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
 
 
 def bwd_meta(d: int) -> dict:
