@@ -223,7 +223,7 @@ def launcher():
 # cuDNN on the GQA 32/8 and MHA cells, D64 1.00-1.04x, 1.39x FlexAttention on the window 4096 cell, where the two
 # portable kernels (deterministic=True) ran 0.71-0.81x of it; D64's tiles (run "d64 tiles"): 128
 # query rows a step (spills) or 3 stages ran no faster. Two dq buffers a warpgroup (run "dq buffers a
-# warpgroup"): 1.006-1.016x of one at D64, 0.96-1.00x at D128 (231 of 227 KiB of shared memory, just in); the
+# warpgroup"): 1.006-1.016x of one at D64, 0.96-1.00x at D128 (225.6 of 227 KiB of shared memory); the
 # packed sequences' two panel tiles (run "dq buffers", where shared memory has room: at D64) 0.991x against
 # one's 0.970x on MHA fp16 B2 H16 N8192 not causal. Other head dims keep the portable backward.
 BWD_TILES: dict[int, tuple[int, int, int]] = {128: (64, 2, 1), 64: (64, 2, 2)}
