@@ -118,8 +118,11 @@ def test_flat_dq_accumulator_reads_back(device, d):
     64-row tile's two warpgroup halves in backward_sm90._store_dq's order, built here with torch's reshape and
     permute as the kernel's Gluon code builds it, N_q rounded up to 64 rows a head (hopper.bwd_dq_rows; the
     padding rows hold values that must not reach dq), into a strided dq, times the scale."""
+    from diyflash.kernels.attention import launch
     from diyflash.kernels.attention.backward_rows import _attn_bwd_dq_convert_kernel
 
+    # the row passes' blocks are the kernel's 64-row tiles (their padding and order assume it)
+    assert launch.PRE_BLOCK == 64 and all(tiles[0] == 64 for tiles in hopper.BWD_TILES.values())
     z, h, n = 2, 3, 100
     rows = hopper.bwd_dq_rows(n, d, packed=False)
     assert rows == 128 and hopper.bwd_dq_rows(n, d, packed=True) == n
