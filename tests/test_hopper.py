@@ -63,7 +63,7 @@ def build(d, causal, window, softcap, dtype, pass_):
     descs = [host_descriptor(q, r, d, gluon=True) for r in (hopper.CONSUMER_ROWS, tiles.block_n, tiles.block_n)]
     fn = hopper.kernel_module()._hopper_fwd_kernel
     values = [*descs, out, lse, *out.stride(), *lse.stride()[:2], 1000, 1000, 0.1, 8, 4, 8, 3, 2, 7, 0, 0.5]
-    consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, PASS=pass_,
+    consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, PASS=pass_, FMA=not softcap,
                   **tiles.meta(1000))
     sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else mangle_type(v)
            for n, v in zip(fn.arg_names, values)}
@@ -137,6 +137,83 @@ def test_kernel_compiles_for_sm90():
         assert not serialized, (kernel["case"], kernel["ptxas"]["text"])
 
 
+try:
+    import triton
+    import triton.language as tl
+
+    from diyflash.kernels.attention.semantics import _fma_exact_needed, _mul_exact, _online_softmax, _online_softmax_fma
+except ImportError:  # no Triton: the test below skips
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _softmax_forms(qk_ptr, vis_ptr, out_ptr, flag_ptr, qk_scale):
+        """Two key blocks of a (16, 32) raw q.k tile through semantics' online softmax in both forms: the
+        exact one on the rounded scores, and _online_softmax_fma (the Hopper forward's) on the raw dots; keys
+        not visible at -inf in both."""
+        rows = tl.arange(0, 16)[:, None]
+        cols = tl.arange(0, 32)[None, :]
+        m_e = tl.full([16], float("-inf"), tl.float32)
+        l_e = tl.zeros([16], tl.float32)
+        m_f = tl.full([16], float("-inf"), tl.float32)
+        l_f = tl.zeros([16], tl.float32)
+        top = tl.zeros([16], tl.float32)
+        for blk in tl.static_range(2):
+            qk = tl.load(qk_ptr + blk * 512 + rows * 32 + cols)
+            vis = tl.load(vis_ptr + blk * 512 + rows * 32 + cols) != 0
+            s = tl.where(vis, _mul_exact(qk, qk_scale), float("-inf"))
+            p_e, a_e, _g, m_e, l_e = _online_softmax(s, m_e, l_e, MASKED=True, LAZY=False)
+            p_f, a_f, m_f, l_f, reach = _online_softmax_fma(tl.where(vis, qk, float("-inf")), m_f, l_f, qk_scale,
+                                                            MASKED=True)
+            top = tl.maximum(top, reach)
+            tl.store(out_ptr + blk * 1024 + rows * 32 + cols, p_e)
+            tl.store(out_ptr + blk * 1024 + 512 + rows * 32 + cols, p_f)
+        tl.store(out_ptr + 2048 + tl.arange(0, 16), m_e)
+        tl.store(out_ptr + 2064 + tl.arange(0, 16), l_e)
+        tl.store(out_ptr + 2080 + tl.arange(0, 16), m_f)
+        tl.store(out_ptr + 2096 + tl.arange(0, 16), l_f)
+        tl.store(flag_ptr, _fma_exact_needed(top).to(tl.int32))
+
+
+@pytest.mark.parametrize("big", [0.0, 2.0**20, -2.0**21, float("inf")])
+def test_fma_softmax_agrees_and_flags_the_rows_it_cannot_take(device, big):
+    """_online_softmax_fma (the Hopper forward's form) against the exact form over two key blocks: rows that
+    see no key in the first block (-inf, no NaN), in neither (p 0, l 0), masked keys, and one row whose max
+    reaches 2^20 in base-2 units (or +inf: a raw dot that overflowed) or whose every score is below -2^20 (here -2^21 + noise), which
+    must raise the flag on which the kernel computes the tile again in the exact form; the other rows agree
+    with the exact form (p and l to an fp32 rounding of the score, m bit for bit), and the flag stays down
+    where every row is moderate."""
+    if triton is None:
+        pytest.skip("triton is not installed")
+    gen = torch.Generator().manual_seed(0)
+    qk = (torch.randn(2, 16, 32, generator=gen) * 20).float()
+    vis = torch.rand(2, 16, 32, generator=gen) > 0.3
+    vis[0, 3] = False  # row 3 sees no key in the first block
+    vis[:, 5] = False  # row 5 sees none at all
+    scale = 0.125 * 1.4426950408889634
+    if big > 0:  # one key of row 9 far above the others (+inf: its raw dot overflowed)
+        qk[1, 9, 4] = big / scale
+        vis[1, 9, 4] = True
+    elif big < 0:  # every key of row 9 far below zero
+        qk[:, 9] += big / scale
+    out = torch.empty(2112, device=device)
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    _softmax_forms[(1,)](qk.to(device), vis.to(torch.int32).to(device), out, flag, scale)
+    out = out.cpu()
+    p = out[:2048].view(2, 2, 16, 32)  # (block, form, row, key)
+    m_e, l_e, m_f, l_f = out[2048:].view(4, 16)
+    assert bool(flag.item()) == (big != 0.0), flag
+    assert (p[:, :, 5] == 0).all() and l_e[5] == 0 and l_f[5] == 0 and m_e[5] == m_f[5] == float("-inf")
+    assert (p[0, :, 3] == 0).all()
+    keep = torch.ones(16, dtype=torch.bool)
+    if big:
+        keep[9] = False  # the flagged row: the exact form takes it
+    assert not any(t.isnan().any() for t in (p[:, :, keep], m_f[keep], l_f[keep]))
+    assert torch.equal(m_e[keep], m_f[keep])  # the max of the rounded scores, either way
+    torch.testing.assert_close(p[:, 1][:, keep], p[:, 0][:, keep], rtol=2e-6, atol=0)
+    torch.testing.assert_close(l_f[keep], l_e[keep], rtol=2e-6, atol=0)
+
+
 def test_fallback_without_gluon(monkeypatch):
     """No Gluon Hopper API (an older Triton), or a Triton this kernel was not checked with: the module says
     why, and no call routes to it."""
@@ -195,6 +272,11 @@ needs_hopper = pytest.mark.skipif(not hopper_here(), reason="needs an sm_90 GPU 
 def _kernels_run(call) -> set[str]:
     """Which forward kernels a call launched ({"hopper", "portable"})."""
     return kernels_run(call, "_hopper_fwd_kernel", "_attn_fwd_kernel")
+
+
+# A call the Hopper forward takes launches it and the portable kernel's second pass (PASS 2), which computes again
+# the blocks with a row the Hopper kernel marked (semantics._fma_marked) and returns at once elsewhere
+HOPPER_RUN = {"hopper", "portable"}
 
 
 CASES = [  # (B, H, H_kv, N_q, N_k, D, causal, window, softcap)
@@ -267,7 +349,7 @@ def test_bnhd_and_sliced_views(fresh_caches):
         for layout in ("bnhd", "sliced"):
             q, k, v = make_qkv(2, 4, 512, 512, 128, torch.bfloat16, layout=layout)
             ref = diyflash.flash_attention(*(t.contiguous() for t in (q, k, v)), causal=True)
-            assert _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=True)) == {"hopper"}
+            assert _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=True)) == HOPPER_RUN
             assert torch.equal(diyflash.flash_attention(q, k, v, causal=True), ref), layout
         q, k, v = make_qkv(1, 2, 256, 256, 128, torch.float16)
         shifted = torch.empty(q.numel() + 8, dtype=q.dtype, device=q.device)[1:q.numel() + 1].view_as(q)
@@ -279,13 +361,15 @@ def test_bnhd_and_sliced_views(fresh_caches):
 
 @needs_hopper
 def test_what_falls_back_to_portable(fresh_caches):
-    """Calls the Hopper kernel does not take run the portable one, and only it."""
+    """Calls the Hopper kernel does not take run the portable one, and only it; softcap's take the Hopper kernel
+    alone (the exact form: no marked rows, no second pass)."""
     hopper.use("hopper")
     try:
         q, k, v = make_qkv(2, 4, 256, 256, 128, torch.bfloat16)
-        assert _kernels_run(lambda: diyflash.flash_attention(q, k, v)) == {"hopper"}  # bf16 in one pass too
+        assert _kernels_run(lambda: diyflash.flash_attention(q, k, v)) == HOPPER_RUN  # bf16 in one pass too
         q16, k16, v16 = (t.half() for t in (q, k, v))
-        assert _kernels_run(lambda: diyflash.flash_attention(q16, k16, v16)) == {"hopper"}
+        assert _kernels_run(lambda: diyflash.flash_attention(q16, k16, v16)) == HOPPER_RUN
+        assert _kernels_run(lambda: diyflash.flash_attention(q16, k16, v16, softcap=30.0)) == {"hopper"}  # exact form
         lens = torch.tensor([200, 256], dtype=torch.int32, device="cuda")
         others = {
             "seq_lens": lambda: diyflash.flash_attention(q, k, v, seq_lens=lens),
@@ -308,7 +392,7 @@ def test_auto_takes_the_measured_head_dims(fresh_caches):
     for d in (64, 128):
         q, k, v = make_qkv(1, 2, 4096, 4096, d, torch.float16)  # work 2^32 at D128: plans.HOST_DESC_MIN_WORK
         ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v))
-        assert ran == ({"hopper"} if d in hopper.AUTO_TILES else {"portable"}), (d, ran)
+        assert ran == (HOPPER_RUN if d in hopper.AUTO_TILES else {"portable"}), (d, ran)
 
 
 @needs_hopper
@@ -318,7 +402,7 @@ def test_auto_leaves_short_calls_to_portable(fresh_caches):
     same result within the 2x rule either way."""
     q, k, v = make_qkv(1, 32, 128, 128, 128, torch.bfloat16)
     ref, plain = attention_ref(q, k, v, causal=True)[0], attention_ref(q, k, v, causal=True, upcast=False)[0]
-    for backend, kernels in (("auto", {"portable"}), ("hopper", {"hopper"})):
+    for backend, kernels in (("auto", {"portable"}), ("hopper", HOPPER_RUN)):
         hopper.use(backend)
         try:
             assert _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=True)) == kernels, backend
@@ -342,6 +426,35 @@ def test_overflowed_rows_are_redone(backend, d):
     assert not out.isnan().any()
     # outputs are averages of v (|v| < 5): bf16's rounding of them is below 2^-8 * 5
     torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=0)
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+def test_huge_rows_take_the_exact_form(fresh_caches, monkeypatch, d, dtype):
+    """The Hopper forward folds the scale into exp2's FMA (semantics._online_softmax_fma), whose rounding
+    against a row max of ~2^32 (base 2; scores of ~5e10 raw here) would overflow p or flush it to 0: it marks
+    such rows (a NaN lse), the portable second pass computes their blocks again in the exact form, and every
+    row is right (rows 300-309 see key 5 far above the rest: out = v[5]). One persistent program taking every
+    tile gives the full grid's bits."""
+    q, k, v = make_qkv(1, 2, 1000, 1000, d, dtype, seed=5)
+    q[:, :, 300:310] = 2e4
+    k[:, :, 5] = 2e4
+    kw = dict(causal=True, return_lse=True)
+    hopper.use("hopper")
+    try:
+        assert "hopper" in _kernels_run(lambda: diyflash.flash_attention(q, k, v, **kw))
+        out, lse = diyflash.flash_attention(q, k, v, **kw)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+        torch.testing.assert_close(out[:, :, 300:310].float(), v[:, :, 5:6].float().expand(1, 2, 10, d), atol=0, rtol=0)
+        ref = attention_ref(q, k, v, causal=True)[0]
+        torch.testing.assert_close(out.double(), ref, atol=3e-2, rtol=0)  # averages of |v| < 5 in 16 bits
+        monkeypatch.setattr(hopper, "schedule", lambda tiles, bh, causal, device: (1, 1))
+        diyflash.clear_caches()
+        one = diyflash.flash_attention(q, k, v, **kw)
+        assert torch.equal(one[0], out) and torch.equal(one[1], lse)
+    finally:
+        hopper.use("auto")
 
 
 @needs_hopper

@@ -125,7 +125,8 @@ def _attn_fwd_kernel(
     its own sequence's rows.
     PASS (overflow_passes): 0, the only pass (fp16: its raw q.k cannot leave fp32's range); 1, the first of
     two, which marks a block whose raw q.k left fp32's range with a NaN lse; 2, the second, which runs only
-    the marked blocks, on q times the power of two of the scale (semantics._prescaled); 3, the only pass of a
+    the blocks with a marked row (also the Hopper forward's, semantics._fma_marked), on q times the power of
+    two of the scale (semantics._prescaled); 3, the only pass of a
     small call, on the prescaled q in every block (one launch where two cost more host time than the
     prescaled dots cost the GPU)."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
@@ -139,12 +140,12 @@ def _attn_fwd_kernel(
     if VARLEN:
         if start_m >= q_len:  # the grid covers the longest sequence
             return
-    if PASS == 2:  # only the blocks the first pass marked (a NaN lse in the block's first row)
-        first_ptr = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + start_m
+    if PASS == 2:  # only the blocks the first pass marked (a NaN lse in any of the block's rows)
+        rows_ptr = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + start_m
         if VARLEN:
-            first_ptr += q_start
-        first = tl.load(first_ptr)
-        if first == first:
+            rows_ptr += q_start
+        marked = tl.load(rows_ptr + tl.arange(0, BLOCK_M), mask=start_m + tl.arange(0, BLOCK_M) < q_len, other=0.0)
+        if tl.max((marked != marked).to(tl.int32), 0) == 0:
             return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)

@@ -21,8 +21,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .semantics import (_band, _inv, _normalize, _online_softmax, _prescaled, _scores, _tile_at, _turn, _turns,
-                        _visible)
+from .semantics import (_band, _fma_marked, _inv, _normalize, _online_softmax, _online_softmax_fma, _prescaled,
+                        _scores, _tile_at, _turn, _turns, _visible)
 
 # TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -73,50 +73,61 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_
 
 
 @gluon.jit
-def _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
-                  inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-                  KEY_MASK: gl.constexpr):
-    """One key block of the online softmax from its raw q.k^T tile (forward.py's loop body, same helpers)."""
+def _softmax_step(qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
+                  cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                  SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr):
+    """One key block of the online softmax from its raw q.k^T tile (forward.py's loop body, same helpers).
+    FMA: the scale folded into exp2's argument (_online_softmax_fma; top keeps each row's largest |max|)."""
     cols = start_n + offs_n
-    s, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
-                   SOFTCAP=SOFTCAP, ALIBI=False)
-    if MASKED:
-        vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
-                       KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
-        s = gl.where(vis, s, float("-inf"))
-    p, alpha, grew, m_i, l_i = _online_softmax(s, m_i, l_i, MASKED=MASKED, LAZY=False)
-    return p, alpha, m_i, l_i
+    if FMA:
+        if MASKED:
+            vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
+                           KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
+            qk = gl.where(vis, qk, float("-inf"))
+        p, alpha, m_new, l_new, reach = _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED=MASKED)
+        top = gl.maximum(top, reach)
+    else:
+        s, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
+                       SOFTCAP=SOFTCAP, ALIBI=False)
+        if MASKED:
+            vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
+                           KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
+            s = gl.where(vis, s, float("-inf"))
+        p, alpha, _grew, m_new, l_new = _online_softmax(s, m_i, l_i, MASKED=MASKED, LAZY=False)
+    return p, alpha, m_new, l_new, top
 
 
 @gluon.jit
-def _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale,
+def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale,
                    win_left, win_right, cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr):
+                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr):
     """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
     masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
     causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90.jsonl)."""
     if MASKED:
         if (start_n < full_lo) | (start_n >= full_hi):
-            p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
-                                                   qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=True,
-                                                   CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
+            p, alpha, m_new, l_new, top = _softmax_step(
+                qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
+                cap2, inv_cap2, MASKED=True, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK,
+                FMA=FMA)
         else:
-            p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
-                                                   qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=False,
-                                                   CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False)
+            p, alpha, m_new, l_new, top = _softmax_step(
+                qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
+                cap2, inv_cap2, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False,
+                FMA=FMA)
     else:
-        p, alpha, m_new, l_new = _softmax_step(qk, m_i, l_i, start_n, offs_m, offs_n, kv_len, causal_offset,
-                                               qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=False,
-                                               CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False)
-    return p, alpha, m_new, l_new
+        p, alpha, m_new, l_new, top = _softmax_step(
+            qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
+            inv_cap2, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False, FMA=FMA)
+    return p, alpha, m_new, l_new, top
 
 
 @gluon.jit
-def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, lo, hi, full_lo, full_hi,
-             offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, top, i, lo, hi, full_lo,
+             full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-             KEY_MASK: gl.constexpr):
+             KEY_MASK: gl.constexpr, FMA: gl.constexpr):
     """Key blocks [lo, hi) of a consumer's rows (i counts the blocks of the program's tiles so far: slot and
     phase; returned past this tile's). Block j's q.k^T is issued
     before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps that p @ v;
@@ -136,9 +147,10 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
         qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
         qk, _q0, _k0 = warpgroup_mma_wait(0, deps=(qk, q, k))
         mbarrier.arrive(k_empty.index(s_idx), count=1)
-        p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, lo, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset,
-                                            qk_scale, win_left, win_right, cap2, inv_cap2, MASKED=MASKED,
-                                            CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK)
+        p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, lo, full_lo, full_hi, offs_m, offs_n, kv_len,
+                                                 causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+                                                 MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
+                                                 KEY_MASK=KEY_MASK, FMA=FMA)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
         prev = s_idx
@@ -155,10 +167,10 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
             acc = warpgroup_mma(p16, v, acc, is_async=True)
             qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
             mbarrier.arrive(k_empty.index(s_idx), count=1)
-            p, alpha, m_i, l_i = _softmax_block(qk, m_i, l_i, start_n, full_lo, full_hi, offs_m, offs_n, kv_len,
-                                                causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
-                                                MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-                                                KEY_MASK=KEY_MASK)
+            p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
+                                                     kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
+                                                     inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
+                                                     SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA)
             acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
             mbarrier.arrive(v_empty.index(prev), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -171,19 +183,21 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
         acc = warpgroup_mma(p16, v, acc, is_async=True)
         acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
         mbarrier.arrive(v_empty.index(prev), count=1)
-    return acc, m_i, l_i, i
+    return acc, m_i, l_i, top, i
 
 
 @gluon.jit
 def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
-              stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset,
-              qk_scale, num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr,
-              WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr, PASS: gl.constexpr,
-              WHICH: gl.constexpr):
+              stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q, seq_len_k,
+              causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
+              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
+              PASS: gl.constexpr, FMA: gl.constexpr, WHICH: gl.constexpr):
     """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
     blocks of _band (masks where forward.py has them), then the epilogue (_normalize) and the stores, while
-    the loader already fetches the next tile's rows and blocks."""
+    the loader already fetches the next tile's rows and blocks. FMA: the softmax in _online_softmax_fma's
+    form, and a row that reached FMA_MAX_ROW gets a NaN lse (_fma_marked), which the portable kernel's second
+    pass takes as its mark to compute the row's block again in the exact form."""
     CONSUMERS: gl.constexpr = q_bufs.shape[0]
     SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -217,16 +231,19 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 q.store(q_pre)
                 fence_async_shared()
                 _barrier()  # the warpgroup's rows are all in before its wgmma reads them
-            acc, m_i, l_i, i = _consume(
-                q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, i, lo, hi, full_lo, full_hi,
-                offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
+            top = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+            acc, m_i, l_i, top, i = _consume(
+                q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, top, i, lo, hi, full_lo,
+                full_hi, offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
                 BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
-                CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N)
+                CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA)
             mbarrier.arrive(q_empty, count=1)  # the loader may fetch the next tile's rows into q's slot
             n += 1
             m_o = gl.convert_layout(m_i, row_o)
             l_o = gl.convert_layout(l_i, row_o)
             out, lse = _normalize(acc, m_o, l_o, l_o > 0)
+            if FMA:
+                lse = _fma_marked(lse, gl.convert_layout(top, row_o))
             rows = row0 + gl.arange(0, SUB_M, layout=row_o)
             row_in = rows < seq_len_q
             o_off = off_z.to(gl.int64) * stride_oz + off_h.to(gl.int64) * stride_oh
@@ -243,7 +260,7 @@ def _hopper_fwd_kernel(
     seq_len_q, seq_len_k, qk_scale, num_tiles, num_heads, num_bh, head_group, kv_group, win_left, win_right, cap2,
     # semantics: what is computed
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-    SOFTCAP: gl.constexpr, PASS: gl.constexpr,
+    SOFTCAP: gl.constexpr, PASS: gl.constexpr, FMA: gl.constexpr,
     # tiles: how
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
@@ -252,7 +269,9 @@ def _hopper_fwd_kernel(
     (1, 1, BLOCK_N, D) blocks (hopper.descriptor); out and lse by pointers and strides. The semantics are the
     portable forward's (forward.py) for causal, WINDOW, SOFTCAP and GQA (kv_group) without seq_lens; PASS 3
     (launch.overflow_passes: where a raw q.k can leave fp32's range) dots q prescaled as forward.py's PASS 3
-    does, in one pass; PASS 0 dots it as it is. EVEN_N: every key block is full. CONSUMERS (2 or 3) warpgroups of
+    does, in one pass; PASS 0 dots it as it is. FMA (not SOFTCAP, qk_scale > 0): the softmax in
+    _online_softmax_fma's form, rows past FMA_MAX_ROW marked for the portable second pass (a NaN lse).
+    EVEN_N: every key block is full. CONSUMERS (2 or 3) warpgroups of
     BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES).
     Persistent: the grid's programs (hopper.schedule) take the num_tiles x num_bh tiles (num_tiles of BLOCK_M
     rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over
@@ -283,17 +302,17 @@ def _hopper_fwd_kernel(
                          lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
-                         PASS, 0)),
+                         PASS, FMA, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
                          lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
-                         PASS, 1)),
+                         PASS, FMA, 1)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
                          lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
-                         PASS, 2)),
+                         PASS, FMA, 2)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
@@ -304,12 +323,12 @@ def _hopper_fwd_kernel(
                          lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
-                         PASS, 0)),
+                         PASS, FMA, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
                          lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
-                         PASS, 1)),
+                         PASS, FMA, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),

@@ -269,20 +269,6 @@ def attention_fwd(
                         lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4), short=short)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes, "sinks": sinks}
-    if sm90 is not None:  # the Hopper kernel runs the call, persistent, in one pass (overflow_passes)
-        sm90_tiles = cdiv(n_q, sm90.block_m)
-        sm90_meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, CAUSAL=causal, WINDOW=var.window, SOFTCAP=var.softcap,
-                         PASS=overflow_passes(q.dtype, None)[0], **sm90.meta(n_k), num_warps=4)
-
-        def sm90_launch(zc: int) -> Launch:  # its programs take the chunk's tiles in turns (hopper.schedule)
-            programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
-            args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h, group,
-                    var.kv_group, var.left, var.right, var.cap2)
-            return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, args, sm90_meta)
-
-        launch_chunks([(env_, [sm90_launch(zc)]) for zc, env_ in _z_chunks(z, env)],
-                      key if aligned(out, lse) else None, False, hopper.descriptors(sm90.block_n, d), plans=PLANS)
-        return out, lse
     if config is not None:
         cfg = config
     elif var.window and causal:
@@ -306,6 +292,24 @@ def attention_fwd(
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens", "cu_k", "alibi", "sinks")
+    if sm90 is not None:  # the Hopper kernel runs the call, persistent, in one pass (overflow_passes)
+        sm90_tiles = cdiv(n_q, sm90.block_m)
+        fma = not var.softcap and scale > 0  # semantics._online_softmax_fma: rows it marks, the second pass redoes
+        sm90_meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, CAUSAL=causal, WINDOW=var.window, SOFTCAP=var.softcap,
+                         PASS=overflow_passes(q.dtype, None)[0], FMA=fma, **sm90.meta(n_k), num_warps=4)
+        # the portable second pass on the marked blocks: pointer loads (no descriptors of its own)
+        rescue = dict(meta, PASS=2, TMA=False, HOST_DESC=False, **_RESCUE_META)
+
+        def sm90_launch(zc: int) -> Launch:  # its programs take the chunk's tiles in turns (hopper.schedule)
+            programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
+            args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h, group,
+                    var.kv_group, var.left, var.right, var.cap2)
+            return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, args, sm90_meta)
+
+        launch_chunks([(env_, [sm90_launch(zc)] + ([Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, rescue)]
+                                                  if fma else [])) for zc, env_ in _z_chunks(z, env)],
+                      key if aligned(out, lse) else None, False, hopper.descriptors(sm90.block_n, d), plans=PLANS)
+        return out, lse
     passes = [dict(meta, PASS=p, **(_RESCUE_META if p == 2 else {}))
               for p in overflow_passes(q.dtype, work)]
     chunks = [(env_, [Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m) for m in passes])

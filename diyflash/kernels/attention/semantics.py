@@ -432,6 +432,41 @@ def _online_softmax(s, m_i, l_i, MASKED: tl.constexpr, LAZY: tl.constexpr):
     return p, alpha, grew, m_new, l_i * alpha + tl.sum(p, 1)
 
 
+# _online_softmax_fma's bound on a row's |max| in base-2 units: below it the FMA's rounding moves the top score's
+# exp2 by at most 2^-5 in its exponent (half an ulp of 2^20); a row that reaches it is marked (_fma_marked) and
+# computed again in the exact form.
+FMA_MAX_ROW: tl.constexpr = tl.constexpr(2.0**20)
+
+
+@triton.jit
+def _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED: tl.constexpr):
+    """_online_softmax from the raw q.k tile (keys not visible at -inf) with the scale folded into exp2's
+    argument, as FlashAttention does: m = max(qk) * qk_scale (the max of the rounded scores: qk_scale > 0,
+    and rounding keeps the order), p = exp2(qk * qk_scale - m), one FMA a score where the exact form
+    (_scores' rounded score, then s - m) takes a multiply and a subtract. The FMA rounds once, against the
+    unrounded product, so the row's top score gets exp2(e), e the rounding error of its product (at most half
+    an ulp of m), where the exact form gets exactly 1: a factor l and the accumulator share, which out = acc /
+    l cancels and lse = m + log2(l) keeps. Where |m| grows, so does e: exp2(e) overflows from |m| ~ 2^31.
+    Returns (p, alpha, m_new, l_new, top): top = |m| as subtracted, which the caller keeps the largest of and
+    hands to _fma_marked, which marks the rows past FMA_MAX_ROW for the exact form."""
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    if MASKED:
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_sub = m_new
+    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1), tl.abs(m_sub)
+
+
+@triton.jit
+def _fma_marked(lse, top):
+    """lse with NaN where a row's largest |max| (`top`, kept over _online_softmax_fma's blocks; +inf where a
+    raw dot overflowed) reached FMA_MAX_ROW: the portable forward's second pass (PASS 2) computes the blocks
+    holding such a row again in the exact form. A row that is NaN anyway stays NaN there too."""
+    return tl.where(top >= FMA_MAX_ROW, float("nan"), lse)
+
+
 @triton.jit
 def _normalize(acc, m_i, l_i, live):
     """A row's (out, lse) from its accumulator and running max and sum: out = acc / l, lse = m + log2(l)
