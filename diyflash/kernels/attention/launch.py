@@ -192,6 +192,9 @@ PRESCALED_MAX_WORK = 1 << 29
 # specialization or lazy rescaling keep its shared memory and setup small (more programs resident, less
 # work before the return); the rare block it runs again is slower for it.
 _RESCUE_META = dict(num_warps=4, num_stages=1, WS=False, LAZY=False, VOTE_ROWS=0)
+# The second pass after the Hopper forward (semantics._fma_marked) mostly reads its rows' lse and returns: small
+# tiles, whose build is short (64 x 32: 1.1-1.5 s against 4.2 s for 128 x 128; results/marked_pass_compile_sm90.txt)
+MARKED_PASS_TILES = AttnConfig(64, 32, 4, 1)
 
 
 def decode_route(q, k, seq_lens, packed, config, group) -> bool:
@@ -269,7 +272,9 @@ def attention_fwd(
                         lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4), short=short)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes, "sinks": sinks}
-    if config is not None:
+    if sm90 is not None:  # the portable kernel runs only the Hopper kernel's second pass (its marked rows)
+        cfg = MARKED_PASS_TILES
+    elif config is not None:
         cfg = config
     elif var.window and causal:
         cfg = window_fwd_config(max(d_pad, dv_pad), q.dtype, q.device, INTERPRETED, max(n_q, n_k))
@@ -297,8 +302,7 @@ def attention_fwd(
         fma = not var.softcap and scale > 0  # semantics._online_softmax_fma: rows it marks, the second pass redoes
         sm90_meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, CAUSAL=causal, WINDOW=var.window, SOFTCAP=var.softcap,
                          PASS=overflow_passes(q.dtype, None)[0], FMA=fma, **sm90.meta(n_k), num_warps=4)
-        # the portable second pass on the marked blocks: pointer loads (no descriptors of its own)
-        rescue = dict(meta, PASS=2, TMA=False, HOST_DESC=False, **_RESCUE_META)
+        rescue = dict(meta, PASS=2, **_RESCUE_META)  # MARKED_PASS_TILES: pointer loads, no descriptors
 
         def sm90_launch(zc: int) -> Launch:  # its programs take the chunk's tiles in turns (hopper.schedule)
             programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
