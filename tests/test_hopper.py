@@ -140,14 +140,14 @@ def test_kernel_compiles_for_sm90():
 try:
     import triton
     import triton.language as tl
-
-    from diyflash.kernels.attention.semantics import _fma_exact_needed, _mul_exact, _online_softmax, _online_softmax_fma
 except ImportError:  # no Triton: the test below skips
     triton = None
 
 if triton is not None:
+    from diyflash.kernels.attention.semantics import _fma_marked, _mul_exact, _online_softmax, _online_softmax_fma
+
     @triton.jit
-    def _softmax_forms(qk_ptr, vis_ptr, out_ptr, flag_ptr, qk_scale):
+    def _softmax_forms(qk_ptr, vis_ptr, out_ptr, mark_ptr, qk_scale):
         """Two key blocks of a (16, 32) raw q.k tile through semantics' online softmax in both forms: the
         exact one on the rounded scores, and _online_softmax_fma (the Hopper forward's) on the raw dots; keys
         not visible at -inf in both."""
@@ -172,16 +172,17 @@ if triton is not None:
         tl.store(out_ptr + 2064 + tl.arange(0, 16), l_e)
         tl.store(out_ptr + 2080 + tl.arange(0, 16), m_f)
         tl.store(out_ptr + 2096 + tl.arange(0, 16), l_f)
-        tl.store(flag_ptr, _fma_exact_needed(top).to(tl.int32))
+        marked = _fma_marked(tl.zeros([16], tl.float32), top)  # NaN where the row is marked
+        tl.store(mark_ptr + tl.arange(0, 16), (marked != marked).to(tl.int32))
 
 
 @pytest.mark.parametrize("big", [0.0, 2.0**20, -2.0**21, float("inf")])
-def test_fma_softmax_agrees_and_flags_the_rows_it_cannot_take(device, big):
+def test_fma_softmax_agrees_and_marks_the_rows_it_cannot_take(device, big):
     """_online_softmax_fma (the Hopper forward's form) against the exact form over two key blocks: rows that
     see no key in the first block (-inf, no NaN), in neither (p 0, l 0), masked keys, and one row whose max
-    reaches 2^20 in base-2 units (or +inf: a raw dot that overflowed) or whose every score is below -2^20 (here -2^21 + noise), which
-    must raise the flag on which the kernel computes the tile again in the exact form; the other rows agree
-    with the exact form (p and l to an fp32 rounding of the score, m bit for bit), and the flag stays down
+    reaches 2^20 in base-2 units (or +inf: a raw dot that overflowed) or whose every score is below -2^20 (here
+    -2^21 + noise), which _fma_marked must mark (and only it) for the exact form's second pass; the other rows
+    agree with the exact form (p and l to an fp32 rounding of the score, m bit for bit), and no row is marked
     where every row is moderate."""
     if triton is None:
         pytest.skip("triton is not installed")
@@ -197,17 +198,17 @@ def test_fma_softmax_agrees_and_flags_the_rows_it_cannot_take(device, big):
     elif big < 0:  # every key of row 9 far below zero
         qk[:, 9] += big / scale
     out = torch.empty(2112, device=device)
-    flag = torch.zeros(1, dtype=torch.int32, device=device)
-    _softmax_forms[(1,)](qk.to(device), vis.to(torch.int32).to(device), out, flag, scale)
+    marks = torch.zeros(16, dtype=torch.int32, device=device)
+    _softmax_forms[(1,)](qk.to(device), vis.to(torch.int32).to(device), out, marks, scale)
     out = out.cpu()
     p = out[:2048].view(2, 2, 16, 32)  # (block, form, row, key)
     m_e, l_e, m_f, l_f = out[2048:].view(4, 16)
-    assert bool(flag.item()) == (big != 0.0), flag
+    assert marks.cpu().nonzero().flatten().tolist() == ([9] if big else []), marks
     assert (p[:, :, 5] == 0).all() and l_e[5] == 0 and l_f[5] == 0 and m_e[5] == m_f[5] == float("-inf")
     assert (p[0, :, 3] == 0).all()
     keep = torch.ones(16, dtype=torch.bool)
     if big:
-        keep[9] = False  # the flagged row: the exact form takes it
+        keep[9] = False  # the marked row: the exact form takes it
     assert not any(t.isnan().any() for t in (p[:, :, keep], m_f[keep], l_f[keep]))
     assert torch.equal(m_e[keep], m_f[keep])  # the max of the rounded scores, either way
     torch.testing.assert_close(p[:, 1][:, keep], p[:, 0][:, keep], rtol=2e-6, atol=0)
