@@ -17,12 +17,12 @@ from helpers import ON_GPU, check_attention, make_qkv, random_like
 try:
     import triton
     import triton.language as tl
-
-    from diyflash.kernels.attention.semantics import _tile_at, _turn, _turns
 except ImportError:  # the PyTorch path's CPU run
     triton = None
 
 if triton is not None:
+    from diyflash.kernels.attention.semantics import _tile_at, _turn, _turns
+
     @triton.jit
     def _record_turns(out_ptr, num_tiles, num_heads, num_bh, head_group, MAX_TURNS: tl.constexpr, DEAL: tl.constexpr):
         p = tl.program_id(0)
