@@ -79,10 +79,11 @@ def _softmax_step(qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_off
     """One key block of the online softmax from its raw q.k^T tile (forward.py's loop body, same helpers).
     FMA: the scale folded into exp2's argument (_online_softmax_fma; top keeps each row's largest |max|)."""
     cols = start_n + offs_n
+    if MASKED:
+        vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
+                       KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
     if FMA:
         if MASKED:
-            vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
-                           KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
             qk = gl.where(vis, qk, float("-inf"))
         p, alpha, m_new, l_new, reach = _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED=MASKED)
         top = gl.maximum(top, reach)
@@ -90,8 +91,6 @@ def _softmax_step(qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_off
         s, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
                        SOFTCAP=SOFTCAP, ALIBI=False)
         if MASKED:
-            vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
-                           KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
             s = gl.where(vis, s, float("-inf"))
         p, alpha, _grew, m_new, l_new = _online_softmax(s, m_i, l_i, MASKED=MASKED, LAZY=False)
     return p, alpha, m_new, l_new, top
