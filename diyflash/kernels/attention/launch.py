@@ -297,6 +297,10 @@ def attention_fwd(
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens", "cu_k", "alibi", "sinks")
+
+    def portable(zc: int, m: dict) -> Launch:  # a pass of the portable kernel over chunk zc's batch slices
+        return Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m)
+
     if sm90 is not None:  # the Hopper kernel runs the call, persistent, in one pass (overflow_passes)
         sm90_tiles = cdiv(n_q, sm90.block_m)
         fma = not var.softcap and scale > 0  # semantics._online_softmax_fma: rows it marks, the second pass redoes
@@ -306,18 +310,17 @@ def attention_fwd(
 
         def sm90_launch(zc: int) -> Launch:  # its programs take the chunk's tiles in turns (hopper.schedule)
             programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
-            args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h, group,
-                    var.kv_group, var.left, var.right, var.cap2)
-            return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, args, sm90_meta)
+            sm90_args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h,
+                         group, var.kv_group, var.left, var.right, var.cap2)
+            return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, sm90_args, sm90_meta)
 
-        launch_chunks([(env_, [sm90_launch(zc)] + ([Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, rescue)]
-                                                  if fma else [])) for zc, env_ in _z_chunks(z, env)],
+        launch_chunks([(env_, [sm90_launch(zc)] + ([portable(zc, rescue)] if fma else []))
+                       for zc, env_ in _z_chunks(z, env)],
                       key if aligned(out, lse) else None, False, hopper.descriptors(sm90.block_n, d), plans=PLANS)
         return out, lse
     passes = [dict(meta, PASS=p, **(_RESCUE_META if p == 2 else {}))
               for p in overflow_passes(q.dtype, work)]
-    chunks = [(env_, [Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m) for m in passes])
-              for zc, env_ in _z_chunks(z, env)]
+    chunks = [(env_, [portable(zc, m) for m in passes]) for zc, env_ in _z_chunks(z, env)]
     descs = (("q", cfg.block_m, d_pad), ("k", cfg.block_n, d_pad), ("v", cfg.block_n, dv_pad)) if host_desc else ()
     # the interpreter emulates descriptors without scratch memory; host descriptors need none
     launch_chunks(chunks, key if aligned(out, lse) else None, tma and not host_desc and q.is_cuda, descs, plans=PLANS)
