@@ -442,8 +442,9 @@ FMA_MAX_ROW: tl.constexpr = tl.constexpr(2.0**20)
 def _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED: tl.constexpr):
     """_online_softmax from the raw q.k tile (keys not visible at -inf) with the scale folded into exp2's
     argument, as FlashAttention does: m = max(qk) * qk_scale (the max of the rounded scores: qk_scale > 0,
-    and rounding keeps the order), p = exp2(qk * qk_scale - m), one FMA a score where the exact form
-    (_scores' rounded score, then s - m) takes a multiply and a subtract. The FMA rounds once, against the
+    and rounding keeps the order), p = exp2(qk * qk_scale - m), one FMA a score (tl.fma: not left to the
+    compiler's contraction, which Triton 3.10 turns off by default) where the exact form (_scores' rounded
+    score, then s - m) takes a multiply and a subtract. The FMA rounds once, against the
     unrounded product, so the row's top score gets exp2(e), e the rounding error of its product (at most half
     an ulp of m), where the exact form gets exactly 1: a factor l and the accumulator share, which out = acc /
     l cancels and lse = m + log2(l) keeps. Where |m| grows, so does e: exp2(e) overflows from |m| ~ 2^31.
@@ -454,7 +455,7 @@ def _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED: tl.constexpr):
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_sub = m_new
-    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+    p = tl.math.exp2(tl.fma(qk, qk_scale, -m_sub[:, None]))
     alpha = tl.math.exp2(m_i - m_sub)
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1), tl.abs(m_sub)
 
