@@ -139,3 +139,20 @@ def test_compile_and_export(device, tmp_path):
     torch.export.save(ep, path)
     out = torch.export.load(path).module()(q.detach(), k.detach(), v.detach())
     assert torch.equal(out, M()(q.detach(), k.detach(), v.detach()))
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_mean_keys_counts_the_visible_keys(case, causal):
+    """contract.mean_keys (hopper.AUTO_MIN_KEYS asks it) against the PyTorch path's mask: the keys a query
+    row sees, averaged over the rows, under every band of CASES, its diagonal offset folded in or not."""
+    from diyflash.kernels.attention_torch import _visible
+    from diyflash.kernels.contract import band, mean_keys, variant
+
+    _, _, n_q, n_k, *_, window, _, _, offset = CASES[case]
+    for off in {0, offset}:
+        var = variant(causal, window, 0.0, n_q, n_k, 1, 1, off)
+        rows, cols = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        seen = _visible(rows, cols, n_q, n_k, var.causal, n_k - n_q, var.window, var.left, var.right)
+        want = seen.sum().item() / n_q if n_q else 0.0
+        assert mean_keys(var, n_q, n_k) == pytest.approx(want, abs=1e-9), band(causal, window, n_q, n_k, off)

@@ -1,14 +1,15 @@
 """The attention contract, once for every implementation: how a call's variant is normalised (band,
-Variant), how its output is allocated (empty_out), the constants of the kernels' units and of the sink
-cap, and when a call takes the decode kernel (DECODE_MAX_ROWS). torch only (no triton): the PyTorch path
-(attention_torch.py), the Triton launchers (kernels/attention/) and the ops' fakes import it, not one
-another."""
+Variant), how many keys a query row sees (mean_keys), how its output is allocated (empty_out), the
+constants of the kernels' units and of the sink cap, and when a call takes the decode kernel
+(DECODE_MAX_ROWS). torch and numpy only (no triton): the PyTorch path (attention_torch.py), the Triton
+launchers (kernels/attention/) and the ops' fakes import it, not one another."""
 
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 # Base-2 units: the kernels keep scores as s2 = log2(e) * s (exp2 is the hardware's exponential) and hand
@@ -81,6 +82,18 @@ def variant(causal: bool, window: tuple[int, int], softcap: float, n_q: int, n_k
             offset: int = 0) -> Variant:
     causal, bounded, left, right = band(causal, window, n_q, n_k, offset)
     return Variant(causal, bounded, left, right, softcap * LOG2E, h // h_kv)
+
+
+def mean_keys(var: Variant, n_q: int, n_k: int) -> float:
+    """How many keys a query row sees on average under var's band (query row i at key position
+    i + N_k - N_q, keys [position - left, position + right] within [0, N_k)): N_k without a band, about
+    N_k / 2 causal at N_q = N_k. Where the Hopper forward's tiles pay off (hopper.AUTO_MIN_KEYS)."""
+    if n_q == 0 or n_k == 0:
+        return 0.0
+    pos = np.arange(n_k - n_q, n_k)
+    right = 0 if var.causal else var.right
+    seen = np.minimum(n_k - 1, pos + right) - np.maximum(0, pos - var.left) + 1
+    return float(np.clip(seen, 0, None).mean())
 
 
 def empty_out(q: torch.Tensor, dv: int) -> torch.Tensor:
