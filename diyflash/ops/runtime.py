@@ -43,8 +43,11 @@ def attention_backend(device: torch.device, backward: bool = False) -> str:
                        if hopper.backend() == "auto")
         return f"hopper one-pass ({why}; {where} when not deterministic, no ALiBi{rows}; other calls portable)"
     if ok:
-        where = "fp16/bf16, head_dim " + "/".join(map(str, hopper.AUTO_TILES if hopper.backend() == "auto"
-                                                       else sorted(hopper.TILES)))
+        if hopper.backend() == "auto":
+            dims = sorted(hopper.AUTO_MIN_KEYS.items(), reverse=True)
+            where = "fp16/bf16, head_dim " + "/".join(f"{d}" + (f" from {n} keys a row" if n else "") for d, n in dims)
+        else:
+            where = "fp16/bf16, head_dim " + "/".join(map(str, sorted(hopper.TILES)))
         return f"hopper ({why}; {where}, no seq_lens/ALiBi/sinks; other calls portable)"
     return f"portable Triton kernels ({why})"
 

@@ -3,7 +3,7 @@ run instead of the portable ones, and their launch. attention_bwd asks `backward
 asks `tiles` per call, whose answer is None unless all of these hold:
 
 - the backend: DIYFLASH_ATTENTION_BACKEND (read at import; `use` sets it in a running process) is "auto"
-  (the default: the Hopper kernel where it measured faster, the head dims of AUTO_TILES), "hopper" (every
+  (the default: the Hopper kernel where it measured faster, AUTO_MIN_KEYS), "hopper" (every
   head dim it has tiles for, TILES: for tests and benchmarks) or "portable" (never);
 - the device: compute capability 9.0, a Triton whose Gluon Hopper API this kernel was checked with
   (TESTED_TRITON; DIYFLASH_ATTENTION_BACKEND=hopper tries another), decided once per device (`status`);
@@ -61,11 +61,13 @@ class Tiles(NamedTuple):
 # D128 with 128-key blocks in 2 slots 0.94-1.03x cuDNN where the portable kernel ran 0.83-0.91x
 # (H100: 0.93-1.00x against 0.80-0.92x);
 # 3 slots won one run and lost the next (within noise), so the smaller 2 stay. D64 with three consumers (192
-# rows a program, as FA3 tiles D64): 0.95-0.97x cuDNN at B2 H16 N8192 fp16 where two ran 0.88-0.91x and the
-# portable kernel 0.93-0.95x, but 0.78-0.79x at GQA bf16 N4096 and at B16 N1024 (portable 0.90x): "auto"
-# keeps the portable kernel for D64 (the "three consumers" run of attention_sm90.jsonl).
+# rows a program, as FA3 tiles D64; two consumers ran slower on the long cells, run "d64 fma").
 TILES = {64: Tiles(128, 3, 3), 128: Tiles(128, 2)}
-AUTO_TILES = (128,)
+# "auto": the head dims it runs the Hopper forward at, and the fewest keys a query row must see on average
+# (contract.mean_keys). D64 pays its tiles' start and end only over long rows: from 4096 keys a row 0.99-1.04x
+# cuDNN where the portable kernel ran 0.92-0.93x; at 2048 (causal N4096) 0.87x, a tie, and at 512-1024 (N1024)
+# 0.64-0.84x against 0.87-0.90x (run "d64 fma" of attention_sm90.jsonl).
+AUTO_MIN_KEYS = {64: 4096, 128: 0}
 # "auto" leaves short calls (less work than plans.HOST_DESC_MIN_WORK, Z*H*N_q*N_k*D) to the portable kernel,
 # which builds no host descriptors for them: the Hopper kernel's three (Gluon's TensorDescriptor, then
 # Triton's encoding at each launch) made a B1 H32 N128 D128 bf16 forward cost 69 us a call in a loop against
@@ -146,15 +148,20 @@ def status(device: torch.device) -> tuple[bool, str]:
     return _device_status(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable, short: bool = False) -> Tiles | None:
+def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable, short: bool = False,
+          keys=lambda: float("inf")) -> Tiles | None:
     """The Tiles where this call runs the Hopper forward, else None (see the module's docstring).
     q4, k4, v4: the (Z, H, N, D) views attention_fwd launches on; readable(): whether host TMA descriptors
     can read them in place (launch.tma_ok and plans.host_descriptors_ok), asked last: every other GPU and
     call is answered without it. short: less work than plans.HOST_DESC_MIN_WORK ("auto" leaves it to the
-    portable kernel)."""
-    head_dims = TILES if _backend == "hopper" else AUTO_TILES
+    portable kernel); keys(): the keys a query row sees on average (contract.mean_keys), which "auto" asks
+    of a head dim with AUTO_MIN_KEYS."""
+    head_dims = TILES if _backend == "hopper" else AUTO_MIN_KEYS
     if (seq_lens is not None or packed is not None or sinks is not None
             or not _takes(q4, v4, alibi, overrides, short, head_dims)):
+        return None
+    need = AUTO_MIN_KEYS[q4.shape[-1]] if _backend == "auto" else 0
+    if need and keys() < need:
         return None
     if not status(q4.device)[0] or not readable():
         return None
@@ -164,7 +171,7 @@ def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable,
 def _takes(q4, v4, alibi, overrides: bool, short: bool, head_dims) -> bool:
     """The call conditions the Hopper forward and backward share (the module's docstring), before the device
     is asked: the backend, fp16/bf16 on CUDA, no ALiBi or tiles asked for, D = Dv in head_dims, and not a short
-    call under "auto" (its host time decides, and the host descriptors cost it: AUTO_TILES' comment)."""
+    call under "auto" (its host time decides, and the host descriptors cost it: see below AUTO_MIN_KEYS)."""
     if (_backend == "portable" or overrides or alibi is not None or not q4.is_cuda
             or q4.dtype not in (torch.float16, torch.bfloat16)):
         return False

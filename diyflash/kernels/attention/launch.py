@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from .._runtime import PLAIN, device_limits, keep, require_triton
-from ..contract import LOG2E, Variant, empty_out, few_query_rows, variant
+from ..contract import LOG2E, Variant, empty_out, few_query_rows, mean_keys, variant
 from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad,
                                  window_fwd_config)
 
@@ -269,7 +269,8 @@ def attention_fwd(
     work = z * h * n_q * n_k * d_pad
     short = work < HOST_DESC_MIN_WORK  # its host time decides: no host descriptors
     sm90 = hopper.tiles(q4, k4, v4, seq_lens, packed, alibi_slopes, sinks, config is not None or group is not None,
-                        lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4), short=short)
+                        lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4), short=short,
+                        keys=lambda: mean_keys(var, n_q, n_k))
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes, "sinks": sinks}
     if sm90 is not None:  # the portable kernel runs only the Hopper kernel's second pass (its marked rows)
