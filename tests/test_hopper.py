@@ -392,7 +392,7 @@ def test_what_falls_back_to_portable(fresh_caches):
 @pytest.mark.parametrize("d, causal, takes", [(64, False, True), (64, True, False), (128, True, True)])
 def test_auto_takes_the_measured_calls(fresh_caches, d, causal, takes):
     """"auto" runs the Hopper forward at the head dims of AUTO_MIN_KEYS where a query row sees that many
-    keys on average: at D64 from 4096 (N 4096: 4096 keys a row, causal 2048.5), at D128 from any."""
+    keys on average: at D64 from 3072 (N 4096: 4096 keys a row, causal 2048.5), at D128 from any."""
     q, k, v = make_qkv(1, 4, 4096, 4096, d, torch.float16)  # work >= 2^32: plans.HOST_DESC_MIN_WORK
     assert (mean_keys(variant(causal, (-1, -1), 0.0, 4096, 4096, 4, 4), 4096, 4096) >= hopper.AUTO_MIN_KEYS[d]) == takes
     ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=causal))
