@@ -9,7 +9,10 @@ by side:
   first blocks arrive while the consumers still finish and store the one before;
 - the consumer warpgroups (64 rows each, 240 registers a thread for two, 160 for three) run the online
   softmax with asynchronous wgmma: block j's q.k^T is issued before block j-1's p @ v and waited for first,
-  so the softmax of block j runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap).
+  so the softmax of block j runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap);
+  each puts its finished rows into shared memory and hands them to the TMA unit, which writes them while the
+  warpgroup goes on to its next tile (1.00-1.045x the kernel that stored them from registers, H200,
+  bench/results/attention_sm90.jsonl, run "o by tma").
 The semantics are semantics.py's (_tile_at, _band, _scores, _visible, _online_softmax, _normalize), called
 from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
 module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
@@ -24,8 +27,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .semantics import (_band, _fma_marked, _inv, _normalize, _online_softmax, _online_softmax_fma, _prescaled,
                         _scores, _tile_at, _turn, _turns, _visible)
 
-# TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
+# TMA loads and stores: Triton 3.6 names them async_copy_global_to_shared and async_copy_shared_to_global,
+# later versions async_load and async_store
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 # a barrier of the calling warps (a partition's own, inside warp_specialize): thread_barrier in 3.6, barrier later
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
@@ -186,8 +191,8 @@ def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_
 
 
 @gluon.jit
-def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr, lse_ptr,
-              stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q, seq_len_k,
+def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc, o_bufs, lse_ptr,
+              stride_lz, stride_lh, seq_len_q, seq_len_k,
               causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
@@ -205,7 +210,6 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     q = q_bufs.index(WHICH).reshape([SUB_M, HEAD_DIM])
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    cols = gl.arange(0, HEAD_DIM_V, layout=gl.SliceLayout(0, o_layout))
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
     i = 0
     n = 0
@@ -245,17 +249,21 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 lse = _fma_marked(lse, gl.convert_layout(top, row_o))
             rows = row0 + gl.arange(0, SUB_M, layout=row_o)
             row_in = rows < seq_len_q
-            o_off = off_z.to(gl.int64) * stride_oz + off_h.to(gl.int64) * stride_oh
             l_off = off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
-            o_ptrs = out_ptr + o_off + rows.to(gl.int64)[:, None] * stride_om + cols[None, :] * stride_od
-            gl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None])
+            o_buf = o_bufs.index(WHICH)  # the tile into shared memory, the TMA unit writes it (rows past N clipped)
+            tma.store_wait(0)  # the tile before's copy has read the buffer ...
+            _barrier()  # ... before any thread of the warpgroup writes it again
+            o_buf.reshape([SUB_M, HEAD_DIM_V]).store(out.to(o_desc.dtype))
+            fence_async_shared()
+            _barrier()  # every row in before the copy reads them
+            _tma_store(o_desc, [off_z, off_h, row0, 0], o_buf)
             gl.store(lse_ptr + l_off + rows, lse, mask=row_in)
+    tma.store_wait(0)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "num_bh", "head_group"])
 def _hopper_fwd_kernel(
-    q_desc, k_desc, v_desc, out_ptr, lse_ptr,
-    stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh,
+    q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lz, stride_lh,
     seq_len_q, seq_len_k, qk_scale, num_tiles, num_heads, num_bh, head_group, kv_group, win_left, win_right, cap2,
     # semantics: what is computed
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
@@ -264,8 +272,8 @@ def _hopper_fwd_kernel(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
-    """q_desc, k_desc, v_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D) and
-    (1, 1, BLOCK_N, D) blocks (hopper.descriptor); out and lse by pointers and strides. The semantics are the
+    """q_desc, k_desc, v_desc, o_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D)
+    and (1, 1, BLOCK_N, D) blocks (hopper.descriptor); lse by pointer and strides. The semantics are the
     portable forward's (forward.py) for causal, WINDOW, SOFTCAP and GQA (kv_group) without seq_lens; PASS 3
     (launch.overflow_passes: where a raw q.k can leave fp32's range) dots q prescaled as forward.py's PASS 3
     does, in one pass; PASS 0 dots it as it is. FMA (not SOFTCAP, qk_scale > 0): the softmax in
@@ -281,6 +289,7 @@ def _hopper_fwd_kernel(
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -297,18 +306,18 @@ def _hopper_fwd_kernel(
     # (the partitions' argument lists are written out: a tuple of them, concatenated, loses the constexprs)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
-                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc, o_bufs, lse_ptr,
+                         stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
                          PASS, FMA, 0)),
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
-                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc, o_bufs, lse_ptr,
+                         stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
                          PASS, FMA, 1)),
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
-                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc, o_bufs, lse_ptr,
+                         stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
                          PASS, FMA, 2)),
@@ -318,13 +327,13 @@ def _hopper_fwd_kernel(
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
-                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc, o_bufs, lse_ptr,
+                         stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
                          PASS, FMA, 0)),
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, out_ptr,
-                         lse_ptr, stride_oz, stride_oh, stride_om, stride_od, stride_lz, stride_lh, seq_len_q,
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc, o_bufs, lse_ptr,
+                         stride_lz, stride_lh, seq_len_q,
                          seq_len_k, causal_offset, qk_scale, num_tiles, num_heads, num_bh, head_group, win_left,
                          win_right, cap2, BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N,
                          PASS, FMA, 1)),

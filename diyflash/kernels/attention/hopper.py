@@ -194,12 +194,14 @@ def descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
     return TensorDescriptor(t, shape, strides, block, _smem_layout(block[2], block[3], t.dtype))
 
 
-POINTERS = ("gluon_q", "gluon_k", "gluon_v", "out", "lse")  # the launch's leading arguments, by env name
+POINTERS = ("gluon_q", "gluon_k", "gluon_v", "gluon_out", "lse")  # the launch's leading arguments, by env name
 
 
 def descriptors(block_n: int, d: int) -> tuple:
-    """The host descriptors of a launch (plans.launch_chunks' descs): q, k and v, as gluon_q, gluon_k, gluon_v."""
-    return (("q", CONSUMER_ROWS, d, True), ("k", block_n, d, True), ("v", block_n, d, True))
+    """The host descriptors of a launch (plans.launch_chunks' descs): q, k, v and out, as gluon_q, gluon_k, gluon_v,
+    gluon_out (the kernel stores each consumer's rows through the TMA unit, in q's blocks)."""
+    return (("q", CONSUMER_ROWS, d, True), ("k", block_n, d, True), ("v", block_n, d, True),
+            ("out", CONSUMER_ROWS, d, True))
 
 
 # the Hopper kernels' DirectLaunchers once made, by kernel name (launch.py keeps count of their bound kernels)

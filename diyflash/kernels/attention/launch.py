@@ -269,7 +269,7 @@ def attention_fwd(
     work = z * h * n_q * n_k * d_pad
     short = work < HOST_DESC_MIN_WORK  # its host time decides: no host descriptors
     sm90 = hopper.tiles(q4, k4, v4, seq_lens, packed, alibi_slopes, sinks, config is not None or group is not None,
-                        lambda: tma_ok(q4, k4, v4) and host_descriptors_ok(q4, k4, v4), short=short,
+                        lambda: tma_ok(q4, k4, v4, o4) and host_descriptors_ok(q4, k4, v4, o4), short=short,
                         keys=lambda: mean_keys(var, n_q, n_k))
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes, "sinks": sinks}
@@ -311,7 +311,7 @@ def attention_fwd(
 
         def sm90_launch(zc: int) -> Launch:  # its programs take the chunk's tiles in turns (hopper.schedule)
             programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
-            sm90_args = (*_strides(o4), *_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h,
+            sm90_args = (*_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h,
                          group, var.kv_group, var.left, var.right, var.cap2)
             return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, sm90_args, sm90_meta)
 
