@@ -1,7 +1,7 @@
 """The attention contract, once for every implementation: how a call's variant is normalised (band,
 Variant), how many keys a query row sees (mean_keys), how its output is allocated (empty_out), the
 constants of the kernels' units and of the sink cap, and when a call takes the decode kernel
-(DECODE_MAX_ROWS). torch and numpy only (no triton): the PyTorch path (attention_torch.py), the Triton
+(DECODE_MAX_ROWS). torch only (no triton, no numpy): the PyTorch path (attention_torch.py), the Triton
 launchers (kernels/attention/) and the ops' fakes import it, not one another."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 # Base-2 units: the kernels keep scores as s2 = log2(e) * s (exp2 is the hardware's exponential) and hand
@@ -90,10 +89,10 @@ def mean_keys(var: Variant, n_q: int, n_k: int) -> float:
     N_k / 2 causal at N_q = N_k. Where the Hopper forward's tiles pay off (hopper.AUTO_MIN_KEYS)."""
     if n_q == 0 or n_k == 0:
         return 0.0
-    pos = np.arange(n_k - n_q, n_k)
+    pos = torch.arange(n_k - n_q, n_k, dtype=torch.int64)
     right = 0 if var.causal else var.right
-    seen = np.minimum(n_k - 1, pos + right) - np.maximum(0, pos - var.left) + 1
-    return float(np.clip(seen, 0, None).mean())
+    seen = (pos + right).clamp(max=n_k - 1) - (pos - var.left).clamp(min=0) + 1
+    return seen.clamp(min=0).sum().item() / n_q
 
 
 def empty_out(q: torch.Tensor, dv: int) -> torch.Tensor:
