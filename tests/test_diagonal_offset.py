@@ -156,3 +156,5 @@ def test_mean_keys_counts_the_visible_keys(case, causal):
         seen = _visible(rows, cols, n_q, n_k, var.causal, n_k - n_q, var.window, var.left, var.right)
         want = seen.sum().item() / n_q if n_q else 0.0
         assert mean_keys(var, n_q, n_k) == pytest.approx(want, abs=1e-9), band(causal, window, n_q, n_k, off)
+        with torch.device("meta"):  # a default device never reaches it (on a GPU, .item() would sync)
+            assert mean_keys(var, n_q, n_k) == pytest.approx(want, abs=1e-9)
