@@ -90,8 +90,7 @@ def mean_keys(var: Variant, n_q: int, n_k: int) -> float:
     if n_q == 0 or n_k == 0:
         return 0.0
     pos = torch.arange(n_k - n_q, n_k, dtype=torch.int64, device="cpu")  # never the default device: no sync
-    right = 0 if var.causal else var.right
-    seen = (pos + right).clamp(max=n_k - 1) - (pos - var.left).clamp(min=0) + 1
+    seen = (pos + var.right).clamp(max=n_k - 1) - (pos - var.left).clamp(min=0) + 1  # right: 0 under causal (band)
     return seen.clamp(min=0).sum().item() / n_q
 
 
