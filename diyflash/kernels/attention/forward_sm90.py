@@ -3,16 +3,17 @@
 A tile is 64 query rows per consumer warpgroup (two, or three for D64: hopper.TILES) of one (batch, head);
 the kernel is persistent: a program per SM takes tiles in turns (_tile_at's order). The partitions run side
 by side:
-- a loader warp fetches each tile's query rows (once the consumers are done with the last tile's), then
+- a loader warp fetches each tile's query rows into one of two query slots a consumer (tiles alternate), then
   streams its key and value blocks through TMA into STAGES shared-memory slots (an mbarrier pair per slot
   and tensor: ready when its copy lands, empty when every consumer is done with it), so the next tile's
-  first blocks arrive while the consumers still finish and store the one before;
+  rows and first blocks arrive while the consumers still finish the one before;
 - the consumer warpgroups (64 rows each, 240 registers a thread for two, 160 for three) run the online
   softmax with asynchronous wgmma: block j's q.k^T is issued before block j-1's p @ v and waited for first,
-  so the softmax of block j runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap);
-  each puts its finished rows into shared memory and hands them to the TMA unit, which writes them while the
-  warpgroup goes on to its next tile (1.00-1.045x the kernel that stored them from registers, H200,
-  bench/results/attention_sm90.jsonl, run "o by tma").
+  so the softmax of block j runs while the tensor cores still work on p @ v (FA3's intra-warpgroup overlap).
+  A finished tile's rows wait in registers until the next tile's first q.k^T is issued; then the consumer
+  puts them into the query slot they came in by and hands them to the TMA unit, under that matmul
+  (1.019-1.028x the kernel that stored them before the next tile began, on four of six D128 cells, H200,
+  bench/results/attention_sm90.jsonl, run "held rows").
 The semantics are semantics.py's (_tile_at, _band, _scores, _visible, _online_softmax, _normalize), called
 from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
 module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
@@ -46,7 +47,7 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_
     they are done with the last tile's, then the key and value blocks of _band into the slots, in the
     consumers' order (i counts the blocks over every tile: slot and phase)."""
     STAGES: gl.constexpr = k_bufs.shape[0]
-    CONSUMERS: gl.constexpr = q_bufs.shape[0]
+    CONSUMERS: gl.constexpr = q_bufs.shape[0] // 2
     SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
     i = 0
     n = 0
@@ -60,10 +61,12 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_
                                      BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
                                      EVEN_N=EVEN_N, WINDOW=WINDOW)
             off_hk = off_h // kv_group
-            mbarrier.wait(q_empty, (n & 1) ^ 1)
-            mbarrier.expect(q_ready, CONSUMERS * q_desc.block_type.nbytes)
+            a = n % 2  # the tile's query slots: the consumers store the tile before's rows from the others
+            mbarrier.wait(q_empty.index(a), ((n // 2) & 1) ^ 1)
+            mbarrier.expect(q_ready.index(a), CONSUMERS * q_desc.block_type.nbytes)
             for c in gl.static_range(CONSUMERS):
-                _tma_load(q_desc, [off_z, off_h, start_m + c * SUB_M, 0], q_ready, q_bufs.index(c))
+                _tma_load(q_desc, [off_z, off_h, start_m + c * SUB_M, 0], q_ready.index(a),
+                          q_bufs.index(a * CONSUMERS + c))
             for start_n in range(lo, hi, BLOCK_N):
                 s = i % STAGES
                 ph = (i // STAGES) & 1
@@ -127,92 +130,134 @@ def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
 
 
 @gluon.jit
-def _consume(q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, top, i, lo, hi, full_lo,
+def _first_qk(q, k_bufs, k_ready, i, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """A tile's first q.k^T issued (asynchronous, not waited for: _consume waits), block i's slot."""
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    SUB_M: gl.constexpr = q.shape[0]
+    mbarrier.wait(k_ready.index(i % STAGES), (i // STAGES) & 1)
+    k = k_bufs.index(i % STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    qk = warpgroup_mma(q, k, gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    return qk, k
+
+
+@gluon.jit
+def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, top, i, lo, hi, full_lo,
              full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
              KEY_MASK: gl.constexpr, FMA: gl.constexpr):
-    """Key blocks [lo, hi) of a consumer's rows (i counts the blocks of the program's tiles so far: slot and
-    phase; returned past this tile's). Block j's q.k^T is issued
-    before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps that p @ v;
-    the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns, FA3's ping-pong,
-    through an mbarrier pair measured 0-2 % slower on the H200: bench/results/attention_sm90.jsonl.)"""
+    """Key blocks [lo, hi) (lo < hi) of a consumer's rows, the first block's q.k^T issued by _first_qk (qk, k);
+    i counts the blocks of the program's tiles so far: slot and phase; returned past this tile's. Block j's
+    q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps
+    that p @ v; the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns,
+    FA3's ping-pong, through an mbarrier pair measured 0-2 % slower on the H200:
+    bench/results/attention_sm90.jsonl.)"""
     STAGES: gl.constexpr = k_bufs.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = acc.type.layout
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     SUB_M: gl.constexpr = q.shape[0]
     zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)
-    if lo < hi:
+    s_idx = i % STAGES
+    ph = (i // STAGES) & 1
+    qk, _q0, _k0 = warpgroup_mma_wait(0, deps=(qk, q, k))
+    mbarrier.arrive(k_empty.index(s_idx), count=1)
+    p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, lo, full_lo, full_hi, offs_m, offs_n, kv_len,
+                                             causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+                                             MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
+                                             KEY_MASK=KEY_MASK, FMA=FMA)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    prev = s_idx
+    prev_ph = ph
+    i += 1
+    for start_n in range(lo + BLOCK_N, hi, BLOCK_N):
         s_idx = i % STAGES
         ph = (i // STAGES) & 1
         mbarrier.wait(k_ready.index(s_idx), ph)
         k = k_bufs.index(s_idx).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+        mbarrier.wait(v_ready.index(prev), prev_ph)
+        v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
         qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
-        qk, _q0, _k0 = warpgroup_mma_wait(0, deps=(qk, q, k))
+        acc = warpgroup_mma(p16, v, acc, is_async=True)
+        qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
         mbarrier.arrive(k_empty.index(s_idx), count=1)
-        p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, lo, full_lo, full_hi, offs_m, offs_n, kv_len,
-                                                 causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
-                                                 MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-                                                 KEY_MASK=KEY_MASK, FMA=FMA)
+        p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
+                                                 kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
+                                                 inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
+                                                 SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA)
+        acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
+        mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
         prev = s_idx
         prev_ph = ph
         i += 1
-        for start_n in range(lo + BLOCK_N, hi, BLOCK_N):
-            s_idx = i % STAGES
-            ph = (i // STAGES) & 1
-            mbarrier.wait(k_ready.index(s_idx), ph)
-            k = k_bufs.index(s_idx).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-            mbarrier.wait(v_ready.index(prev), prev_ph)
-            v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
-            qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p16, v, acc, is_async=True)
-            qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
-            mbarrier.arrive(k_empty.index(s_idx), count=1)
-            p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
-                                                     kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
-                                                     inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
-                                                     SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA)
-            acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
-            mbarrier.arrive(v_empty.index(prev), count=1)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
-            prev = s_idx
-            prev_ph = ph
-            i += 1
-        mbarrier.wait(v_ready.index(prev), prev_ph)
-        v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
-        acc = warpgroup_mma(p16, v, acc, is_async=True)
-        acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
-        mbarrier.arrive(v_empty.index(prev), count=1)
+    mbarrier.wait(v_ready.index(prev), prev_ph)
+    v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
+    acc = warpgroup_mma(p16, v, acc, is_async=True)
+    acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
+    mbarrier.arrive(v_empty.index(prev), count=1)
     return acc, m_i, l_i, top, i
 
 
 @gluon.jit
-def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc, o_bufs,
+def _store_rows(acc, m_i, l_i, top, row0, off_h, off_z, o_desc, o_buf, q_empty, lse_ptr, stride_lz, stride_lh,
+                seq_len_q, FMA: gl.constexpr):
+    """A finished tile's rows row0 onward of head (off_z, off_h): out (_normalize) into o_buf, the query slot
+    the tile read (no q.k^T reads it any more), handed to the TMA unit (rows past N clipped by the
+    descriptor), lse by pointer; the slot goes back to the loader (q_empty) once the copy has read it."""
+    SUB_M: gl.constexpr = acc.shape[0]
+    row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    m_o = gl.convert_layout(m_i, row_o)
+    l_o = gl.convert_layout(l_i, row_o)
+    out, lse = _normalize(acc, m_o, l_o, l_o > 0)
+    if FMA:
+        lse = _fma_marked(lse, gl.convert_layout(top, row_o))
+    o_buf.reshape([SUB_M, acc.shape[1]]).store(out.to(o_desc.dtype))
+    fence_async_shared()
+    _barrier()  # every row in before the copy reads them
+    _tma_store(o_desc, [off_z, off_h, row0, 0], o_buf)
+    rows = row0 + gl.arange(0, SUB_M, layout=row_o)
+    l_off = off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
+    gl.store(lse_ptr + l_off + rows, lse, mask=rows < seq_len_q)
+    tma.store_wait(0)
+    _barrier()  # the copy has read the slot (the issuing thread waited) before the loader may refill it
+    mbarrier.arrive(q_empty, count=1)
+
+
+@gluon.jit
+def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
               lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale, num_tiles, num_heads,
               num_bh, head_group, win_left, win_right, cap2,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
               PASS: gl.constexpr, FMA: gl.constexpr, WHICH: gl.constexpr):
     """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
-    blocks of _band (masks where forward.py has them), then the epilogue (_normalize) and the stores, while
-    the loader already fetches the next tile's rows and blocks. FMA: the softmax in _online_softmax_fma's
-    form, and a row that reached FMA_MAX_ROW gets a NaN lse (_fma_marked), which the portable kernel's second
-    pass takes as its mark to compute the row's block again in the exact form."""
-    CONSUMERS: gl.constexpr = q_bufs.shape[0]
+    blocks of _band (masks where forward.py has them). A tile's rows are stored (_store_rows) once the next
+    tile's first q.k^T is issued, so the tensor cores work through the epilogue; the query slots alternate by
+    tile, and each tile's rows go out through the slot its queries came in by. FMA: the softmax in
+    _online_softmax_fma's form, and a row that reached FMA_MAX_ROW gets a NaN lse (_fma_marked), which the
+    portable kernel's second pass takes as its mark to compute the row's block again in the exact form."""
+    CONSUMERS: gl.constexpr = q_bufs.shape[0] // 2
     SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    q = q_bufs.index(WHICH).reshape([SUB_M, HEAD_DIM])
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
     i = 0
     n = 0
+    # the tile before's state, stored under this tile's first q.k^T (held: whether there is one)
+    held = 0
+    acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
+    m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+    top = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+    held_row0 = 0
+    held_h = 0
+    held_z = 0
     for t in range(_turns(num_tiles, num_bh, head_group, DEAL=CAUSAL)):
         lin, live = _turn(t, num_tiles, num_bh, head_group, DEAL=CAUSAL)
         if live:
@@ -224,41 +269,47 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                                              EVEN_N=EVEN_N, WINDOW=WINDOW)
             row0 = start_m + WHICH * SUB_M
             offs_m = row0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
-            m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-            l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
-            acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
-            mbarrier.wait(q_ready, n & 1)
+            a = n % 2
+            q = q_bufs.index(a * CONSUMERS + WHICH).reshape([SUB_M, HEAD_DIM])
+            held_buf = q_bufs.index((1 - a) * CONSUMERS + WHICH)  # the tile before's slot: its rows go out by it
+            mbarrier.wait(q_ready.index(a), (n // 2) & 1)
             score_scale = qk_scale
             if PASS == 3:  # q times the power of two of the scale, in place: no raw dot leaves fp32's range
                 q_pre, score_scale = _prescaled(q.load(q_layout), qk_scale)
                 q.store(q_pre)
                 fence_async_shared()
                 _barrier()  # the warpgroup's rows are all in before its wgmma reads them
-            top = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
-            acc, m_i, l_i, top, i = _consume(
-                q, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, top, i, lo, hi, full_lo,
-                full_hi, offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
-                BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
-                CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA)
-            mbarrier.arrive(q_empty, count=1)  # the loader may fetch the next tile's rows into q's slot
+            if lo < hi:
+                qk, k = _first_qk(q, k_bufs, k_ready, i, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM)
+                if held:
+                    _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
+                                q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
+                m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+                l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+                top = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+                acc, m_i, l_i, top, i = _consume(
+                    q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
+                    gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout), m_i, l_i, top, i, lo, hi, full_lo, full_hi,
+                    offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
+                    BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
+                    CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA)
+            else:  # no key: its rows get zeros and lse -inf
+                if held:
+                    _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
+                                q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
+                acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
+                m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+                l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+                top = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+            held = 1
+            held_row0 = row0
+            held_h = off_h
+            held_z = off_z
             n += 1
-            m_o = gl.convert_layout(m_i, row_o)
-            l_o = gl.convert_layout(l_i, row_o)
-            out, lse = _normalize(acc, m_o, l_o, l_o > 0)
-            if FMA:
-                lse = _fma_marked(lse, gl.convert_layout(top, row_o))
-            rows = row0 + gl.arange(0, SUB_M, layout=row_o)
-            row_in = rows < seq_len_q
-            l_off = off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
-            o_buf = o_bufs.index(WHICH)  # the tile into shared memory, the TMA unit writes it (rows past N clipped)
-            tma.store_wait(0)  # the tile before's copy has read the buffer ...
-            _barrier()  # ... before any thread of the warpgroup writes it again
-            o_buf.reshape([SUB_M, HEAD_DIM_V]).store(out.to(o_desc.dtype))
-            fence_async_shared()
-            _barrier()  # every row in before the copy reads them
-            _tma_store(o_desc, [off_z, off_h, row0, 0], o_buf)
-            gl.store(lse_ptr + l_off + rows, lse, mask=row_in)
-    tma.store_wait(0)
+    if held:
+        _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc,
+                    q_bufs.index(((n - 1) % 2) * CONSUMERS + WHICH), q_empty.index((n - 1) % 2), lse_ptr, stride_lz,
+                    stride_lh, seq_len_q, FMA=FMA)
 
 
 @gluon.jit(do_not_specialize=["num_tiles", "num_bh", "head_group"])
@@ -284,20 +335,20 @@ def _hopper_fwd_kernel(
     rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over
     head groups back and forth), so the loader fetches a tile's first blocks while the consumers finish the
     one before."""
-    SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
     causal_offset = seq_len_k - seq_len_q
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    # two query slots a consumer, by tile (the tile before's rows go out by its slot: o_desc's blocks are q's)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_ready, count=1)
-    mbarrier.init(q_empty, count=CONSUMERS)
+    for a in gl.static_range(2):
+        mbarrier.init(q_ready.index(a), count=1)
+        mbarrier.init(q_empty.index(a), count=CONSUMERS)
     for s in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
@@ -307,15 +358,15 @@ def _hopper_fwd_kernel(
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
-                         o_bufs, lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
+                         lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
-                         o_bufs, lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
+                         lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
-                         o_bufs, lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
+                         lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 2)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
@@ -325,11 +376,11 @@ def _hopper_fwd_kernel(
     else:
         gl.warp_specialize([
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
-                         o_bufs, lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
+                         lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
-                         o_bufs, lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
+                         lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,

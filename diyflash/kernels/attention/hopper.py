@@ -199,7 +199,8 @@ POINTERS = ("gluon_q", "gluon_k", "gluon_v", "gluon_out", "lse")  # the launch's
 
 def descriptors(block_n: int, d: int) -> tuple:
     """The host descriptors of a launch (plans.launch_chunks' descs): q, k, v and out, as gluon_q, gluon_k, gluon_v,
-    gluon_out (the kernel stores each consumer's rows through the TMA unit, in q's blocks)."""
+    gluon_out (the kernel stores each consumer's rows through the TMA unit from the query slot they came in by:
+    out's blocks and shared layout are q's, out being like q)."""
     return (("q", CONSUMER_ROWS, d, True), ("k", block_n, d, True), ("v", block_n, d, True),
             ("out", CONSUMER_ROWS, d, True))
 
