@@ -390,12 +390,14 @@ def test_what_falls_back_to_portable(fresh_caches):
 
 
 @needs_hopper
-@pytest.mark.parametrize("d, causal, takes", [(64, False, True), (64, True, False), (128, True, True)])
-def test_auto_takes_the_measured_calls(fresh_caches, d, causal, takes):
+@pytest.mark.parametrize("d, causal, n, heads, takes", [(64, False, 4096, 4, True), (64, True, 4096, 4, True),
+                                                        (64, True, 2048, 32, False), (128, True, 4096, 4, True)])
+def test_auto_takes_the_measured_calls(fresh_caches, d, causal, n, heads, takes):
     """"auto" runs the Hopper forward at the head dims of AUTO_MIN_KEYS where a query row sees that many
-    keys on average: at D64 from 3072 (N 4096: 4096 keys a row, causal 2048.5), at D128 from any."""
-    q, k, v = make_qkv(1, 4, 4096, 4096, d, torch.float16)  # work >= 2^32: plans.HOST_DESC_MIN_WORK
-    assert (mean_keys(variant(causal, (-1, -1), 0.0, 4096, 4096, 4, 4), 4096, 4096) >= hopper.AUTO_MIN_KEYS[d]) == takes
+    keys on average: at D64 from 2048 (N 4096: 4096 keys a row, causal 2048.5; N 2048 causal 1024.5), at D128
+    from any."""
+    q, k, v = make_qkv(1, heads, n, n, d, torch.float16)  # work >= 2^32: plans.HOST_DESC_MIN_WORK
+    assert (mean_keys(variant(causal, (-1, -1), 0.0, n, n, heads, heads), n, n) >= hopper.AUTO_MIN_KEYS[d]) == takes
     ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=causal))
     assert ran == (HOPPER_RUN if takes else {"portable"}), (d, causal, ran)
 

@@ -64,10 +64,10 @@ class Tiles(NamedTuple):
 # rows a program, as FA3 tiles D64; two consumers ran slower on the long cells, run "d64 fma").
 TILES = {64: Tiles(128, 3, 3), 128: Tiles(128, 2)}
 # "auto": the head dims it runs the Hopper forward at, and the fewest keys a query row must see on average
-# (contract.mean_keys). D64 pays its tiles' start and end only over long rows: from 3072 keys a row 0.99-1.04x
-# cuDNN where the portable kernel ran 0.90-0.95x (seven cells); at 2048 0.87-0.96x against 0.87-0.93x (causal
-# slower, full faster), at 512-1024 0.64-0.84x against 0.87-0.90x (attention_sm90.jsonl, runs "d64 fma").
-AUTO_MIN_KEYS = {64: 3072, 128: 0}
+# (contract.mean_keys). D64 pays its tiles' start and end only over long enough rows: at 2048 keys a row 1.03x
+# (causal) and 1.10x (full) the portable kernel, at 1024 (causal) 0.92x (H200, attention_sm90.jsonl, run
+# "held rows"; from 3072 keys 0.99-1.04x cuDNN where the portable kernel ran 0.90-0.95x, runs "d64 fma").
+AUTO_MIN_KEYS = {64: 2048, 128: 0}
 # "auto" leaves short calls (less work than plans.HOST_DESC_MIN_WORK, Z*H*N_q*N_k*D) to the portable kernel,
 # which builds no host descriptors for them: the Hopper kernel's three (Gluon's TensorDescriptor, then
 # Triton's encoding at each launch) made a B1 H32 N128 D128 bf16 forward cost 69 us a call in a loop against
