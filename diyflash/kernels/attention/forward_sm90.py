@@ -130,6 +130,14 @@ def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
 
 
 @gluon.jit
+def _fresh_rows(SUB_M: gl.constexpr, HEAD_DIM_V: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """A tile's starting state: (acc, m_i, l_i, top) of rows that have seen no key."""
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    return (gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout), gl.full([SUB_M], float("-inf"), gl.float32, row_s),
+            gl.zeros([SUB_M], gl.float32, row_s), gl.zeros([SUB_M], gl.float32, row_s))
+
+
+@gluon.jit
 def _first_qk(q, k_bufs, k_ready, i, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
     """A tile's first q.k^T issued (asynchronous, not waited for: _consume waits), block i's slot."""
     STAGES: gl.constexpr = k_bufs.shape[0]
@@ -142,23 +150,25 @@ def _first_qk(q, k_bufs, k_ready, i, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constex
 
 
 @gluon.jit
-def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, acc, m_i, l_i, top, i, lo, hi, full_lo,
-             full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi, offs_m,
+             offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
              KEY_MASK: gl.constexpr, FMA: gl.constexpr):
-    """Key blocks [lo, hi) (lo < hi) of a consumer's rows, the first block's q.k^T issued by _first_qk (qk, k);
-    i counts the blocks of the program's tiles so far: slot and phase; returned past this tile's. Block j's
+    """A tile's key blocks [lo, hi) (lo < hi) of a consumer's rows, the first block's q.k^T issued by _first_qk
+    (qk, k): the rows' (acc, m_i, l_i, top), and i (it counts the blocks of the program's tiles so far: slot and
+    phase) past this tile's. Block j's
     q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps
     that p @ v; the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns,
     FA3's ping-pong, through an mbarrier pair measured 0-2 % slower on the H200:
     bench/results/attention_sm90.jsonl.)"""
     STAGES: gl.constexpr = k_bufs.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = acc.type.layout
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     SUB_M: gl.constexpr = q.shape[0]
     zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)
+    acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
     s_idx = i % STAGES
     ph = (i // STAGES) & 1
     qk, _q0, _k0 = warpgroup_mma_wait(0, deps=(qk, q, k))
@@ -249,12 +259,9 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
     i = 0
     n = 0
-    # the tile before's state, stored under this tile's first q.k^T (held: whether there is one)
+    # the tile before's rows, stored under this tile's first q.k^T (held: whether there is one)
     held = 0
-    acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
-    m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
-    top = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+    acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
     held_row0 = 0
     held_h = 0
     held_z = 0
@@ -284,12 +291,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
-                m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-                l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
-                top = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
                 acc, m_i, l_i, top, i = _consume(
-                    q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
-                    gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout), m_i, l_i, top, i, lo, hi, full_lo, full_hi,
+                    q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi,
                     offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
                     BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
                     CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA)
@@ -297,10 +300,7 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
-                acc = gl.zeros([SUB_M, HEAD_DIM_V], gl.float32, o_layout)
-                m_i = gl.full([SUB_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
-                l_i = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
-                top = gl.zeros([SUB_M], gl.float32, gl.SliceLayout(1, s_layout))
+                acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
             held = 1
             held_row0 = row0
             held_h = off_h
