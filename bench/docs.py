@@ -1,4 +1,4 @@
-"""Regenerate the speed tables of docs/performance.md and docs/api.md from bench/results/*.jsonl.
+"""Regenerate the speed tables of docs/performance.md, docs/api.md and docs/integrations.md from bench/results/*.jsonl.
 
     python -m bench.docs            rewrite the tables in place
     python -m bench.docs --check    exit 1 where a table differs from its results file (tests/test_docs.py)
@@ -17,8 +17,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance.md"
-DOCS = (DOC, ROOT / "docs" / "api.md")
+DOCS = (DOC, ROOT / "docs" / "api.md", ROOT / "docs" / "integrations.md")
 DETERMINISM_RUN = "two dq buffers at D64, cells"  # the run of onepass_backward_h200.jsonl docs/api.md's table shows
+HF_RUN = "twenty-seventh stop, held rows"  # the run of hf_model_h200.jsonl docs/integrations.md's table shows
 
 
 def _renderers() -> dict:
@@ -26,6 +27,7 @@ def _renderers() -> dict:
     import bench.attention_variants as variants
     import bench.coldstart as coldstart
     import bench.decode as decode
+    import bench.hf_model as hf_model
     import bench.matmul as matmul
 
     return {
@@ -38,6 +40,7 @@ def _renderers() -> dict:
         "coldstart": (coldstart.readme_table, "coldstart_h200.jsonl"),
         "attention-sm90": (_sm90_table, "attention_sm90.jsonl"),
         "determinism": (_determinism_table, "onepass_backward_h200.jsonl", lambda r: r.get("run") == DETERMINISM_RUN),
+        "hf-model": (hf_model.table, "hf_model_h200.jsonl", lambda r: r.get("run") == HF_RUN),
     }
 
 

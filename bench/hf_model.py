@@ -136,16 +136,24 @@ def main():
                 fn()
             rows += _rows(f"generate B{batch} {cache} prompt {args.prompt} +{args.new}",
                           _in_turns(fns, gen_repeats), batch * args.new)
-    print("| task | impl | ms | tok/s | speed vs sdpa, median of turns (range) |")
-    print("| --- | --- | --- | --- | --- |")
-    for r in rows:
-        tok = f"{r['tok_s']:.0f}" if "tok_s" in r else "-"
-        print(f"| {r['task']} | {r['impl']} | {r['ms']:.1f} | {tok} | {r['vs_sdpa']:.2f}x "
-              f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |")
+    print(table(rows))
     if args.out:
+        from bench.common import provenance
+
+        prov = {**provenance(), "transformers": transformers.__version__}
         with open(args.out, "w") as f:
             for r in rows:
-                f.write(json.dumps({"header": head, **vars(args), **r}) + "\n")
+                f.write(json.dumps({"header": head, **prov, **vars(args), **r}) + "\n")
+
+
+def table(rows: list[dict]) -> str:
+    """The rows (one a task and implementation) as a markdown table (also docs/integrations.md's, bench.docs)."""
+    lines = ["| task | impl | ms | tok/s | speed vs sdpa, median of turns (range) |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        tok = f"{r['tok_s']:.0f}" if "tok_s" in r else "-"
+        lines.append(f"| {r['task']} | {r['impl']} | {r['ms']:.1f} | {tok} | {r['vs_sdpa']:.2f}x "
+                     f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

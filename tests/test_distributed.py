@@ -129,7 +129,7 @@ def _cases_2(world):
         o = dd.ring_attention(*a, True)
         runs.append((o, *torch.autograd.grad(o, a, dd.shard_sequence(g, layout="zigzag"))))
     assert all(torch.equal(x, y) for x, y in zip(*runs))
-    # torch.compile of a caller runs and equals eager; the collectives are graph breaks (docs/integrations.md)
+    # torch.compile of a caller runs and equals eager; the collectives are graph breaks (docs/api.md)
     for fn in (dd.ring_attention, dd.ulysses_attention):
         f = lambda a, b, c: fn(a, b, c, True)  # noqa: E731
         compiled = torch.compile(f, backend="aot_eager")
