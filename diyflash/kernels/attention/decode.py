@@ -20,7 +20,7 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
 from .semantics import (LN2, SINK_CAP2, _decode_keys, _from_start, _inv, _normalize, _online_softmax,  # noqa: E402
-                        _prescaled, _scores, _sink_lse, _sink_start, _slope, _visible)
+                        _prescaled, _scores, _sink_lse, _sink_start, _slope, _subtrahend, _visible)
 from .tiles import _load  # noqa: E402
 from ..value_checks import kvcache_row_check  # noqa: E402
 
@@ -258,7 +258,7 @@ def _merge_rows(part_out, part_lse, row_ok, sink, num_splits, stride_os, stride_
     if SINKS:  # natural units here: the sink capped as _sink_start caps it (SINK_CAP2 * ln 2)
         sink_c = tl.minimum(sink, SINK_CAP2 * LN2)
         m = tl.maximum(m, sink_c)
-    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    m_sub = _subtrahend(m, MASKED=True)
     total = tl.zeros(row_ok.shape, dtype=tl.float32)
     acc = tl.zeros([row_ok.shape[0], offs_dv.shape[0]], dtype=tl.float32)
     for s in tl.static_range(SPLITS_PAD):

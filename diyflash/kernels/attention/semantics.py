@@ -407,13 +407,22 @@ def _query_band(start_n, q_len, kv_len, causal_offset, win_left, win_right,
 
 
 @triton.jit
+def _subtrahend(m_new, MASKED: tl.constexpr):
+    """What the online softmax subtracts from a block's scores: the row's new max, or with MASKED 0 where the
+    row has seen no visible key yet (m = -inf), so exp2 gives 0 there, not NaN."""
+    if MASKED:
+        return tl.where(m_new == float("-inf"), 0.0, m_new)
+    return m_new
+
+
+@triton.jit
 def _online_softmax(s, m_i, l_i, MASKED: tl.constexpr, LAZY: tl.constexpr):
     """One key block of a row's online softmax, base 2: s the block's scores (-inf where not visible), m_i
     and l_i the running max and sum. Returns (p, alpha, grew, m_new, l_new): the block's exp2(s - m_new),
     the factor alpha = exp2(m_i - m_new) that rescales what was accumulated (acc * alpha + p @ v), and the
     new max and sum. LAZY: the max moves only where the block's passes it by more than LAZY_SLACK (alpha
     exactly 1 elsewhere; `grew` marks the rows that moved, for lazy._rescale). MASKED: a row with no
-    visible key yet keeps m = -inf; 0 is subtracted instead, so exp2 gives 0, not NaN."""
+    visible key yet keeps m = -inf (_subtrahend)."""
     m_blk = tl.max(s, 1)
     if LAZY:
         grew = m_blk > m_i + LAZY_SLACK
@@ -421,10 +430,7 @@ def _online_softmax(s, m_i, l_i, MASKED: tl.constexpr, LAZY: tl.constexpr):
     else:
         m_new = tl.maximum(m_i, m_blk)
         grew = m_new > m_i  # every row rescales without LAZY: unused, and compiled away
-    if MASKED:
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_sub = m_new
+    m_sub = _subtrahend(m_new, MASKED=MASKED)
     p = tl.math.exp2(s - m_sub[:, None])
     alpha = tl.math.exp2(m_i - m_sub)
     if LAZY:
@@ -451,10 +457,7 @@ def _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED: tl.constexpr):
     Returns (p, alpha, m_new, l_new, top): top = |m| as subtracted, which the caller keeps the largest of and
     hands to _fma_marked, which marks the rows past FMA_MAX_ROW for the exact form."""
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    if MASKED:
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_sub = m_new
+    m_sub = _subtrahend(m_new, MASKED=MASKED)
     p = tl.math.exp2(tl.fma(qk, qk_scale, -m_sub[:, None]))
     alpha = tl.math.exp2(m_i - m_sub)
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1), tl.abs(m_sub)
