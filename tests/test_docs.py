@@ -33,12 +33,13 @@ def test_linked_docs_exist():
 
 
 def test_performance_tables_are_rendered_from_their_results_files():
-    """docs/performance.md's and docs/api.md's tables are python -m bench.docs's output: each marked table
-    equals its results file's rendering (and there are tables to check)."""
+    """docs/performance.md's, docs/api.md's and docs/integrations.md's tables are python -m bench.docs's output:
+    each marked table equals its results file's rendering (and there are tables to check)."""
     from bench.docs import DOC, DOCS, render
 
     assert DOC.read_text().count("<!-- table: ") >= 6
     assert "<!-- table: determinism -->" in (ROOT / "docs" / "api.md").read_text()
+    assert "<!-- table: hf-model -->" in (ROOT / "docs" / "integrations.md").read_text()
     for doc in DOCS:
         text = doc.read_text()
         assert render(text) == text, f"{doc.name}: run python -m bench.docs"
