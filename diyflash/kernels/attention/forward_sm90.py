@@ -43,9 +43,10 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_
             seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads, num_bh, head_group,
             kv_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
             EVEN_N: gl.constexpr):
-    """The loader partition: for each of the program's tiles (_turn's order), the consumers' query rows once
-    they are done with the last tile's, then the key and value blocks of _band into the slots, in the
-    consumers' order (i counts the blocks over every tile: slot and phase)."""
+    """The loader partition: for each of the program's tiles (_turn's order), the consumers' query rows into
+    the tile's query slots (tile n's: n % 2) once the consumers have stored tile n - 2's rows out of them,
+    then the key and value blocks of _band into the slots, in the consumers' order (i counts the blocks over
+    every tile: slot and phase)."""
     STAGES: gl.constexpr = k_bufs.shape[0]
     CONSUMERS: gl.constexpr = q_bufs.shape[0] // 2
     SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
@@ -157,9 +158,8 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
              KEY_MASK: gl.constexpr, FMA: gl.constexpr):
     """A tile's key blocks [lo, hi) (lo < hi) of a consumer's rows, the first block's q.k^T issued by _first_qk
     (qk, k): the rows' (acc, m_i, l_i, top), and i (it counts the blocks of the program's tiles so far: slot and
-    phase) past this tile's. Block j's
-    q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)), so the softmax of block j overlaps
-    that p @ v; the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns,
+    phase) past this tile's. Block j's q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)),
+    so the softmax of block j overlaps that p @ v; the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns,
     FA3's ping-pong, through an mbarrier pair measured 0-2 % slower on the H200:
     bench/results/attention_sm90.jsonl.)"""
     STAGES: gl.constexpr = k_bufs.shape[0]
