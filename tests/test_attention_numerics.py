@@ -145,7 +145,8 @@ def test_zero_stride_grad(device):
 
 
 class _Spy:
-    """A launcher that logs its name in `log` when it launches or binds (a plan), then does so."""
+    """A launcher that logs its name in `log` when it launches or binds (a plan), then does so (and compiles
+    ahead where asked, unlogged)."""
 
     def __init__(self, launcher, name: str, log: list):
         self.launcher, self.name, self.log = launcher, name, log
@@ -157,6 +158,9 @@ class _Spy:
     def bind(self, *args, **kwargs):
         self.log.append(self.name)
         return self.launcher.bind(*args, **kwargs)
+
+    def compile_ahead(self, *args):  # not a launch: not logged
+        return self.launcher.compile_ahead(*args)
 
 
 def _spy_dq_launchers(monkeypatch) -> list:

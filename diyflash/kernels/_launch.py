@@ -26,6 +26,9 @@ Launch hooks (e.g. a profiler's) are passed on exactly as the JIT does; a kernel
 always goes through the JIT. Under TRITON_INTERPRET=1 there is no compiled kernel: every launch goes
 through the interpreter; under DIYFLASH_PLAIN=1 every launch goes through the JIT (nothing is bound).
 
+`launcher.compile_ahead(grid, args, meta)` starts compiling a launch's kernel on a worker thread and returns at
+once; the launch with that signature later waits for it instead of compiling (compiling ahead, below).
+
 `launcher.bind(grid, pointers, args, meta)` goes one step further for callers that repeat a whole call:
 it returns the compiled kernel with everything but the leading pointer arguments fixed (a
 BoundLaunch), which the caller keeps in its own cache keyed on what the signature depends on (the
@@ -36,7 +39,9 @@ else Triton's launcher; `run_bound` runs a plan's bound launches with one stream
 
 from __future__ import annotations
 
+import concurrent.futures
 import operator
+import os
 import threading
 from typing import Callable, NamedTuple
 
@@ -47,7 +52,7 @@ from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._claunch import codes, make as pack_launch, module as c_launcher, scratch_bytes
-from ._runtime import MAX_ENTRIES, PLAIN, keep, remember
+from ._runtime import MAX_ENTRIES, PLAIN, env_flag, keep, remember
 
 try:  # where Triton keeps the scratch allocator its launcher calls (the C launcher calls the same one)
     from triton.runtime import _allocation
@@ -151,6 +156,43 @@ def compiled(kernel) -> bool:
     return isinstance(kernel, JITFunction)
 
 
+# Compiling ahead. A call's kernels compile one after the other where each is first launched, but most of a
+# compile runs without the GIL (Triton's MLIR passes, LLVM, ptxas): compiled on worker threads, the kernels a
+# call will launch next (a forward's second pass, the backward of a forward that needs gradients) build while
+# the caller compiles the one it launches now: the first forward + backward with empty caches took 0.60x the
+# time of compiling each kernel at its launch (H200, bench/results/coldstart_compile_ahead_h200.jsonl).
+# DIYFLASH_COMPILE_AHEAD=0 compiles each kernel at its launch only. Nothing to do under the interpreter or
+# DIYFLASH_PLAIN.
+COMPILE_AHEAD = env_flag("DIYFLASH_COMPILE_AHEAD", "1") and not PLAIN
+AHEAD_THREADS = 4
+
+
+def compile_ahead_on() -> bool:
+    """Whether launchers compile ahead (COMPILE_AHEAD: read here, so a test may switch it)."""
+    return COMPILE_AHEAD
+_ahead_pool: list = []  # the worker threads' executor, made at the first compile ahead
+_ahead_lock = threading.Lock()
+
+
+def _ahead_executor() -> concurrent.futures.ThreadPoolExecutor:
+    with _ahead_lock:
+        if not _ahead_pool:
+            _ahead_pool.append(concurrent.futures.ThreadPoolExecutor(
+                min(AHEAD_THREADS, os.cpu_count() or 1), thread_name_prefix="diyflash-compile"))
+        return _ahead_pool[0]
+
+
+def _compile_only(kernel, device: int, grid, args: tuple, meta: dict) -> None:
+    """A worker thread's compile of kernel for these arguments, on the caller's device (the JIT keys its
+    compiled kernels per device, and a thread starts on device 0). An error is left to the launch, which
+    compiles again and raises it where the caller sees it."""
+    try:
+        with torch.cuda.device(device):
+            kernel.warmup(*args, grid=grid, **meta)
+    except Exception:  # noqa: BLE001  (the launch raises it)
+        pass
+
+
 class DirectLauncher:
     """`launcher(grid, *args, **meta)` == `kernel[grid](*args, **meta)`, minus the JIT's per-call work
     after the first launch with each signature. `args` are the kernel's leading parameters; `meta`
@@ -162,6 +204,7 @@ class DirectLauncher:
         self.direct_launches = 0  # tests read this to see that the direct path ran
         self._compiled: dict[tuple, tuple] = {}
         self._driver = None  # Triton's (get_current_device, get_current_stream), once a kernel compiled
+        self._pending: dict[tuple, concurrent.futures.Future] = {}  # signature -> its compile ahead
         # a constexpr passed positionally is keyed by its value: from the first one on, args are keyed exactly
         self._classes_below = min(getattr(kernel, "constexprs", None) or [1 << 30])
 
@@ -169,6 +212,7 @@ class DirectLauncher:
         """Forget the bound kernels: the next call of each signature binds again through the JIT (the
         compiled binaries stay in Triton's caches)."""
         self._compiled.clear()
+        self._pending.clear()
 
     def _signature(self, device, args, meta) -> tuple:
         # the names of meta keep the call site's order: (BLOCK_M=64, BLOCK_N=128) != (BLOCK_N=64, BLOCK_M=128)
@@ -190,6 +234,28 @@ class DirectLauncher:
                 return
         self._jit_launch(grid, args, meta)
 
+    def compile_ahead(self, grid, args: tuple, meta: dict) -> bool:
+        """Start compiling the kernel of this launch (`launcher(grid, *args, **meta)`) on a worker thread and
+        return: the launch with this signature then waits for that compile instead of starting its own. Tensor
+        arguments are read for their dtype and 16-byte alignment only, so tensors on the meta device stand for
+        outputs not allocated yet. False where nothing was started: the kernel is bound or pending already, the
+        interpreter or DIYFLASH_PLAIN runs it, DIYFLASH_COMPILE_AHEAD=0, or a kernel with pre-run hooks."""
+        if not compile_ahead_on() or self.interpreted or self.kernel.pre_run_hooks:
+            return False
+        if self._driver is None:
+            self._driver = active_driver()
+        device = self._driver[0]()
+        signature = self._signature(device, args, meta)
+        if signature in self._compiled or signature in self._pending:
+            return False
+        caches = getattr(self.kernel, "device_caches", None)
+        if caches is not None:
+            caches[device]  # the JIT's per-device cache made here, not raced by the worker and a launch
+        remember(self._pending, signature,
+                 _ahead_executor().submit(_compile_only, self.kernel, device, grid, tuple(args), dict(meta)),
+                 MAX_SIGNATURES)
+        return True
+
     def bind(self, grid, pointers: tuple, args: tuple, meta: dict) -> BoundLaunch | None:
         """This launch with its leading pointer arguments left open: `bound(*pointers)` later runs the
         kernel compiled for this signature with other tensors in those places. The caller guarantees
@@ -207,6 +273,10 @@ class DirectLauncher:
         return BoundLaunch(self, compiled, tuple(grid), device, args, meta, tail, pointers)
 
     def _jit_launch(self, grid, args, meta) -> None:
+        if self._pending:  # its compile ahead, finished first: the JIT below then finds the kernel in its cache
+            pending = self._pending.pop(self._signature(self._driver[0](), args, meta), None)
+            if pending is not None:
+                pending.result()
         compiled = None if self.interpreted else self._c_first_launch(grid, args, meta)
         if compiled is None:
             if self.interpreted:

@@ -78,18 +78,22 @@ def variant_kwargs(window_left, window_right, softcap, alibi_slopes, diagonal_of
 
 
 def attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window_right=-1, softcap=0.0,
-                       alibi_slopes=None, sinks=None, diagonal_offset=0, need_lse=True, keep_scratch=False):
+                       alibi_slopes=None, sinks=None, diagonal_offset=0, need_lse=True, keep_scratch=False,
+                       backward=False, deterministic=None):
     """What attention_fwd computes on a real device: its CUDA/CPU kernel, and the API's eager shortcut
     (need_lse=False where no caller sees lse: the decode route may then return lse None; keep_scratch=True
-    from that shortcut only: kvcache.attention_kvcache says why)."""
+    from that shortcut only: kvcache.attention_kvcache says why). backward: the caller will run the backward
+    (the eager autograd Function knows), with `deterministic`: its kernels then compile ahead beside the
+    forward's on a call with no plan yet (the kernels' attention_fwd, compile_backward)."""
     scale = resolve_scale(scale, q.shape[-1])
     seq_lens = _prepare_seq_lens(seq_lens, q.device)
     alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
     var = variant_kwargs(window_left, window_right, softcap, alibi_slopes, diagonal_offset)
     if uses_triton(q):
+        ahead = dict(deterministic=resolve_deterministic(deterministic)) if backward else None
         with device_guard(q):
             return kernels_module().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, need_lse=need_lse,
-                                            keep_scratch=keep_scratch, **var)
+                                                  keep_scratch=keep_scratch, compile_backward=ahead, **var)
     return attention_fwd_blocked(q, k, v, causal, scale, seq_lens, sinks=sinks, **var)
 
 
@@ -264,7 +268,8 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, seq_lens, *variants):
         # variants: attention_fwd's arguments after seq_lens, the last (deterministic) for the backward only
-        out, lse = attention_fwd_impl(q, k, v, causal, scale, seq_lens, *variants[:-1])
+        out, lse = attention_fwd_impl(q, k, v, causal, scale, seq_lens, *variants[:-1],
+                                      backward=any(ctx.needs_input_grad[:3]), deterministic=variants[-1])
         setup_context(ctx, (q, k, v, causal, scale, seq_lens, *variants), (out, lse))
         return out, lse
 

@@ -15,7 +15,7 @@ from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_conf
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 
-from .._launch import DirectLauncher, cdiv, runtime_key  # noqa: E402
+from .._launch import DirectLauncher, cdiv, compile_ahead_on, runtime_key  # noqa: E402
 from .backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel  # noqa: E402
 from .backward_rows import (_attn_bwd_dq_convert_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
                             _attn_bwd_preprocess_kernel)
@@ -224,6 +224,7 @@ def attention_fwd(
     packed: Packed | None = None,
     need_lse: bool = True,
     keep_scratch: bool = False,
+    compile_backward: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Launch the forward. q: (Z, H, N_q, D) or (Z, N_q, D); k: (Z, H_kv, N_k, D), v: (Z, H_kv, N_k, D_v),
     or 3-D with H = H_kv. Returns (out, lse): out (Z, H, N_q, D_v) in q's memory layout, lse fp32
@@ -235,7 +236,10 @@ def attention_fwd(
     is cu_seqlens_q; out is (T_q, H, D_v), lse (H, T_q).
     A few query rows (decode_route) run the decode kernel instead: split-KV over the keys, the q heads of a
     kv head packed into one tile; the same semantics (semantics.py), out and lse alike. There need_lse=False
-    (a caller that drops lse) returns lse None, one allocation less; elsewhere lse is always returned."""
+    (a caller that drops lse) returns lse None, one allocation less; elsewhere lse is always returned.
+    compile_backward: attention_bwd's keywords (deterministic, ...) where the caller will run the backward of
+    this call: a call with no plan yet has the backward's kernels compile ahead, on worker threads while this
+    thread compiles the forward's (attention_bwd's compile_only, its dout like out)."""
     if not offset and decode_route(q, k, seq_lens, packed, config, group):  # the decode kernel takes no offset
         return kvcache.attention_kvcache(q, k, v, None, None, None, None, causal, scale, window=window,
                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
@@ -258,6 +262,10 @@ def attention_fwd(
     if plan is not None and aligned(out, lse):
         replay(plan, env)
         return out, lse
+    if (compile_backward is not None and compile_ahead_on() and not INTERPRETED and q.is_cuda
+            and not torch.cuda.is_current_stream_capturing()):
+        attention_bwd(out, None, q, k, v, out, lse, causal, scale, seq_lens, window=window, offset=offset,
+                      softcap=softcap, alibi_slopes=alibi_slopes, packed=packed, compile_only=True, **compile_backward)
 
     q4, k4, v4, o4 = _as_4d(q, packed), _as_4d(k, packed), _as_4d(v, packed), _as_4d(out, packed)
     lse3 = _stats_3d(lse, q, packed)
@@ -331,10 +339,10 @@ def attention_fwd(
 PRE_BLOCK = 64  # query rows a program of the backward's row passes (preprocess, dq convert)
 
 
-def _stat_rows(q: torch.Tensor, packed: Packed | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _stat_rows(q: torch.Tensor, packed: Packed | None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The portable backward's per-row statistics, fp32 (Z, H, N_q), or (H, T_q) packed: delta = rowsum(dout *
-    out) - dlse and lse2 = lse * log2(e)."""
-    delta = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
+    out) - dlse and lse2 = lse * log2(e); on q's device, or `device`."""
+    delta = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=device or q.device)
     return delta, torch.empty_like(delta)
 
 
@@ -379,14 +387,15 @@ def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float, flat: b
 
 
 def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple, batches: int, n_q: int,
-                     n_k: int) -> None:
+                     n_k: int, *, compile_only: bool = False) -> None:
     """The Hopper backward (backward_sm90.py) of attention_bwd's (Z, H, N, D) views in env: the preprocess
     (delta and lse2 with hopper.stat_rows rows a head, dq's fp32 accumulator zeroed), the kernel (dk, dv, and
     dq added up by TMA reduces; on a small GQA grid dk and dv as fp32 partials over parts of the query-head
     group, head_split, summed by a last launch), and dq's conversion (times the scale) into its dtype.
     batches: the kernel's grid slices (the batch, or the packed sequences of the (1, H, T, D) views: varlen);
     n_q, n_k: the longest sequence's rows (the views' rows where not packed); env's seq_lens and cu_k as
-    semantics._sequence takes them (cu_k given: packed sequences, seq_lens then cu_seqlens_q)."""
+    semantics._sequence takes them (cu_k given: packed sequences, seq_lens then cu_seqlens_q). compile_only:
+    attention_bwd's (scratch on the meta device, nothing launched)."""
     q4, k4, dq4, dk4, dv4, dlse3 = env["q"], env["k"], env["dq"], env["dk"], env["dv"], env["dlse"]
     varlen = env["cu_k"] is not None
     has_seq_lens = env["seq_lens"] is not None and not varlen
@@ -399,7 +408,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
     flat = not varlen  # dq's accumulator in the kernel's order (hopper.bwd_dq_rows)
     scratch = (("delta", (z, h, rows), torch.float32), ("lse2", (z, h, rows), torch.float32),
                ("dq_acc", (z, h, hopper.bwd_dq_rows(len_q, d, varlen), d), torch.float32), *split_scratch)
-    env.update(scratch_buffers(scratch, q4.device))
+    env.update(scratch_buffers(scratch, dq4.device))  # (meta with compile_only, as dq is)
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HAS_SEQ_LENS=has_seq_lens,
                        VARLEN=varlen, HEAD_DIM=d, **hopper.bwd_meta(d))
@@ -422,7 +431,8 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
                                                   gluon=True)) if spec[0] in ("q", "k", "v", "dout") else spec
                       for spec in descs)
     chunks = [(env, launches(batches))] if varlen else [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
-    launch_chunks(chunks, key if aligned(dq4, dk4, dv4) else None, False, descs, scratch=scratch, plans=PLANS)
+    launch_chunks(chunks, key if aligned(dq4, dk4, dv4) else None, False, descs, scratch=scratch, plans=PLANS,
+                  compile_only=compile_only)
 
 
 # The one-pass backward (dq added up with fp32 atomic adds by the dk/dv kernel: 5 dots a tile pair against the
@@ -480,6 +490,7 @@ def attention_bwd(
     split: int | None = None,
     deterministic: bool = True,
     one_pass: bool | None = None,
+    compile_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward from the forward's out and lse. dout may have any strides (stride 0 too).
     Returns (dq, dk, dv) allocated with empty_like(q/k/v). deterministic: bitwise reproducible gradients
@@ -492,8 +503,12 @@ def attention_bwd(
     attention_torch.sinks_grad). config and group (the head
     group of both kernels, see head_group) override the tuned choices, for benchmarks. packed: packed
     sequences as in attention_fwd (lse and dlse (H, T_q)). split: over how many programs the dk/dv kernel
-    splits a kv head's query-head group (a divisor of it; see head_split), for tests and benchmarks."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    splits a kv head's query-head group (a divisor of it; see head_split), for tests and benchmarks.
+    compile_only: launch nothing, but have the kernels of this call compile ahead on worker threads
+    (_launch.DirectLauncher.compile_ahead; attention_fwd's compile_backward); the outputs and scratch are then
+    meta tensors (the kernels specialize on their dtypes and alignment only) and no plan is kept."""
+    where = "meta" if compile_only else q.device  # the outputs' and scratch buffers' device
+    dq, dk, dv = (torch.empty_like(t, device=where) for t in (q, k, v))
     if packed is None:
         n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], heads_of(q), heads_of(k), None, ()
     else:
@@ -512,6 +527,8 @@ def attention_bwd(
     key = plan_key("bwd", (q, k, v, out, dout, lse, dlse, seq_lens, cu_k, alibi_slopes), var, scale,
                     (config, group, split, atomic, any_order, *extra))
     plan = PLANS.get(key) if key is not None else None
+    if plan is not None and compile_only:  # its kernels are bound already
+        return dq, dk, dv
     if plan is not None:
         env.update(scratch_buffers(plan.scratch, q.device))
         if "delta" not in env:
@@ -538,9 +555,9 @@ def attention_bwd(
                             program_rows=var.kv_group * n_q):
         _hopper_backward(key, {"q": q4, "k": k4, "v": v4, "out": o4, "dout": g4, "lse": lse3, "dlse": dlse3,
                                "dq": dq4, "dk": dk4, "dv": dv4, "seq_lens": seq_lens, "cu_k": cu_k}, var, scale,
-                         pre_args, z, n_q, n_k)
+                         pre_args, z, n_q, n_k, compile_only=compile_only)
         return dq, dk, dv
-    delta, lse2 = _stat_rows(q, packed)
+    delta, lse2 = _stat_rows(q, packed, where)
     delta3, lse23 = _stats_3d(delta, q, packed), _stats_3d(lse2, q, packed)
     cfg = config or bwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     one_pass_tiles = ONE_PASS.get(max(d_pad, dv_pad), (0, None))[1]
@@ -570,7 +587,7 @@ def attention_bwd(
     scratch, kv_out = _split_scratch(z_pre, h_kv, parts, len_k, d, dv_)
     if atomic:
         scratch += (("dq_acc", (z_pre, h, len_q, d), torch.float32),)
-    env.update(scratch_buffers(scratch, q.device))
+    env.update(scratch_buffers(scratch, where))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk_out, dv_out)
     kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk_out), *_strides(dv_out),
@@ -605,5 +622,5 @@ def attention_bwd(
 
     chunks = [(env_, launches(zc)) for zc, env_ in _z_chunks(z, env)]
     launch_chunks(chunks, key if aligned(dq, dk, dv, delta, lse2, dk_out, dv_out) else None,
-            (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch, plans=PLANS)
+                  (any(kv_tma) or q_tma) and q.is_cuda, scratch=scratch, plans=PLANS, compile_only=compile_only)
     return dq, dk, dv

@@ -52,20 +52,26 @@ def aligned(*outputs: torch.Tensor) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in outputs)
 
 
-def launch_chunks(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tuple = (), *, plans: dict) -> None:
+def launch_chunks(chunks, key: tuple | None, tma: bool, descs: tuple = (), scratch: tuple = (), *, plans: dict,
+                  compile_only: bool = False) -> None:
     """Run each chunk's launches ([(tensors by name, [Launch, ...]), ...]) through the launchers, and
     remember them in `plans` (the caller's store) as the plan of `key` when there was one chunk and every
     launch has a compiled kernel.
     descs: (name, block_rows, block_cols) of the tensors read through host descriptors (host_descriptor),
     which each chunk's tensors become here. scratch: (name, shape, dtype) of the call's buffers (in the
-    chunks' tensors), which the plan allocates again on every replay (scratch_buffers)."""
-    if tma:
+    chunks' tensors), which the plan allocates again on every replay (scratch_buffers).
+    compile_only: launch nothing and keep no plan; the launchers compile the kernels ahead (_launch)."""
+    if tma and not compile_only:
         ensure_scratch_allocator()
     if descs:
         chunks = [(_with_descriptors(env, descs), launches) for env, launches in chunks]
     for env, launches in chunks:
-        run_launches(env, launches)
-    if key is None or len(chunks) != 1:
+        if compile_only:
+            for lc in launches:
+                lc.launcher.compile_ahead(lc.grid, (*(env[name] for name in lc.pointers), *lc.args), lc.meta)
+        else:
+            run_launches(env, launches)
+    if key is None or len(chunks) != 1 or compile_only:
         return
     plan = bind_plan(chunks[0], tma, descs, scratch)
     if plan is not None:
@@ -73,9 +79,13 @@ def launch_chunks(chunks, key: tuple | None, tma: bool, descs: tuple = (), scrat
 
 
 def run_launches(env: dict, launches) -> None:
-    """Each launch through its launcher, its pointers looked up by name in env."""
-    for lc in launches:
-        lc.launcher(lc.grid, *(env[name] for name in lc.pointers), *lc.args, **lc.meta)
+    """Each launch through its launcher, its pointers looked up by name in env; the kernels of the launches
+    after the first compile ahead (on worker threads: _launch) while the first one's compiles, if they must."""
+    calls = [(lc.launcher, lc.grid, (*(env[name] for name in lc.pointers), *lc.args), lc.meta) for lc in launches]
+    for launcher, grid, args, meta in calls[1:]:
+        launcher.compile_ahead(grid, args, meta)
+    for launcher, grid, args, meta in calls:
+        launcher(grid, *args, **meta)
 
 
 def bind_plan(chunk, tma: bool, descs: tuple = (), scratch: tuple = ()) -> Plan | None:
