@@ -204,5 +204,17 @@ def readme_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ahead_table(rows: list[dict]) -> str:
+    """The cold first call with compiling ahead on and off (DIYFLASH_COMPILE_AHEAD) beside FlexAttention's, a
+    line per round of fresh processes on one machine (the rows' "round" and "compile_ahead")."""
+    by = {(r["round"], r.get("compile_ahead")): r for r in rows if r["cache"] == "cold"}
+    lines = ["| round | compiling ahead (default) | `DIYFLASH_COMPILE_AHEAD=0` | FlexAttention | ahead / off | ahead / Flex |",
+             "|---|---|---|---|---|---|"]
+    for rnd in sorted({r for r, _ in by}):
+        on, off, flex = (by[(rnd, mode)]["first_call_s"] for mode in (True, False, None))
+        lines.append(f"| {rnd} | {on:.1f} s | {off:.1f} s | {flex:.1f} s | {on / off:.2f}x | {on / flex:.2f}x |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     sys.exit(main())
