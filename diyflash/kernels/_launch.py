@@ -182,6 +182,10 @@ def _ahead_executor() -> concurrent.futures.ThreadPoolExecutor:
         return _ahead_pool[0]
 
 
+if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: it makes its own pool
+    os.register_at_fork(after_in_child=_ahead_pool.clear)
+
+
 def _compile_only(kernel, device: int, grid, args: tuple, meta: dict) -> None:
     """A worker thread's compile of kernel for these arguments, on the caller's device (the JIT keys its
     compiled kernels per device, and a thread starts on device 0). An error is left to the launch, which
