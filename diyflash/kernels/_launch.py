@@ -197,6 +197,40 @@ def _compile_only(kernel, device: int, grid, args: tuple, meta: dict) -> None:
         pass
 
 
+# Triton keys a compiled kernel (in its disk cache too) on a hash of its source and of the functions it calls,
+# computed once per process; on the H200 machine (Triton 3.6) the attention forward's hash came out otherwise
+# where the backward's kernels had been hashed first (a forward whose backward compiled ahead) than where they
+# had not, and hashes computed on two threads at once varied from process to process: a later process then
+# missed the cache and compiled every kernel again (the main job warm 24.8 s against 9.8 s). So before its
+# first compile a process hashes the kernels registered here in one order, on one thread, and a compile ahead
+# hashes its kernel in the calling thread.
+_HASH_FIRST: list[Callable] = []  # callables returning kernels, hashed in this order before the first compile
+_hash_lock = threading.Lock()
+_hashed = [False]
+
+
+def hash_first(kernels: Callable) -> None:
+    """Register `kernels()` (an iterable of @triton.jit kernels) to be hashed before this process compiles any
+    kernel through a DirectLauncher (settle_hashes)."""
+    _HASH_FIRST.append(kernels)
+
+
+def settle_hashes() -> None:
+    """Compute the source hash (Triton's `cache_key`) of every kernel registered with hash_first, in their order,
+    once per process: a kernel's cache key is then the same whatever this process compiles first."""
+    if _hashed[0]:
+        return
+    with _hash_lock:
+        if not _hashed[0]:
+            for kernels in _HASH_FIRST:
+                for kernel in kernels():
+                    try:
+                        getattr(kernel, "cache_key", None)
+                    except Exception:  # noqa: BLE001  (its own compile hashes it again and raises there)
+                        kernel.hash = None  # (Triton leaves its placeholder where the hash failed)
+            _hashed[0] = True
+
+
 class DirectLauncher:
     """`launcher(grid, *args, **meta)` == `kernel[grid](*args, **meta)`, minus the JIT's per-call work
     after the first launch with each signature. `args` are the kernel's leading parameters; `meta`
@@ -255,6 +289,8 @@ class DirectLauncher:
         caches = getattr(self.kernel, "device_caches", None)
         if caches is not None:
             caches[device]  # the JIT's per-device cache made here, not raced by the worker and a launch
+        settle_hashes()
+        getattr(self.kernel, "cache_key", None)  # its source hash computed here too, not on the worker thread
         remember(self._pending, signature,
                  _ahead_executor().submit(_compile_only, self.kernel, device, grid, tuple(args), dict(meta)),
                  MAX_SIGNATURES)
@@ -277,6 +313,8 @@ class DirectLauncher:
         return BoundLaunch(self, compiled, tuple(grid), device, args, meta, tail, pointers)
 
     def _jit_launch(self, grid, args, meta) -> None:
+        if not self.interpreted:
+            settle_hashes()
         if self._pending:  # its compile ahead, finished first: the JIT below then finds the kernel in its cache
             pending = self._pending.pop(self._signature(self._driver[0](), args, meta), None)
             if pending is not None:

@@ -22,6 +22,7 @@ from .plans import (MAX_GRID_Z, aligned, bind_plan, Launch, layout_key, program_
 _APPEND = DirectLauncher(_cache_append_kernel)
 _DECODE = DirectLauncher(_attn_decode_kernel)
 _COMBINE = DirectLauncher(_attn_decode_combine_kernel)
+LAUNCHERS = (_APPEND, _DECODE, _COMBINE)
 
 DECODE_BLOCK_N = 64  # keys per step: a paged cache of 16-row pages reads four pages a step
 DECODE_WARPS = 4

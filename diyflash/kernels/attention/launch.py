@@ -15,7 +15,7 @@ from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_conf
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 
-from .._launch import DirectLauncher, cdiv, compile_ahead_on, runtime_key  # noqa: E402
+from .._launch import DirectLauncher, cdiv, compile_ahead_on, hash_first, runtime_key  # noqa: E402
 from .backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel  # noqa: E402
 from .backward_rows import (_attn_bwd_dq_convert_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
                             _attn_bwd_preprocess_kernel)
@@ -44,6 +44,20 @@ assert INTERPRETED == _FWD.interpreted  # launch_args decides it as Triton decor
 
 
 _LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM, _BWD_DQ_CONVERT)
+
+
+def _attention_kernels() -> list:
+    """Every attention kernel, in one order (_launch.hash_first: the kernels share semantics.py's helpers); none
+    under the interpreter (nothing compiles)."""
+    if INTERPRETED:
+        return []
+    modules = [m for m in (hopper.kernel_module(), hopper.backward_module()) if not isinstance(m, str)]
+    return [*(lc.kernel for lc in (*_LAUNCHERS, *kvcache.LAUNCHERS)),
+            *(getattr(m, name) for m in modules for name in ("_hopper_fwd_kernel", "_hopper_bwd_kernel")
+              if hasattr(m, name))]
+
+
+hash_first(_attention_kernels)
 PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by plan_key
 
 
