@@ -27,7 +27,7 @@ always goes through the JIT. Under TRITON_INTERPRET=1 there is no compiled kerne
 through the interpreter; under DIYFLASH_PLAIN=1 every launch goes through the JIT (nothing is bound).
 
 `launcher.compile_ahead(grid, args, meta)` starts compiling a launch's kernel on a worker thread and returns at
-once; the launch with that signature later waits for it instead of compiling (compiling ahead, below).
+once; the launch with that signature later waits for it instead of compiling (_compile.py).
 
 `launcher.bind(grid, pointers, args, meta)` goes one step further for callers that repeat a whole call:
 it returns the compiled kernel with everything but the leading pointer arguments fixed (a
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import operator
-import os
 import threading
 from typing import Callable, NamedTuple
 
@@ -52,7 +51,8 @@ from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._claunch import codes, make as pack_launch, module as c_launcher, scratch_bytes
-from ._runtime import MAX_ENTRIES, PLAIN, env_flag, keep, remember
+from ._compile import compile_ahead_on, settle_hashes, submit
+from ._runtime import MAX_ENTRIES, PLAIN, keep, remember
 
 try:  # where Triton keeps the scratch allocator its launcher calls (the C launcher calls the same one)
     from triton.runtime import _allocation
@@ -156,81 +156,6 @@ def compiled(kernel) -> bool:
     return isinstance(kernel, JITFunction)
 
 
-# Compiling ahead. A call's kernels compile one after the other where each is first launched, but most of a
-# compile runs without the GIL (Triton's MLIR passes, LLVM, ptxas): compiled on worker threads, the kernels a
-# call will launch next (a forward's second pass, the backward of a forward that needs gradients) build while
-# the caller compiles the one it launches now: the first forward + backward with empty caches took 0.60x the
-# time of compiling each kernel at its launch (H200, bench/results/coldstart_compile_ahead_h200.jsonl).
-# DIYFLASH_COMPILE_AHEAD=0 compiles each kernel at its launch only. Nothing to do under the interpreter or
-# DIYFLASH_PLAIN.
-COMPILE_AHEAD = env_flag("DIYFLASH_COMPILE_AHEAD", "1") and not PLAIN
-AHEAD_THREADS = 4
-
-
-def compile_ahead_on() -> bool:
-    """Whether launchers compile ahead (COMPILE_AHEAD: read here, so a test may switch it)."""
-    return COMPILE_AHEAD
-_ahead_pool: list = []  # the worker threads' executor, made at the first compile ahead
-_ahead_lock = threading.Lock()
-
-
-def _ahead_executor() -> concurrent.futures.ThreadPoolExecutor:
-    with _ahead_lock:
-        if not _ahead_pool:
-            _ahead_pool.append(concurrent.futures.ThreadPoolExecutor(
-                min(AHEAD_THREADS, os.cpu_count() or 1), thread_name_prefix="diyflash-compile"))
-        return _ahead_pool[0]
-
-
-if hasattr(os, "register_at_fork"):  # a forked child has none of the parent's threads: it makes its own pool
-    os.register_at_fork(after_in_child=_ahead_pool.clear)
-
-
-def _compile_only(kernel, device: int, grid, args: tuple, meta: dict) -> None:
-    """A worker thread's compile of kernel for these arguments, on the caller's device (the JIT keys its
-    compiled kernels per device, and a thread starts on device 0). An error is left to the launch, which
-    compiles again and raises it where the caller sees it."""
-    try:
-        with torch.cuda.device(device):
-            kernel.warmup(*args, grid=grid, **meta)
-    except Exception:  # noqa: BLE001  (the launch raises it)
-        pass
-
-
-# Triton keys a compiled kernel (in its disk cache too) on a hash of its source and of the functions it calls,
-# computed once per process; on the H200 machine (Triton 3.6) the attention forward's hash came out otherwise
-# where the backward's kernels had been hashed first (a forward whose backward compiled ahead) than where they
-# had not, and hashes computed on two threads at once varied from process to process: a later process then
-# missed the cache and compiled every kernel again (the main job warm 24.8 s against 9.8 s). So before its
-# first compile a process hashes the kernels registered here in one order, on one thread, and a compile ahead
-# hashes its kernel in the calling thread.
-_HASH_FIRST: list[Callable] = []  # callables returning kernels, hashed in this order before the first compile
-_hash_lock = threading.Lock()
-_hashed = [False]
-
-
-def hash_first(kernels: Callable) -> None:
-    """Register `kernels()` (an iterable of @triton.jit kernels) to be hashed before this process compiles any
-    kernel through a DirectLauncher (settle_hashes)."""
-    _HASH_FIRST.append(kernels)
-
-
-def settle_hashes() -> None:
-    """Compute the source hash (Triton's `cache_key`) of every kernel registered with hash_first, in their order,
-    once per process: a kernel's cache key is then the same whatever this process compiles first."""
-    if _hashed[0]:
-        return
-    with _hash_lock:
-        if not _hashed[0]:
-            for kernels in _HASH_FIRST:
-                for kernel in kernels():
-                    try:
-                        getattr(kernel, "cache_key", None)
-                    except Exception:  # noqa: BLE001  (its own compile hashes it again and raises there)
-                        kernel.hash = None  # (Triton leaves its placeholder where the hash failed)
-            _hashed[0] = True
-
-
 class DirectLauncher:
     """`launcher(grid, *args, **meta)` == `kernel[grid](*args, **meta)`, minus the JIT's per-call work
     after the first launch with each signature. `args` are the kernel's leading parameters; `meta`
@@ -291,9 +216,7 @@ class DirectLauncher:
             caches[device]  # the JIT's per-device cache made here, not raced by the worker and a launch
         settle_hashes()
         getattr(self.kernel, "cache_key", None)  # its source hash computed here too, not on the worker thread
-        remember(self._pending, signature,
-                 _ahead_executor().submit(_compile_only, self.kernel, device, grid, tuple(args), dict(meta)),
-                 MAX_SIGNATURES)
+        remember(self._pending, signature, submit(self.kernel, device, grid, tuple(args), dict(meta)), MAX_SIGNATURES)
         return True
 
     def bind(self, grid, pointers: tuple, args: tuple, meta: dict) -> BoundLaunch | None:

@@ -35,6 +35,7 @@ Package layout (each file one part of the structure; the kernels know nothing of
   seq_lens/ALiBi; the backward not deterministic; the same semantics helpers);
 - grids.py: how a grid is shaped (head groups of causal tiles, the GQA backward's head split);
 - launch_args.py: what every launcher derives from a call alike (the variant, dtype switches, widths);
+- views.py: how the launchers see a call's tensors ((Z, H, N, D) views, strides, TMA readability);
 - plans.py: the host-speed machinery (launches remembered as plans bound to compiled kernels, host TMA
   descriptors);
 - launch.py: the launchers (attention_fwd, attention_bwd) and their plan keys; fast.py: their plans as the
@@ -46,10 +47,11 @@ from ..attention_configs import MAX_BLOCK_ROWS
 from .kvcache import FastKV, attention_kvcache, fast_kvcache, num_splits_for
 from .fast import FastBackward, FastForward, fast_backward, fast_forward
 from .grids import GROUP_TILES_PER_SM, head_group
-from .launch import Packed, attention_bwd, attention_fwd, rows_fit_int32, tma_ok, vote_rows
+from .launch import attention_bwd, attention_fwd, vote_rows
 from ..contract import LOG2E
 from .launch_args import INTERPRETED
 from .plans import HOST_DESC_MIN_WORK, MAX_GRID_Z, host_descriptor, host_descriptors_ok
+from .views import Packed, rows_fit_int32, tma_ok
 
 __all__ = ["FastBackward", "FastForward", "FastKV", "GROUP_TILES_PER_SM", "HOST_DESC_MIN_WORK", "INTERPRETED",
            "LOG2E", "MAX_BLOCK_ROWS", "MAX_GRID_Z", "Packed", "attention_bwd", "attention_fwd", "attention_kvcache",

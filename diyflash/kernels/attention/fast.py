@@ -12,7 +12,8 @@ from .._cplan import programs_on
 from .._launch import c_sequence_ok, current_stream, runtime_key
 from .._runtime import PLAIN, remember
 from ..contract import empty_out, variant
-from .launch import PLANS, decode_route, heads_of, one_pass_of, plan_key
+from .launch import PLANS, decode_route, one_pass_of, plan_key
+from .views import heads_of
 from .plans import Plan, aligned, program_of, replay, replayable_here, scratch_buffers
 
 

@@ -152,7 +152,7 @@ def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable,
           keys=lambda: float("inf")) -> Tiles | None:
     """The Tiles where this call runs the Hopper forward, else None (see the module's docstring).
     q4, k4, v4: the (Z, H, N, D) views attention_fwd launches on; readable(): whether host TMA descriptors
-    can read them in place (launch.tma_ok and plans.host_descriptors_ok), asked last: every other GPU and
+    can read them in place (views.tma_ok and plans.host_descriptors_ok), asked last: every other GPU and
     call is answered without it. short: less work than plans.HOST_DESC_MIN_WORK ("auto" leaves it to the
     portable kernel); keys(): the keys a query row sees on average (contract.mean_keys), which "auto" asks
     of a head dim with AUTO_MIN_KEYS."""

@@ -4,18 +4,17 @@ groups and splits, and the keys of the plans (plans.py) that replay a call's lau
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 
 from .._runtime import PLAIN, device_limits, keep, require_triton
 from ..contract import LOG2E, Variant, empty_out, few_query_rows, mean_keys, variant
-from ..attention_configs import (MAX_BLOCK_ROWS, AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad,
-                                 window_fwd_config)
+from ..attention_configs import AttnConfig, BwdConfig, bwd_config, fwd_config, head_dim_pad, window_fwd_config
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 
-from .._launch import DirectLauncher, cdiv, compile_ahead_on, hash_first, runtime_key  # noqa: E402
+from .._compile import compile_ahead_on, hash_first  # noqa: E402
+from .._launch import DirectLauncher, cdiv, runtime_key  # noqa: E402
 from .backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel  # noqa: E402
 from .backward_rows import (_attn_bwd_dq_convert_kernel, _attn_bwd_group_sum_kernel,  # noqa: E402
                             _attn_bwd_preprocess_kernel)
@@ -25,7 +24,9 @@ from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
 from .grids import head_group, head_split  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, MAX_GRID_Z, aligned, launch_chunks, Launch, layout_key, Plan,  # noqa: E402
-                    packed_host_descriptor, packed_view, replay, scratch_buffers, host_descriptors_ok)
+                    packed_host_descriptor, replay, scratch_buffers, host_descriptors_ok)
+from .views import (Packed, as_4d, heads_of, kernel_strides, rows_fit_int32, stats_3d, stats_shape,  # noqa: E402
+                    tma_ok)
 
 
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
@@ -79,45 +80,6 @@ def plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
             *overrides)
 
 
-class Packed(NamedTuple):
-    """Packed sequences (varlen): the tensors are token-major (total, H, D), seq_lens is cu_seqlens_q,
-    cu_k is cu_seqlens_k (both int32 (B + 1,)), and max_q / max_k bound the sequences' lengths (the
-    grid covers them; the unbounded side of a window is max_q + max_k)."""
-
-    cu_k: torch.Tensor
-    max_q: int
-    max_k: int
-
-
-def _as_4d(t: torch.Tensor, packed: Packed | None = None) -> torch.Tensor:
-    """(BH, N, D) -> (BH, 1, N, D) view; 4-D passes through; packed (T, H, D) -> (1, H, T, D). Never copies."""
-    if packed is not None:
-        return packed_view(t)
-    return t.unsqueeze(1) if t.dim() == 3 else t
-
-
-def _stats_3d(t: torch.Tensor | None, q: torch.Tensor, packed: Packed | None) -> torch.Tensor | None:
-    """A row statistic (lse, dlse, delta) as (Z, H, N) beside _as_4d(q): packed (H, T) -> (1, H, T)."""
-    if t is None:
-        return None
-    return t.unsqueeze(0) if packed is not None else t.unsqueeze(1) if q.dim() == 3 else t
-
-
-def _stats_shape(q: torch.Tensor, packed: Packed | None) -> tuple[int, ...]:
-    # lse's shape: q.shape[:-1], or (H, T) for packed sequences (flash-attn's varlen layout)
-    return (q.shape[1], q.shape[0]) if packed is not None else tuple(q.shape[:-1])
-
-
-def heads_of(t: torch.Tensor) -> int:
-    return t.shape[1] if t.dim() == 4 else 1
-
-
-def _strides(t: torch.Tensor) -> tuple[int, ...]:
-    """A (Z, H, N, D) view's strides as the kernels take them; a single batch's z stride is 0 (never
-    used by a dense call; packed sequences index rows, not batches, and reach z up to B)."""
-    return (0 if t.shape[0] == 1 else t.stride(0), *t.stride()[1:])
-
-
 def _z_chunks(z: int, env: dict) -> list[tuple[int, dict]]:
     """CUDA caps a grid's z dimension at 65535: launch larger batches in slices along dim 0 (views,
     no copy). Returns [(z_count, tensors by name, sliced), ...]; a single chunk keeps the tensors."""
@@ -131,29 +93,6 @@ def _z_chunks(z: int, env: dict) -> list[tuple[int, dict]]:
 def _per_batch(name: str, t: torch.Tensor | None) -> bool:
     # per-head tensors (sinks (H,), ALiBi slopes (H,)) are the same for every slice of the batch
     return t is not None and not (name in ("sinks", "alibi") and t.dim() == 1)
-
-
-def rows_fit_int32(*tensors: torch.Tensor) -> bool:
-    """Whether every offset inside one (batch, head) slice of these (Z, H, N, D) tensors that a tile can
-    form fits in int32: row * row_stride + col * col_stride for rows up to N + MAX_BLOCK_ROWS (a last
-    block's padding rows have addresses too, masked) and columns up to the padded head_dim. The kernels
-    then compute row offsets in 32 bits (ROW32, _rows); the (batch, head) offsets are 64-bit either way."""
-    return all((t.shape[2] + MAX_BLOCK_ROWS) * abs(t.stride(2)) + head_dim_pad(t.shape[3]) * abs(t.stride(3)) < 2**31
-               for t in tensors)
-
-
-def tma_ok(*tensors: torch.Tensor) -> bool:
-    """Whether TMA descriptors can read these (Z, H, N, D) tensors in place: fp16/bf16, head_dim
-    contiguous, every other stride and the base address 16-byte aligned (strides of size-1 dims
-    never move the address), on a GPU of compute capability 9.0 or newer. Under Triton's interpreter
-    (CPU tensors) the descriptors are emulated, so tests run the TMA path there too."""
-    for t in tensors:
-        if t.dtype not in (torch.float16, torch.bfloat16) or t.stride(-1) != 1 or t.data_ptr() % 16:
-            return False
-        if any(size > 1 and stride * t.element_size() % 16 for size, stride in zip(t.shape[:-1], t.stride()[:-1])):
-            return False
-    device = tensors[0].device
-    return device_limits(device).tma if device.type == "cuda" else INTERPRETED
 
 
 def _tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int, row32: bool) -> dict:
@@ -259,7 +198,7 @@ def attention_fwd(
                                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
                                             need_lse=need_lse, keep_scratch=keep_scratch)
     out = empty_out(q, v.shape[-1])
-    lse = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=q.device)
+    lse = torch.empty(stats_shape(q, packed), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
     if packed is None:
@@ -281,8 +220,8 @@ def attention_fwd(
         attention_bwd(out, None, q, k, v, out, lse, causal, scale, seq_lens, window=window, offset=offset,
                       softcap=softcap, alibi_slopes=alibi_slopes, packed=packed, compile_only=True, **compile_backward)
 
-    q4, k4, v4, o4 = _as_4d(q, packed), _as_4d(k, packed), _as_4d(v, packed), _as_4d(out, packed)
-    lse3 = _stats_3d(lse, q, packed)
+    q4, k4, v4, o4 = as_4d(q, packed), as_4d(k, packed), as_4d(v, packed), as_4d(out, packed)
+    lse3 = stats_3d(lse, q, packed)
     z, h, len_q, d = q4.shape  # len_q, len_k: the kernels' row counts (T_q, T_k when packed)
     len_k, dv = k4.shape[2], v4.shape[3]
     if packed is not None:
@@ -308,7 +247,7 @@ def attention_fwd(
     # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
     host_desc = tma and seq_lens is None and not short and host_descriptors_ok(q4, k4, v4)
     group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
-    args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(o4), *_strides(lse3)[:2],
+    args = (*kernel_strides(q4), *kernel_strides(k4), *kernel_strides(v4), *kernel_strides(o4), *kernel_strides(lse3)[:2],
             alibi_stride(alibi_slopes), h, len_q, len_k, scale * LOG2E, group, var.kv_group, var.left, var.right,
             var.cap2)
     meta = dict(
@@ -333,7 +272,7 @@ def attention_fwd(
 
         def sm90_launch(zc: int) -> Launch:  # its programs take the chunk's tiles in turns (hopper.schedule)
             programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
-            sm90_args = (*_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h,
+            sm90_args = (*kernel_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h,
                          group, var.kv_group, var.left, var.right, var.cap2)
             return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, sm90_args, sm90_meta)
 
@@ -356,7 +295,7 @@ PRE_BLOCK = 64  # query rows a program of the backward's row passes (preprocess,
 def _stat_rows(q: torch.Tensor, packed: Packed | None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The portable backward's per-row statistics, fp32 (Z, H, N_q), or (H, T_q) packed: delta = rowsum(dout *
     out) - dlse and lse2 = lse * log2(e); on q's device, or `device`."""
-    delta = torch.empty(_stats_shape(q, packed), dtype=torch.float32, device=device or q.device)
+    delta = torch.empty(stats_shape(q, packed), dtype=torch.float32, device=device or q.device)
     return delta, torch.empty_like(delta)
 
 
@@ -387,7 +326,7 @@ def _group_sum_launch(dk4: torch.Tensor, dv4: torch.Tensor, parts: int, grid_z: 
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
     block = max(16, 1 << (8192 // (d_pad + dv_pad)).bit_length() - 1)  # <= 64 fp32 registers a thread
     return Launch(_BWD_SUM, (cdiv(len_k, block), h_kv, grid_z), ("dk_part", "dv_part", "dk", "dv"),
-                  (*_strides(dk4), *_strides(dv4), h_kv, len_k, parts),
+                  (*kernel_strides(dk4), *kernel_strides(dv4), h_kv, len_k, parts),
                   dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad, BLOCK_N=block,
                        num_warps=4))
 
@@ -396,7 +335,7 @@ def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float, flat: b
     """dq from its fp32 accumulator (flat: the Hopper backward's order, hopper.bwd_dq_rows), times the scale,
     in dq's dtype and strides."""
     h, len_q, d = dq4.shape[1:]
-    return Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"), (*_strides(dq4), h, len_q, scale),
+    return Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"), (*kernel_strides(dq4), h, len_q, scale),
                   dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=PRE_BLOCK, FLAT=flat))
 
 
@@ -430,7 +369,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
     def launches(zc: int) -> list[Launch]:
         z_rows = z if varlen else zc  # the row passes' batch: the tensors'
         row_grid = (cdiv(len_q, PRE_BLOCK), h, z_rows)
-        args = (*_strides(dk_out), *_strides(dv_out), h, len_q, len_k, scale * LOG2E, scale,
+        args = (*kernel_strides(dk_out), *kernel_strides(dv_out), h, len_q, len_k, scale * LOG2E, scale,
                 head_group(var.causal, key_blocks, zc * h_kv * parts, q4.device), var.kv_group, parts, rows,
                 var.left, var.right, var.cap2)
         return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True, dq_flat=flat),
@@ -551,17 +490,17 @@ def attention_bwd(
             replay(plan, env)
             return dq, dk, dv
 
-    q4, k4, v4 = _as_4d(q, packed), _as_4d(k, packed), _as_4d(v, packed)
-    o4, g4 = _as_4d(out, packed), _as_4d(dout, packed)
-    dq4, dk4, dv4 = _as_4d(dq, packed), _as_4d(dk, packed), _as_4d(dv, packed)
-    lse3, dlse3 = _stats_3d(lse, q, packed), _stats_3d(dlse, q, packed)
+    q4, k4, v4 = as_4d(q, packed), as_4d(k, packed), as_4d(v, packed)
+    o4, g4 = as_4d(out, packed), as_4d(dout, packed)
+    dq4, dk4, dv4 = as_4d(dq, packed), as_4d(dk, packed), as_4d(dv, packed)
+    lse3, dlse3 = stats_3d(lse, q, packed), stats_3d(dlse, q, packed)
     z, h, len_q, d = q4.shape  # len_q, len_k: the kernels' row counts (T_q, T_k when packed)
     h_kv, len_k, dv_ = k4.shape[1], k4.shape[2], v4.shape[3]
     z_pre = z  # the delta pass runs over the (1, H, T_q) rows of a packed call
     if packed is not None:
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv_)
-    pre_args = (*_strides(o4), *_strides(g4), *_strides(lse3), *(_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
+    pre_args = (*kernel_strides(o4), *kernel_strides(g4), *kernel_strides(lse3), *(kernel_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
                 h, len_q)
     if hopper.backward_runs(q4, v4, seq_lens, packed, alibi_slopes, (config, group, split) != (None, None, None),
                             deterministic, one_pass, lambda: tma_ok(q4, k4, v4, g4) and host_descriptors_ok(
@@ -572,7 +511,7 @@ def attention_bwd(
                          pre_args, z, n_q, n_k, compile_only=compile_only)
         return dq, dk, dv
     delta, lse2 = _stat_rows(q, packed, where)
-    delta3, lse23 = _stats_3d(delta, q, packed), _stats_3d(lse2, q, packed)
+    delta3, lse23 = stats_3d(delta, q, packed), stats_3d(lse2, q, packed)
     cfg = config or bwd_config(max(d_pad, dv_pad), q.dtype, q.device, causal, INTERPRETED, max(n_q, n_k))
     one_pass_tiles = ONE_PASS.get(max(d_pad, dv_pad), (0, None))[1]
     if atomic and config is None and not INTERPRETED and one_pass_tiles is not None:
@@ -604,7 +543,7 @@ def attention_bwd(
     env.update(scratch_buffers(scratch, where))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk_out, dv_out)
-    kv_strides = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dk_out), *_strides(dv_out),
+    kv_strides = (*kernel_strides(q4), *kernel_strides(k4), *kernel_strides(v4), *kernel_strides(g4), *kernel_strides(dk_out), *kernel_strides(dv_out),
                   alibi_stride(alibi_slopes))
     kv_launches = [  # (tiles, args, meta) of each dk/dv pass: one program per key block of a kv head (and part)
         (kv_cfg,
@@ -616,7 +555,7 @@ def attention_bwd(
         for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
     ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
-    q_args = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq4), alibi_stride(alibi_slopes),
+    q_args = (*kernel_strides(q4), *kernel_strides(k4), *kernel_strides(v4), *kernel_strides(g4), *kernel_strides(dq4), alibi_stride(alibi_slopes),
               h, len_q, len_k, scale * LOG2E, scale, q_group, var.kv_group, *var_args)
     q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k, row32), **common)
 
