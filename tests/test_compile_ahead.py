@@ -232,3 +232,20 @@ def test_kernel_cache_keys_do_not_depend_on_the_first_call():
                                             check=True, timeout=600).stdout.strip().splitlines()[-1])
             for first in ("alone", "grad")]
     assert keys[0] == keys[1] and len(keys[0]) >= 9
+
+
+@gpu
+def test_a_refused_compile_ahead_leaves_the_forward(monkeypatch):
+    """Where the backward's compile-only run raises, the forward still runs and returns its results: the
+    backward itself raises it later, where it belongs."""
+    from diyflash.kernels.attention import launch as ka
+
+    def refuse(*args, **kwargs):
+        raise ValueError("refused")
+
+    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
+    want, want_lse = ka.attention_fwd(q, q, q, True, 0.125, None)
+    monkeypatch.setattr(ka, "attention_bwd", refuse)
+    diyflash.clear_caches()  # no plan: the compile-only run is reached
+    out, lse = ka.attention_fwd(q, q, q, True, 0.125, None, compile_backward=dict(deterministic=False))
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
