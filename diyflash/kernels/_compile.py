@@ -63,10 +63,10 @@ def _compile_only(kernel, device: int, grid, args: tuple, meta: dict) -> None:
 # Triton keys a compiled kernel (in its disk cache too) on a hash of its source and of the functions it calls,
 # computed once per process; on the H200 machine (Triton 3.6) the attention forward's hash came out otherwise
 # where the backward's kernels had been hashed first (a forward whose backward compiled ahead) than where they
-# had not, and hashes computed on two threads at once varied from process to process: a later process then
-# missed the cache and compiled every kernel again (the main job warm 24.8 s against 9.8 s). So before its
-# first compile a process hashes the kernels registered here in one order, on one thread, and a compile ahead
-# hashes its kernel in the calling thread.
+# had not, and hashes computed on two threads at once varied from process to process, so a later process could
+# miss the cache and compile again (bench/results/kernel_hash_order_h200.txt). So before its first compile a
+# process hashes the kernels registered here in one order, on one thread, and a compile ahead hashes its kernel
+# in the calling thread.
 _HASH_FIRST: list[Callable] = []  # callables returning kernels, hashed in this order before the first compile
 _hash_lock = threading.Lock()
 _hashed = [False]
