@@ -76,6 +76,15 @@ _SLOW = frozenset(line.strip() for line in open(os.path.join(os.path.dirname(__f
                   if line.strip() and not line.startswith("#"))
 
 
+@pytest.fixture
+def fake_driver(monkeypatch):
+    """DirectLauncher's view of Triton's driver, faked (device 0, stream 1234): its logic tested on stand-in
+    kernels without a GPU (tests/test_launch.py, tests/test_compile_ahead.py)."""
+    from diyflash.kernels import _launch
+
+    monkeypatch.setattr(_launch, "active_driver", lambda: (lambda: 0, lambda device: 1234))
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark the slow tier (slow_tests.txt): `pytest -m "not slow"` runs the rest in a few minutes on a CPU."""
     for item in items:

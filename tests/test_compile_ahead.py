@@ -24,11 +24,6 @@ from test_launch import FakeKernel, kinds  # noqa: E402
 gpu = pytest.mark.skipif(not ON_GPU, reason="compiled kernels: GPU suite only")
 
 
-@pytest.fixture
-def fake_driver(monkeypatch):
-    monkeypatch.setattr(_launch, "active_driver", lambda: (lambda: 0, lambda device: 1234))
-
-
 class WarmKernel(FakeKernel):
     """A FakeKernel the launcher takes for a compiled one, whose warmup (a compile without a launch) logs
     and takes a while, or raises."""

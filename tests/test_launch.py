@@ -53,11 +53,6 @@ class FakeKernel:
         return launch
 
 
-@pytest.fixture
-def fake_driver(monkeypatch):
-    monkeypatch.setattr(_launch, "active_driver", lambda: (lambda: 0, lambda device: 1234))
-
-
 def kinds(log):
     return [entry[0] for entry in log]
 

@@ -159,9 +159,9 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
     """A tile's key blocks [lo, hi) (lo < hi) of a consumer's rows, the first block's q.k^T issued by _first_qk
     (qk, k): the rows' (acc, m_i, l_i, top), and i (it counts the blocks of the program's tiles so far: slot and
     phase) past this tile's. Block j's q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)),
-    so the softmax of block j overlaps that p @ v; the last p @ v is finished before returning. (Issuing the two consumers' matmuls in turns,
-    FA3's ping-pong, through an mbarrier pair measured 0-2 % slower on the H200:
-    bench/results/attention_sm90.jsonl.)"""
+    so the softmax of block j overlaps that p @ v; the last p @ v is finished before returning. (Issuing the
+    two consumers' matmuls in turns, FA3's ping-pong, through an mbarrier pair measured 0-2 % slower on the
+    H200: bench/results/attention_sm90.jsonl.)"""
     STAGES: gl.constexpr = k_bufs.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])

@@ -48,7 +48,7 @@ _LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM, _BWD_DQ_CONVERT)
 
 
 def _attention_kernels() -> list:
-    """Every attention kernel, in one order (_launch.hash_first: the kernels share semantics.py's helpers); none
+    """Every attention kernel, in one order (_compile.hash_first: the kernels share semantics.py's helpers); none
     under the interpreter (nothing compiles)."""
     if INTERPRETED:
         return []
@@ -59,6 +59,7 @@ def _attention_kernels() -> list:
 
 
 hash_first(_attention_kernels)
+
 PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (plans.py), by plan_key
 
 
@@ -251,9 +252,8 @@ def attention_fwd(
     # per-program descriptors end at each sequence's valid length, nor for short calls (HOST_DESC_MIN_WORK)
     host_desc = tma and seq_lens is None and not short and host_descriptors_ok(q4, k4, v4)
     group = group or head_group(causal, cdiv(n_q, cfg.block_m), z * h, q.device)
-    args = (*kernel_strides(q4), *kernel_strides(k4), *kernel_strides(v4), *kernel_strides(o4), *kernel_strides(lse3)[:2],
-            alibi_stride(alibi_slopes), h, len_q, len_k, scale * LOG2E, group, var.kv_group, var.left, var.right,
-            var.cap2)
+    args = (*kernel_strides(q4, k4, v4, o4), *kernel_strides(lse3)[:2], alibi_stride(alibi_slopes), h, len_q, len_k,
+            scale * LOG2E, group, var.kv_group, var.left, var.right, var.cap2)
     meta = dict(
         HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad,
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
@@ -330,7 +330,7 @@ def _group_sum_launch(dk4: torch.Tensor, dv4: torch.Tensor, parts: int, grid_z: 
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv)
     block = max(16, 1 << (8192 // (d_pad + dv_pad)).bit_length() - 1)  # <= 64 fp32 registers a thread
     return Launch(_BWD_SUM, (cdiv(len_k, block), h_kv, grid_z), ("dk_part", "dv_part", "dk", "dv"),
-                  (*kernel_strides(dk4), *kernel_strides(dv4), h_kv, len_k, parts),
+                  (*kernel_strides(dk4, dv4), h_kv, len_k, parts),
                   dict(HEAD_DIM=d, HEAD_DIM_PAD=d_pad, HEAD_DIM_V=dv, HEAD_DIM_V_PAD=dv_pad, BLOCK_N=block,
                        num_warps=4))
 
@@ -373,7 +373,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
     def launches(zc: int) -> list[Launch]:
         z_rows = z if varlen else zc  # the row passes' batch: the tensors'
         row_grid = (cdiv(len_q, PRE_BLOCK), h, z_rows)
-        args = (*kernel_strides(dk_out), *kernel_strides(dv_out), h, len_q, len_k, scale * LOG2E, scale,
+        args = (*kernel_strides(dk_out, dv_out), h, len_q, len_k, scale * LOG2E, scale,
                 head_group(var.causal, key_blocks, zc * h_kv * parts, q4.device), var.kv_group, parts, rows,
                 var.left, var.right, var.cap2)
         return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True, dq_flat=flat),
@@ -504,8 +504,8 @@ def attention_bwd(
     if packed is not None:
         z = seq_lens.shape[0] - 1  # one grid slice per sequence
     d_pad, dv_pad = head_dim_pad(d), v_pad(d, dv_)
-    pre_args = (*kernel_strides(o4), *kernel_strides(g4), *kernel_strides(lse3), *(kernel_strides(dlse3) if dlse3 is not None else (0, 0, 0)),
-                h, len_q)
+    pre_args = (*kernel_strides(o4, g4, lse3), *(kernel_strides(dlse3) if dlse3 is not None else (0, 0, 0)), h,
+                len_q)
     if hopper.backward_runs(q4, v4, seq_lens, packed, alibi_slopes, (config, group, split) != (None, None, None),
                             deterministic, one_pass, lambda: tma_ok(q4, k4, v4, g4) and host_descriptors_ok(
                                 q4, k4, v4, g4), short=z * h * n_q * n_k * d_pad < HOST_DESC_MIN_WORK,
@@ -547,8 +547,7 @@ def attention_bwd(
     env.update(scratch_buffers(scratch, where))
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     row32 = rows_fit_int32(q4, k4, v4, g4, dq4, dk_out, dv_out)
-    kv_strides = (*kernel_strides(q4), *kernel_strides(k4), *kernel_strides(v4), *kernel_strides(g4), *kernel_strides(dk_out), *kernel_strides(dv_out),
-                  alibi_stride(alibi_slopes))
+    kv_strides = (*kernel_strides(q4, k4, v4, g4, dk_out, dv_out), alibi_stride(alibi_slopes))
     kv_launches = [  # (tiles, args, meta) of each dk/dv pass: one program per key block of a kv head (and part)
         (kv_cfg,
          (*kv_strides, h, len_q, len_k, scale * LOG2E, scale,
@@ -559,8 +558,8 @@ def attention_bwd(
         for (kv_cfg, do_dk, do_dv), tma in zip(kv_passes, kv_tma)
     ]
     q_group = group or head_group(causal, cdiv(n_q, q_cfg.block_m), z * h, q.device)
-    q_args = (*kernel_strides(q4), *kernel_strides(k4), *kernel_strides(v4), *kernel_strides(g4), *kernel_strides(dq4), alibi_stride(alibi_slopes),
-              h, len_q, len_k, scale * LOG2E, scale, q_group, var.kv_group, *var_args)
+    q_args = (*kernel_strides(q4, k4, v4, g4, dq4), alibi_stride(alibi_slopes), h, len_q, len_k, scale * LOG2E, scale,
+              q_group, var.kv_group, *var_args)
     q_meta = dict(**_tile_meta(q_cfg, q_tma, seq_lens, n_q, n_k, row32), **common)
 
     def launches(zc: int) -> list[Launch]:

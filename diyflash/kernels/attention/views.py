@@ -47,10 +47,10 @@ def heads_of(t: torch.Tensor) -> int:
     return t.shape[1] if t.dim() == 4 else 1
 
 
-def kernel_strides(t: torch.Tensor) -> tuple[int, ...]:
-    """A (Z, H, N, D) view's strides as the kernels take them; a single batch's z stride is 0 (never
-    used by a dense call; packed sequences index rows, not batches, and reach z up to B)."""
-    return (0 if t.shape[0] == 1 else t.stride(0), *t.stride()[1:])
+def kernel_strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """The (Z, H, N, D) views' strides as the kernels take them, one view after the other; a single batch's z
+    stride is 0 (never used by a dense call; packed sequences index rows, not batches, and reach z up to B)."""
+    return tuple(s for t in tensors for s in (0 if t.shape[0] == 1 else t.stride(0), *t.stride()[1:]))
 
 
 def rows_fit_int32(*tensors: torch.Tensor) -> bool:
