@@ -84,10 +84,9 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_
 @gluon.jit
 def _softmax_step(qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
                   cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                  SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr, EXP2_EMU: gl.constexpr):
+                  SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr):
     """One key block of the online softmax from its raw q.k^T tile (forward.py's loop body, same helpers).
-    FMA: the scale folded into exp2's argument (_online_softmax_fma; top keeps each row's largest |max|), where
-    EXP2_EMU of every 4 exp2 of a block without masks run on the FMA pipe (semantics._exp2_offloaded)."""
+    FMA: the scale folded into exp2's argument (_online_softmax_fma; top keeps each row's largest |max|)."""
     cols = start_n + offs_n
     if MASKED:
         vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
@@ -95,7 +94,7 @@ def _softmax_step(qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_off
     if FMA:
         if MASKED:
             qk = gl.where(vis, qk, float("-inf"))
-        p, alpha, m_new, l_new, reach = _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED=MASKED, EXP2_EMU=EXP2_EMU)
+        p, alpha, m_new, l_new, reach = _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED=MASKED)
         top = gl.maximum(top, reach)
     else:
         s, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
@@ -109,8 +108,7 @@ def _softmax_step(qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_off
 @gluon.jit
 def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale,
                    win_left, win_right, cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr,
-                   EXP2_EMU: gl.constexpr):
+                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr):
     """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
     masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
     causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90.jsonl)."""
@@ -119,17 +117,16 @@ def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
             p, alpha, m_new, l_new, top = _softmax_step(
                 qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
                 cap2, inv_cap2, MASKED=True, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK,
-                FMA=FMA, EXP2_EMU=EXP2_EMU)
+                FMA=FMA)
         else:
             p, alpha, m_new, l_new, top = _softmax_step(
                 qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
                 cap2, inv_cap2, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False,
-                FMA=FMA, EXP2_EMU=EXP2_EMU)
+                FMA=FMA)
     else:
         p, alpha, m_new, l_new, top = _softmax_step(
             qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
-            inv_cap2, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False, FMA=FMA,
-            EXP2_EMU=EXP2_EMU)
+            inv_cap2, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False, FMA=FMA)
     return p, alpha, m_new, l_new, top
 
 
@@ -158,7 +155,7 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
              offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-             KEY_MASK: gl.constexpr, FMA: gl.constexpr, EXP2_EMU: gl.constexpr):
+             KEY_MASK: gl.constexpr, FMA: gl.constexpr):
     """A tile's key blocks [lo, hi) (lo < hi) of a consumer's rows, the first block's q.k^T issued by _first_qk
     (qk, k): the rows' (acc, m_i, l_i, top), and i (it counts the blocks of the program's tiles so far: slot and
     phase) past this tile's. Block j's q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)),
@@ -179,7 +176,7 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
     p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, lo, full_lo, full_hi, offs_m, offs_n, kv_len,
                                              causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
                                              MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-                                             KEY_MASK=KEY_MASK, FMA=FMA, EXP2_EMU=EXP2_EMU)
+                                             KEY_MASK=KEY_MASK, FMA=FMA)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
     prev = s_idx
@@ -199,8 +196,7 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
         p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
                                                  kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
                                                  inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
-                                                 SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA,
-                                                 EXP2_EMU=EXP2_EMU)
+                                                 SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA)
         acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
         mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -247,7 +243,7 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
               num_bh, head_group, win_left, win_right, cap2,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
-              PASS: gl.constexpr, FMA: gl.constexpr, EXP2_EMU: gl.constexpr, WHICH: gl.constexpr):
+              PASS: gl.constexpr, FMA: gl.constexpr, WHICH: gl.constexpr):
     """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
     blocks of _band (masks where forward.py has them). A tile's rows are stored (_store_rows) once the next
     tile's first q.k^T is issued, so the tensor cores work through the epilogue; the query slots alternate by
@@ -299,8 +295,7 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                     q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi,
                     offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
                     BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
-                    CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA,
-                    EXP2_EMU=EXP2_EMU)
+                    CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA)
             else:  # no key: its rows get zeros and lse -inf
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
@@ -326,7 +321,7 @@ def _hopper_fwd_kernel(
     SOFTCAP: gl.constexpr, PASS: gl.constexpr, FMA: gl.constexpr,
     # tiles: how
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
-    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, EXP2_EMU: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
     """q_desc, k_desc, v_desc, o_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D)
     and (1, 1, BLOCK_N, D) blocks (hopper.descriptor); lse by pointer and strides. The semantics are the
@@ -335,8 +330,7 @@ def _hopper_fwd_kernel(
     does, in one pass; PASS 0 dots it as it is. FMA (not SOFTCAP, qk_scale > 0): the softmax in
     _online_softmax_fma's form, rows past FMA_MAX_ROW marked for the portable second pass (a NaN lse).
     EVEN_N: every key block is full. CONSUMERS (2 or 3) warpgroups of
-    BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread, EXP2_EMU of every 4 exp2 of a block without
-    masks on the FMA pipe (hopper.TILES).
+    BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES).
     Persistent: the grid's programs (hopper.schedule) take the num_tiles x num_bh tiles (num_tiles of BLOCK_M
     rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over
     head groups back and forth), so the loader fetches a tile's first blocks while the consumers finish the
@@ -366,15 +360,15 @@ def _hopper_fwd_kernel(
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, EXP2_EMU, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, EXP2_EMU, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, EXP2_EMU, 2)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 2)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
@@ -384,11 +378,11 @@ def _hopper_fwd_kernel(
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, EXP2_EMU, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, EXP2_EMU, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),

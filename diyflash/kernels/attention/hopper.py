@@ -40,13 +40,11 @@ CONSUMER_ROWS = 64  # query rows a consumer warpgroup holds (one wgmma row tile)
 
 class Tiles(NamedTuple):
     """A head dim's tiles: BLOCK_N keys a block in STAGES shared-memory slots, CONSUMERS warpgroups of
-    CONSUMER_ROWS query rows each (a program's BLOCK_M rows); exp2_emulated of every 4 exp2 of a block
-    without masks computed on the FMA pipe (semantics._exp2_offloaded)."""
+    CONSUMER_ROWS query rows each (a program's BLOCK_M rows)."""
 
     block_n: int
     stages: int
     consumers: int = 2
-    exp2_emulated: int = 0
 
     @property
     def block_m(self) -> int:
@@ -56,8 +54,7 @@ class Tiles(NamedTuple):
         """The kernel's tile constexprs for N_k keys: the consumers share the register file (setmaxnreg;
         the loader warp keeps 24), 240 a thread for two, 160 for three."""
         return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages, EVEN_N=n_k % self.block_n == 0,
-                    CONSUMERS=self.consumers, CONSUMER_REGS={2: 240, 3: 160}[self.consumers],
-                    EXP2_EMU=self.exp2_emulated)
+                    CONSUMERS=self.consumers, CONSUMER_REGS={2: 240, 3: 160}[self.consumers])
 
 
 # Tiles per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run, beside cuDNN):

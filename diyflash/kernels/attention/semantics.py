@@ -444,45 +444,8 @@ def _online_softmax(s, m_i, l_i, MASKED: tl.constexpr, LAZY: tl.constexpr):
 FMA_MAX_ROW: tl.constexpr = tl.constexpr(2.0**20)
 
 
-# exp2 of a finite x <= 1 on the FMA pipe, for one element: x clamped to -126.5 (so that 2^round(x) stays a normal
-# exponent: 2^x below it comes out as a denormal ~2^-127, where exp2 gives about as little), x = j + f with j the
-# nearest integer (the 1.5 * 2^23 shift: t's low bits hold j) and |f| <= 1/2, 2^f by a degree-4 polynomial (relative
-# error 2.7e-6 in fp32, against ex2.approx's 2^-22; the p it feeds is rounded to 16 bits), 2^j added to its
-# exponent bits (t << 23 is j << 23). PTX operands: %0 out, %1 in (the pack's other lanes take ex2.approx).
-_EXP2_POLY = ("{ .reg .b32 x, t, j, f, p; max.ftz.f32 x, {i}, 0fC2FD0000; add.rn.ftz.f32 t, x, 0f4B400000; "
-              "sub.rn.ftz.f32 j, t, 0f4B400000; sub.rn.ftz.f32 f, x, j; fma.rn.ftz.f32 p, f, 0f3C1CCBEA, 0f3D650A21; "
-              "fma.rn.ftz.f32 p, p, f, 0f3E76036D; fma.rn.ftz.f32 p, p, f, 0f3F31706E; "
-              "fma.rn.ftz.f32 p, p, f, 0f3F7FFFF4; shl.b32 t, t, 23; add.s32 {o}, t, p; }")
-
-
-def _exp2_pack(emulated: int) -> str:
-    """The PTX of a pack of 4 elements whose first `emulated` take _EXP2_POLY and the rest ex2.approx."""
-    return " ".join(_EXP2_POLY.replace("{i}", f"${4 + e}").replace("{o}", f"${e}") if e < emulated
-                    else f"ex2.approx.ftz.f32 ${e}, ${4 + e};" for e in range(4))
-
-
-_EXP2_EMU1: tl.constexpr = tl.constexpr(_exp2_pack(1))
-_EXP2_EMU2: tl.constexpr = tl.constexpr(_exp2_pack(2))
-
-
 @triton.jit
-def _exp2_offloaded(x, EMULATED: tl.constexpr):
-    """exp2(x) of finite x <= 1 where EMULATED (0, 1 or 2) of every 4 consecutive elements a thread holds are
-    computed on the FMA pipe (_EXP2_POLY) and the others by the multi-function unit's ex2, whose throughput
-    (16 a cycle an SM on Hopper) matches the tensor cores' at head_dim 64 (FlashAttention-4's offload). An x of
-    -inf gives a denormal there, not 0: for blocks whose every score is visible. GPU only (inline PTX)."""
-    if EMULATED == 1:
-        return tl.inline_asm_elementwise(_EXP2_EMU1, "=r,=r,=r,=r,r,r,r,r", [x], dtype=tl.float32, is_pure=True,
-                                         pack=4)
-    elif EMULATED == 2:
-        return tl.inline_asm_elementwise(_EXP2_EMU2, "=r,=r,=r,=r,r,r,r,r", [x], dtype=tl.float32, is_pure=True,
-                                         pack=4)
-    else:
-        return tl.math.exp2(x)
-
-
-@triton.jit
-def _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED: tl.constexpr, EXP2_EMU: tl.constexpr = 0):
+def _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED: tl.constexpr):
     """_online_softmax from the raw q.k tile (keys not visible at -inf) with the scale folded into exp2's
     argument, as FlashAttention does: m = max(qk) * qk_scale (the max of the rounded scores: qk_scale > 0,
     and rounding keeps the order), p = exp2(qk * qk_scale - m), one FMA a score (tl.fma: not left to the
@@ -495,10 +458,7 @@ def _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED: tl.constexpr, EXP2_EMU: 
     hands to _fma_marked, which marks the rows past FMA_MAX_ROW for the exact form."""
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     m_sub = _subtrahend(m_new, MASKED=MASKED)
-    if MASKED:
-        p = tl.math.exp2(tl.fma(qk, qk_scale, -m_sub[:, None]))
-    else:  # every score visible: EXP2_EMU of every 4 on the FMA pipe (_exp2_offloaded)
-        p = _exp2_offloaded(tl.fma(qk, qk_scale, -m_sub[:, None]), EMULATED=EXP2_EMU)
+    p = tl.math.exp2(tl.fma(qk, qk_scale, -m_sub[:, None]))
     alpha = tl.math.exp2(m_i - m_sub)
     return p, alpha, m_new, l_i * alpha + tl.sum(p, 1), tl.abs(m_sub)
 
