@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance.md"
 DOCS = (DOC, ROOT / "docs" / "api.md", ROOT / "docs" / "integrations.md")
 DETERMINISM_RUN = "two dq buffers at D64, cells"  # the run of onepass_backward_h200.jsonl docs/api.md's table shows
-HF_RUN = "twenty-ninth stop, 20 generate turns"  # the run of hf_model_h200.jsonl docs/integrations.md's table shows
+HF_RUN = "twenty-ninth stop, decode steps timed"  # the run of hf_model_h200.jsonl docs/integrations.md's table shows
 
 
 def _renderers() -> dict:

@@ -37,6 +37,29 @@ def llama_config(layers: int, max_positions: int):
                                     max_position_embeddings=max_positions)
 
 
+class _StepClock:
+    """A stopping criterion that never stops generate and notes the host's clock at each step: the gaps are the
+    decode steps' times (generate waits for each step's token, so a gap is a token's whole time). The median
+    gap of a generate is its steady decode speed, which a few slow stretches of a noisy host (whole
+    generates ran 1.1-2.1 s on one machine) move less than the generate's wall time."""
+
+    def __init__(self):
+        self.stamps = []
+        self.no = None
+
+    def __call__(self, input_ids, scores=None, **kwargs):
+        self.stamps.append(time.perf_counter())
+        if self.no is None or self.no.shape[0] != input_ids.shape[0]:
+            self.no = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return self.no
+
+    def median_step(self) -> float:
+        """The median gap between successive steps (seconds), and forget them."""
+        gaps = [b - a for a, b in zip(self.stamps, self.stamps[1:])]
+        self.stamps = []
+        return statistics.median(gaps)
+
+
 def _in_turns(fns: dict, repeats: int) -> dict:
     """Seconds of each fn at each turn, timed in turns (a, b, a, b, ...): the host's speed drifts within a
     run, so a ratio is taken turn by turn (_rows). One call a turn, where bench.common.interleaved_times'
@@ -48,9 +71,10 @@ def _in_turns(fns: dict, repeats: int) -> dict:
     return times
 
 
-def _rows(task: str, times: dict, tokens: int = 0) -> list[dict]:
+def _rows(task: str, times: dict, tokens: int = 0, steps: dict | None = None) -> list[dict]:
     """One row an implementation: median ms, and its speed against sdpa as the median (and the range) of
-    the turns' ratios sdpa / impl."""
+    the turns' ratios sdpa / impl; with steps (each turn's median decode step, _StepClock) the same of
+    those (step_ms, step_vs_sdpa)."""
     rows = []
     for impl, t in times.items():
         ratios = [s / x for s, x in zip(times["sdpa"], t)]
@@ -58,6 +82,11 @@ def _rows(task: str, times: dict, tokens: int = 0) -> list[dict]:
                    vs_sdpa=statistics.median(ratios), vs_sdpa_min=min(ratios), vs_sdpa_max=max(ratios))
         if tokens:
             row["tok_s"] = tokens / statistics.median(t)
+        if steps:
+            step_ratios = [s / x for s, x in zip(steps["sdpa"], steps[impl])]
+            row.update(step_ms=statistics.median(steps[impl]) * 1e3, step_ms_turns=[x * 1e3 for x in steps[impl]],
+                       step_vs_sdpa=statistics.median(step_ratios), step_vs_sdpa_min=min(step_ratios),
+                       step_vs_sdpa_max=max(step_ratios))
         rows.append(row)
     return rows
 
@@ -127,15 +156,21 @@ def main():
             prompt_mask = torch.ones_like(prompt)
             extra = {"cache_implementation": "static"} if cache == "static" else {}
 
-            def gen(m):
+            clock = _StepClock()
+            steps = {impl: [] for impl in models}
+
+            def gen(impl, m):
                 with torch.no_grad():
                     m.generate(prompt, attention_mask=prompt_mask, max_new_tokens=args.new, min_new_tokens=args.new,
-                               do_sample=False, pad_token_id=0, **extra)
-            fns = {impl: (lambda m=m: gen(m)) for impl, m in models.items()}
+                               do_sample=False, pad_token_id=0, stopping_criteria=[clock], **extra)
+                steps[impl].append(clock.median_step())
+            fns = {impl: (lambda impl=impl, m=m: gen(impl, m)) for impl, m in models.items()}
             for fn in fns.values():
                 fn()
+            for impl in steps:
+                steps[impl].clear()  # (the warm-up's)
             rows += _rows(f"generate B{batch} {cache} prompt {args.prompt} +{args.new}",
-                          _in_turns(fns, gen_repeats), batch * args.new)
+                          _in_turns(fns, gen_repeats), batch * args.new, steps)
     print(table(rows))
     if args.out:
         from bench.common import provenance
@@ -148,11 +183,18 @@ def main():
 
 def table(rows: list[dict]) -> str:
     """The rows (one a task and implementation) as a markdown table (also docs/integrations.md's, bench.docs)."""
-    lines = ["| task | impl | ms | tok/s | speed vs sdpa, median of turns (range) |", "| --- | --- | --- | --- | --- |"]
+    steps = any("step_ms" in r for r in rows)
+    lines = ["| task | impl | ms | tok/s | speed vs sdpa, median of turns (range) |"
+             + (" decode step ms | its speed vs sdpa |" if steps else ""),
+             "| --- | --- | --- | --- | --- |" + (" --- | --- |" if steps else "")]
     for r in rows:
         tok = f"{r['tok_s']:.0f}" if "tok_s" in r else "-"
-        lines.append(f"| {r['task']} | {r['impl']} | {r['ms']:.1f} | {tok} | {r['vs_sdpa']:.2f}x "
-                     f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |")
+        line = (f"| {r['task']} | {r['impl']} | {r['ms']:.1f} | {tok} | {r['vs_sdpa']:.2f}x "
+                f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |")
+        if steps:
+            line += (f" {r['step_ms']:.3f} | {r['step_vs_sdpa']:.3f}x ({r['step_vs_sdpa_min']:.2f}-"
+                     f"{r['step_vs_sdpa_max']:.2f}) |" if "step_ms" in r else " - | - |")
+        lines.append(line)
     return "\n".join(lines)
 
 
