@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Compiled in a fresh process without TRITON_INTERPRET (the suite's CPU run interprets): sm_90a, no GPU needed
 _COMPILE = r"""
-import json, os, subprocess, sys, tempfile, torch, triton
+import json, os, re, subprocess, sys, tempfile, torch, triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.runtime.jit import mangle_type
@@ -97,6 +97,7 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
     return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "consumers": 2,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in ptx,
             "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
+            "wgmma_rs": len(re.findall(r"wgmma.mma_async[^;]*\}\s*,\s*\{", ptx)),  # A from registers
             "case": ["bwd", d, causal, window, softcap, str(dtype), lens], "ptxas": ptxas_report(kernel)}
 
 print(json.dumps([build(*case) for case in [
@@ -122,7 +123,8 @@ def test_kernel_compiles_for_sm90():
     run = subprocess.run([sys.executable, "-c", _COMPILE], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    for kernel in json.loads(run.stdout.strip().splitlines()[-1]):
+    kernels = json.loads(run.stdout.strip().splitlines()[-1])
+    for kernel in kernels:
         # a warpgroup per consumer (MMA warpgroup) and the loader's (the backward's writer beside it, padded to
         # one): 12 or 16 warps; wgmma sites in the key loop; the backward's dq added by TMA reduces
         assert kernel["warps"] == 4 * (kernel["consumers"] + 1), kernel
@@ -137,6 +139,10 @@ def test_kernel_compiles_for_sm90():
         assert kernel["ptxas"]["rc"] == 0, (kernel["case"], kernel["ptxas"]["text"][-2000:])  # it ran and built
         serialized = "wgmma.mma_async instructions are serialized" in kernel["ptxas"]["text"]
         assert not serialized, (kernel["case"], kernel["ptxas"]["text"])
+    # the D64 backward holds k and v in registers as s^T's and dp^T's A operands (hopper.BWD_TILES; not with
+    # softcap): twice the register-operand wgmma of dv's and dk's alone
+    rs = {tuple(k["case"][1:5]) + (k["case"][6],): k["wgmma_rs"] for k in kernels if k["case"][0] == "bwd"}
+    assert rs[(64, False, False, False, "seq_lens")] == 2 * rs[(64, False, True, True, None)] > 0, rs
 
 
 try:

@@ -3,7 +3,8 @@
 A program holds one block of BLOCK_N = 128 keys of one (batch, kv head) and walks the query blocks that see
 it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 rows a step. Partitions:
 - two MMA warpgroups (the default partition and one worker), each owning 64 of the keys and their dk, dv
-  accumulators: per step s^T = k_w q^T and dp^T = v_w do^T (asynchronous wgmma), p^T from the saved base-2
+  accumulators: per step s^T = k_w q^T and dp^T = v_w do^T (asynchronous wgmma; at D64 k_w and v_w are held
+  in registers, KV_REGS), p^T from the saved base-2
   lse, dv_w += p^T do (p^T from registers), ds^T = p^T (dp^T - delta), dk_w += ds^T q (ds^T from registers)
   and ds^T into shared memory;
   once both halves of ds^T are in (an mbarrier of count 2) and dk, dv are done, dq_w = ds k[:, w*64:(w+1)*64]
@@ -186,10 +187,12 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
          stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
          key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-         W: gl.constexpr, FLAT: gl.constexpr):
+         W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
-    (the tensor's rows, or the packed sequence's: the next ones are another program's)."""
+    (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
+    warpgroup's k and v held in registers as s^T's and dp^T's A operands (read from shared memory once, not
+    every step)."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]  # the program's keys (k's descriptor block)
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's
@@ -201,6 +204,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM // 2, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    st_op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=st_layout, k_width=2)
     k_reg_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
 
     k_all = k_s.reshape([BLOCK_N, HEAD_DIM])
@@ -212,6 +216,12 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     k_w.store(k_pre)
     fence_async_shared()
     _barrier()
+    if KV_REGS:
+        k_a = k_w.load(st_op_layout)
+        v_a = v_w.load(st_op_layout)
+    else:
+        k_a = k_w
+        v_a = v_w
     dq_scale = qk_rest / qk_scale  # ds . k_pre is dq / scale times the power of two: the convert pass scales
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 
@@ -228,8 +238,8 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         mbarrier.wait(ready.index(s), (t // STAGES) & 1)
         q_s = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
-        st = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        st = warpgroup_mma(k_a, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=(st, ))
         rows = start_m + offs_m
         s_t, t_t = _scores(st, rows[None, :], offs_n[:, None], causal_offset, qk_rest, cap2, inv_cap2, 0.0,
@@ -285,7 +295,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -301,6 +311,8 @@ def _hopper_bwd_kernel(
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]  # keys a program: two MMA warpgroups' halves
     FLAT: gl.constexpr = not VARLEN  # dq's tile in its registers' order (_store_dq): tiles start at 64-row bounds
+    # k and v in registers (hopper.BWD_TILES), but with softcap, whose D64 window build then spilled 24 B (offline)
+    KV_IN: gl.constexpr = KV_REGS and not SOFTCAP
     pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
     off_hk = off_hp // parts
     heads = kv_group // parts
@@ -355,12 +367,12 @@ def _hopper_bwd_kernel(
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL,
-                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT)),
+                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL,
-                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT)),
+                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, num_heads, stat_stride, VARLEN, BLOCK_M)),
