@@ -167,28 +167,63 @@ def test_a_backward_compiled_ahead_has_the_signatures_it_launches(monkeypatch, c
     assert all(g.device.type == dev for g in want)
 
 
+def test_a_packed_backward_compiled_ahead_has_the_signatures_it_launches(monkeypatch):
+    """The same for packed sequences (flash_attention_varlen's eager autograd asks for it): every launch of the
+    backward finds its signature among those its compile-only run produced; nothing is launched then."""
+    from diyflash.kernels.attention import Packed, launch as ka
+
+    dev = "cuda" if ON_GPU else "cpu"
+    dtype = torch.float16 if ON_GPU else torch.float32
+    gen = torch.Generator(device=dev).manual_seed(0)
+    cu = torch.tensor([0, 40, 57, 113], dtype=torch.int32, device=dev)
+    q = torch.randn(113, 4, 64, device=dev, dtype=dtype, generator=gen)
+    k, v = (torch.randn(113, 2, 64, device=dev, dtype=dtype, generator=gen) for _ in range(2))
+    packed = Packed(cu, 56, 56)
+    out, lse = ka.attention_fwd(q, k, v, True, 0.125, cu, packed=packed)
+    diyflash.clear_caches()
+    seen = _signatures_of(monkeypatch)
+    grads = ka.attention_bwd(out, None, q, k, v, out, lse, True, 0.125, cu, packed=packed, compile_only=True,
+                             deterministic=False)
+    assert all(g.device.type == "meta" for g in grads)
+    assert {s[0] for s in seen} == {"ahead"}
+    ahead_ = {s[1:] for s in seen}
+    seen.clear()
+    ka.attention_bwd(out.clone(), None, q, k, v, out, lse, True, 0.125, cu, packed=packed, deterministic=False)
+    launched = {s[1:] for s in seen if s[0] == "launch"}
+    assert launched and launched <= ahead_, (launched - ahead_)
+
+
 @gpu
-def test_a_forward_with_gradients_compiles_its_backward_ahead(monkeypatch):
-    """flash_attention on inputs that need gradients, with no plan yet, has the backward's kernels compile
-    ahead (the kernels' attention_fwd, compile_backward) with the signatures the backward then launches; the
-    forward's second launch (the Hopper forward's marked pass, where it runs) compiles ahead too; without
-    gradients no backward is compiled ahead. The results are those of calls without compiling ahead."""
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_forward_with_gradients_compiles_its_backward_ahead(monkeypatch, packed):
+    """flash_attention (flash_attention_varlen: packed) on inputs that need gradients, with no plan yet, has the
+    backward's kernels compile ahead (the kernels' attention_fwd, compile_backward) with the signatures the
+    backward then launches; the forward's second launch (the Hopper forward's marked pass, where it runs)
+    compiles ahead too; without gradients no backward is compiled ahead. The results are those of calls without
+    compiling ahead."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 2048, 128, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
+    shape = (2 * 2048, 4, 128) if packed else (2, 4, 2048, 128)
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.float16, generator=gen) for _ in range(3))
     grad = torch.randn_like(q)
+    cu = torch.tensor([0, 2048, 4096], dtype=torch.int32, device="cuda")
+
+    def attend(q, k, v):
+        if packed:
+            return diyflash.flash_attention_varlen(q, k, v, cu, cu, 2048, 2048, causal=True)
+        return diyflash.flash_attention(q, k, v, causal=True)
     results = {}
     for on in (True, False):
         monkeypatch.setattr(_compile, "COMPILE_AHEAD", on)
         diyflash.clear_caches()
         seen = _signatures_of(monkeypatch)
         with torch.no_grad():
-            diyflash.flash_attention(q, k, v, causal=True)
+            attend(q, k, v)
         # without gradients, only the forward's own launchers (its second pass, where it has one)
         assert {s[1] for s in seen if s[0] == "ahead"} <= {s[1] for s in seen if s[0] == "launch"}
         diyflash.clear_caches()
         seen.clear()
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out = diyflash.flash_attention(*leaves, causal=True)
+        out = attend(*leaves)
         forward = len(seen)
         grads = torch.autograd.grad(out, leaves, grad)
         results[on] = (out, *grads)

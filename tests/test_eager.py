@@ -57,7 +57,8 @@ def test_dispatcher_free_only_when_unobservable(device):
 def op_calls(monkeypatch):
     """Counts calls that went through torch.ops.diyflash.* (the dispatcher)."""
     calls = []
-    for name in ("matmul", "attention", "attention_fwd", "attention_bwd"):
+    for name in ("matmul", "attention", "attention_fwd", "attention_bwd", "attention_varlen", "attention_varlen_fwd",
+                 "attention_varlen_bwd"):
         op = getattr(torch.ops.diyflash, name)
 
         def spy(*args, _op=op, _name=name, **kwargs):
@@ -112,6 +113,41 @@ def test_eager_autograd_skips_the_ops_and_is_bit_identical(device, op_calls, wit
         assert torch.equal(a, b) and a.stride() == b.stride()
     dq = torch.autograd.grad(diyflash.flash_attention(q, k, v).sum(), q, create_graph=True)[0]
     assert op_calls[-1] == "attention_bwd"  # building a double backward: the op, which has no formula
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        dq.sum().backward()
+
+
+def test_eager_varlen_autograd_skips_the_ops_and_is_bit_identical(device, op_calls):
+    """flash_attention_varlen with autograd runs attention_varlen_fwd's autograd formula in a plain
+    autograd.Function, as the dense call does: no dispatcher, bit-identical to the op path (which a profiler
+    forces), sinks' gradient too; v, which does not require grad, gets none. A double backward meets the op's
+    refusal."""
+    from diyflash.ops.attention_varlen import _EagerAttentionVarlen
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    lens = (24, 9)
+    cu = torch.tensor([0, 24, 33], dtype=torch.int32, device=device)
+    q = torch.randn(33, 4, 32, device=device, generator=gen).requires_grad_()
+    k = torch.randn(33, 2, 32, device=device, generator=gen).requires_grad_()
+    v = torch.randn(33, 2, 32, device=device, generator=gen)
+    sinks = torch.randn(4, device=device, generator=gen).requires_grad_()
+    g = torch.randn(4, 33, 32, device=device, generator=gen).transpose(0, 1)  # strided
+
+    def call():
+        return diyflash.flash_attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, sinks=sinks)
+    out = call()
+    assert type(out.grad_fn).__name__ == _EagerAttentionVarlen.__name__ + "Backward"
+    fast = torch.autograd.grad(out, (q, k, sinks), g)
+    assert op_calls == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        out_op = call()
+        via_op = torch.autograd.grad(out_op, (q, k, sinks), g)
+    assert op_calls == ["attention_varlen", "attention_varlen_fwd", "attention_varlen_bwd"]
+    assert torch.equal(out, out_op) and out.stride() == out_op.stride()
+    for a, b in zip(fast, via_op):
+        assert torch.equal(a, b) and a.stride() == b.stride()
+    dq = torch.autograd.grad(call().sum(), q, create_graph=True)[0]
+    assert op_calls[-1] == "attention_varlen_bwd"  # building a double backward: the op, which has no formula
     with pytest.raises(RuntimeError, match="no autograd formula"):
         dq.sum().backward()
 

@@ -43,7 +43,10 @@ def _packed(cu_k, max_q, max_k):
 
 
 def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
-              alibi_slopes=None, sinks=None):
+              alibi_slopes=None, sinks=None, backward=False, deterministic=None):
+    """attention_varlen_fwd's implementation. backward: the caller will run the backward (the eager autograd
+    Function knows), with `deterministic`: its kernels then compile ahead beside the forward's on a call with no
+    plan yet (ops/attention.py's attention_fwd_impl does the same)."""
     scale = resolve_scale(scale, q.shape[-1])
     cu_q, cu_k = for_kernels(cu_q), for_kernels(cu_k)  # the kernels read cu_seqlens with unit stride
     alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
@@ -51,8 +54,10 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1, 
     if uses_triton(q):
         with device_guard(q):
             kernels = kernels_module()
+            ahead = dict(deterministic=resolve_deterministic(deterministic)) if backward else None
             return kernels.attention_fwd(q, k, v, causal, scale, cu_q, sinks=sinks,
-                                         packed=kernels.Packed(*_packed(cu_k, max_q, max_k)), **var)
+                                         packed=kernels.Packed(*_packed(cu_k, max_q, max_k)), compile_backward=ahead,
+                                         **var)
     return attention_fwd_blocked(q, k, v, causal, scale, cu_q, sinks=sinks, packed=_packed(cu_k, max_q, max_k), **var)
 
 
@@ -158,6 +163,28 @@ guard_autograd(attention_varlen_bwd)
 register_autocast(attention_varlen_fwd, cast=("q", "k", "v"))
 register_autocast(attention_varlen_bwd, cast=("dout", "q", "k", "v", "out"))
 
+
+
+class _EagerAttentionVarlen(torch.autograd.Function):
+    """diyflash::attention_varlen_fwd under eager autograd without the dispatcher, as ops/attention.py's
+    _EagerAttention is for the dense op: the same implementation, setup_context and backward formula (the
+    same saved tensors, kernels and bits; a double backward meets the same refusal), minus the custom op's
+    dispatch and generated autograd wrapper. A forward whose q, k or v need gradients has the backward's
+    kernels compile ahead (_fwd_impl's backward), which the op's implementation cannot do: inside it a call
+    under torch.no_grad() looks the same. Only call_attention_varlen uses it, where dispatcher_free(...,
+    autograd=True) holds. Takes attention_varlen_fwd's arguments; returns (out, lse)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out, lse = _fwd_impl(*args[:-1], backward=any(ctx.needs_input_grad[:3]), deterministic=args[-1])
+        _setup_context(ctx, args, (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)
+
+
 _lib = Library(NAMESPACE, "FRAGMENT")
 _lib.define(_ATTN.schema)
 
@@ -178,14 +205,20 @@ def call_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, scale
                           window_right=-1, softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False,
                           deterministic=None):
     """diyflash::attention_varlen (attention_varlen_fwd with return_lse) for the Python API: the forward
-    implementation itself where nothing (tracer, mode, subclass, autograd) could tell it from the op."""
+    implementation itself where nothing (tracer, mode, subclass, autograd) could tell it from the op; with
+    autograd, _EagerAttentionVarlen (attention_varlen_fwd's autograd formula in a plain autograd.Function);
+    else the op through the dispatcher."""
     refuse_forward_ad("attention_varlen", q, k, v, sinks)
-    if dispatcher_free(q, k, v, cu_q, cu_k, alibi_slopes, sinks):
+    tensors = (q, k, v, cu_q, cu_k, alibi_slopes, sinks)
+    if dispatcher_free(*tensors):
         out, lse = _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left, window_right, softcap,
                              alibi_slopes, sinks)
         return (out, lse) if return_lse else out
     args = (q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left, window_right, softcap, alibi_slopes, sinks,
             deterministic)
+    if dispatcher_free(*tensors, autograd=True):
+        out, lse = _EagerAttentionVarlen.apply(*args)
+        return (out, lse) if return_lse else out
     if return_lse:
         return tuple(torch.ops.diyflash.attention_varlen_fwd(*args))
     return torch.ops.diyflash.attention_varlen(*args)
