@@ -90,10 +90,10 @@ def attention_fwd_impl(q, k, v, causal, scale, seq_lens, window_left=-1, window_
     alibi_slopes, sinks = prepare_variants(alibi_slopes, sinks)
     var = variant_kwargs(window_left, window_right, softcap, alibi_slopes, diagonal_offset)
     if uses_triton(q):
-        ahead = dict(deterministic=resolve_deterministic(deterministic)) if backward else None
         with device_guard(q):
             return kernels_module().attention_fwd(q, k, v, causal, scale, seq_lens, sinks=sinks, need_lse=need_lse,
-                                                  keep_scratch=keep_scratch, compile_backward=ahead, **var)
+                                                  keep_scratch=keep_scratch,
+                                                  compile_backward=backward_ahead(backward, deterministic), **var)
     return attention_fwd_blocked(q, k, v, causal, scale, seq_lens, sinks=sinks, **var)
 
 
@@ -177,6 +177,12 @@ def resolve_deterministic(deterministic: bool | None) -> bool:
     """A backward's mode: the argument, or where it is None PyTorch's switch
     (torch.use_deterministic_algorithms), read when the backward runs, as PyTorch's own kernels do."""
     return torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
+
+
+def backward_ahead(backward: bool, deterministic: bool | None) -> dict | None:
+    """The kernels' attention_fwd compile_backward argument: the backward's keywords where the caller will run
+    it (an eager autograd Function's forward knows), else None."""
+    return dict(deterministic=resolve_deterministic(deterministic)) if backward else None
 
 
 def _attention_bwd_impl(dout, dlse, q, k, v, out, lse, causal, scale, seq_lens, window_left=-1, window_right=-1,

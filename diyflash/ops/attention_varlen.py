@@ -14,7 +14,7 @@ from torch.library import Library, custom_op
 from ..kernels import device_guard, uses_triton
 from ..kernels.attention_torch import attention_bwd_blocked, attention_fwd_blocked, sinks_grad
 from ..kernels.contract import empty_out
-from .attention import (check_saved, kernels_module, lse_dtype, no_sinks_grad, prepare_variants,
+from .attention import (backward_ahead, check_saved, kernels_module, lse_dtype, no_sinks_grad, prepare_variants,
                         resolve_deterministic, resolve_scale, variant_kwargs)
 from .autocast import register_autocast
 from .checks import check_dtype, check_variants, check_varlen, one_device
@@ -54,10 +54,9 @@ def _fwd_impl(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window_left=-1, 
     if uses_triton(q):
         with device_guard(q):
             kernels = kernels_module()
-            ahead = dict(deterministic=resolve_deterministic(deterministic)) if backward else None
             return kernels.attention_fwd(q, k, v, causal, scale, cu_q, sinks=sinks,
-                                         packed=kernels.Packed(*_packed(cu_k, max_q, max_k)), compile_backward=ahead,
-                                         **var)
+                                         packed=kernels.Packed(*_packed(cu_k, max_q, max_k)),
+                                         compile_backward=backward_ahead(backward, deterministic), **var)
     return attention_fwd_blocked(q, k, v, causal, scale, cu_q, sinks=sinks, packed=_packed(cu_k, max_q, max_k), **var)
 
 
@@ -162,7 +161,6 @@ guard_autograd(attention_varlen_fwd)
 guard_autograd(attention_varlen_bwd)
 register_autocast(attention_varlen_fwd, cast=("q", "k", "v"))
 register_autocast(attention_varlen_bwd, cast=("dout", "q", "k", "v", "out"))
-
 
 
 class _EagerAttentionVarlen(torch.autograd.Function):

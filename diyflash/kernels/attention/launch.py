@@ -52,10 +52,9 @@ def _attention_kernels() -> list:
     under the interpreter (nothing compiles)."""
     if INTERPRETED:
         return []
-    modules = [m for m in (hopper.kernel_module(), hopper.backward_module()) if not isinstance(m, str)]
+    hoppers = ((hopper.kernel_module(), "_hopper_fwd_kernel"), (hopper.backward_module(), "_hopper_bwd_kernel"))
     return [*(lc.kernel for lc in (*_LAUNCHERS, *kvcache.LAUNCHERS)),
-            *(getattr(m, name) for m in modules for name in ("_hopper_fwd_kernel", "_hopper_bwd_kernel")
-              if hasattr(m, name))]
+            *(getattr(module, name) for module, name in hoppers if not isinstance(module, str))]
 
 
 hash_first(_attention_kernels)
