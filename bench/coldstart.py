@@ -22,6 +22,8 @@ Cases (fp16):
 - diyflash-attention-precompiled: the same, after `python -m diyflash precompile` for that shape ran
   into the same (cold) cache directories, as a serving or CI image would at build time; the
   precompile's own time is its cold row;
+- diyflash-varlen: the first flash_attention_varlen forward + backward, the same tokens as B packed
+  sequences of N (causal);
 - diyflash-matmul: the first triton_matmul at 4096^3 (it autotunes: every candidate compiles);
 - main-job: `python -m diyflash` end to end;
 - flex: FlexAttention's first torch.compile'd call (forward + backward) of the same attention with a
@@ -70,6 +72,15 @@ import diyflash
 q, k, v = inputs()
 def step():
     out = diyflash.flash_attention(q, k, v, causal=True)
+    out.backward(torch.ones_like(out))
+report(timed(step), timed(step))
+""",
+    "diyflash-varlen": """
+import diyflash
+q, k, v = (x.detach().transpose(1, 2).reshape(B * N, H, D).requires_grad_() for x in inputs())
+cu = torch.arange(0, B * N + 1, N, device="cuda", dtype=torch.int32)
+def step():
+    out = diyflash.flash_attention_varlen(q, k, v, cu, cu, N, N, causal=True)
     out.backward(torch.ones_like(out))
 report(timed(step), timed(step))
 """,
@@ -153,7 +164,8 @@ def measure(case: str, root: Path, timeout: float) -> list[dict]:
     return rows
 
 
-ALL = ["diyflash-attention", "diyflash-attention-precompiled", "diyflash-matmul", "main-job", "flex", "tutorial"]
+ALL = ["diyflash-attention", "diyflash-attention-precompiled", "diyflash-varlen", "diyflash-matmul", "main-job", "flex",
+       "tutorial"]
 
 
 def main(argv=None) -> int:
