@@ -296,6 +296,8 @@ CASES = [  # (B, H, H_kv, N_q, N_k, D, causal, window, softcap)
     (2, 4, 4, 113, 17, 64, True, (-1, -1), 0.0),
     (2, 4, 1, 1024, 1024, 64, False, (-1, -1), 0.0),  # GQA 4
     (1, 4, 2, 1000, 1000, 64, True, (300, 0), 30.0),  # D64's three consumers: a window, softcap, a partial block
+    (1, 4, 2, 700, 1000, 64, True, (-1, -1), 0.0),  # D64 causal, N_q < N_k: each consumer's own band of blocks
+    (2, 2, 2, 1000, 1000, 64, True, (100, 0), 0.0),  # a window narrower than a tile: the consumers' bands apart
     (1, 4, 1, 1500, 1500, 128, True, (256, 0), 30.0),  # a causal window with softcap
     (1, 4, 1, 17, 113, 128, False, (20, 7), 0.0),
     (1, 2, 2, 1, 1023, 128, False, (-1, -1), 0.0),

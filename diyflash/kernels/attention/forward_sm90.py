@@ -213,6 +213,23 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
 
 
 @gluon.jit
+def _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n):
+    """n key blocks of the tile's band that a consumer's rows do not see (OWN_BAND): each waited for and released
+    as if read, so that every slot's count and phase keep the loader's order; returns i past them. (Arriving
+    only once a block has landed: the loader refills a slot only after every consumer released its use before.)"""
+    STAGES: gl.constexpr = k_ready.shape[0]
+    for _j in range(n):
+        s_idx = i % STAGES
+        ph = (i // STAGES) & 1
+        mbarrier.wait(k_ready.index(s_idx), ph)
+        mbarrier.arrive(k_empty.index(s_idx), count=1)
+        mbarrier.wait(v_ready.index(s_idx), ph)
+        mbarrier.arrive(v_empty.index(s_idx), count=1)
+        i += 1
+    return i
+
+
+@gluon.jit
 def _store_rows(acc, m_i, l_i, top, row0, off_h, off_z, o_desc, o_buf, q_empty, lse_ptr, stride_lz, stride_lh,
                 seq_len_q, FMA: gl.constexpr):
     """A finished tile's rows row0 onward of head (off_z, off_h): out (_normalize) into o_buf, the query slot
@@ -243,7 +260,7 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
               num_bh, head_group, win_left, win_right, cap2,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
-              PASS: gl.constexpr, FMA: gl.constexpr, WHICH: gl.constexpr):
+              PASS: gl.constexpr, FMA: gl.constexpr, OWN_BAND: gl.constexpr, WHICH: gl.constexpr):
     """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
     blocks of _band (masks where forward.py has them). A tile's rows are stored (_store_rows) once the next
     tile's first q.k^T is issued, so the tensor cores work through the epilogue; the query slots alternate by
@@ -274,6 +291,7 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             lo, full_lo, full_hi, hi = _band(start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
                                              BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
                                              EVEN_N=EVEN_N, WINDOW=WINDOW)
+            tile_lo = lo
             row0 = start_m + WHICH * SUB_M
             offs_m = row0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
             a = n % 2
@@ -286,6 +304,16 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 q.store(q_pre)
                 fence_async_shared()
                 _barrier()  # the warpgroup's rows are all in before its wgmma reads them
+            if OWN_BAND:  # the blocks of the consumer's own rows; the tile's others are passed (_pass_blocks)
+                n_tile = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+                lo, full_lo, full_hi, hi = _band(row0, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
+                                                 BLOCK_M=SUB_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
+                                                 EVEN_N=EVEN_N, WINDOW=WINDOW)
+                n_before = n_tile
+                if lo < hi:
+                    n_before = (lo - tile_lo) // BLOCK_N
+                n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+                i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before)
             if lo < hi:
                 qk, k = _first_qk(q, k_bufs, k_ready, i, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM)
                 if held:
@@ -301,6 +329,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
                 acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
+            if OWN_BAND:
+                i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_after)
             held = 1
             held_row0 = row0
             held_h = off_h
@@ -321,7 +351,7 @@ def _hopper_fwd_kernel(
     SOFTCAP: gl.constexpr, PASS: gl.constexpr, FMA: gl.constexpr,
     # tiles: how
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
-    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, OWN_BAND: gl.constexpr,
 ):
     """q_desc, k_desc, v_desc, o_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D)
     and (1, 1, BLOCK_N, D) blocks (hopper.descriptor); lse by pointer and strides. The semantics are the
@@ -360,15 +390,15 @@ def _hopper_fwd_kernel(
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 1)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 2)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 2)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
@@ -378,11 +408,11 @@ def _hopper_fwd_kernel(
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
