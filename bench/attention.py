@@ -14,7 +14,9 @@ FLOPs (STYLE.md #11): fwd = 4 * B * H * N^2 * D, halved when causal; bwd = 2.5 *
 backward's four matmuls + 0.5 for recomputing q k^T). The backward is timed alone: the forward runs
 once, then autograd.grad(out, (q, k, v), dout) is timed with the graph retained. The providers of a
 cell are timed in turns, five rounds of triton.testing.do_bench (CUDA events) each, so that clock
-drift meets them alike; rows give the median with p20/p80 of all samples, and provenance.
+drift meets them alike, each right after cuDNN (--anchor: a provider timed right after a slower one meets
+higher clocks; the others' order reversed every other round); rows give the median with p20/p80 of all
+samples, the anchor, and provenance.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from bench.plots import add_output_args, plot_attention, replay_or_require_gpu, 
 
 SHORT_N = [128, 256, 384, 512]
 ROUNDS, ROUND_MS = 5, 50  # per provider and cell: 5 interleaved rounds of 50 ms
+ANCHOR = "sdpa-cudnn"  # timed right before each other provider (bench.common.interleaved_times)
 
 
 def _providers():
@@ -92,16 +95,17 @@ def prepare(fn, q, k, v, causal, mode):
     return bench
 
 
-def measure_cell(providers: dict, q, k, v, causal, mode, report=print) -> dict:
+def measure_cell(providers: dict, q, k, v, causal, mode, report=print, anchor: str | None = ANCHOR) -> dict:
     """{provider: (median, p20, p80) ms} for one cell, the providers timed in interleaved rounds
-    (bench.common.interleaved_times). A provider that does not run this cell is reported and left out."""
+    (bench.common.interleaved_times), each right after `anchor` where that provider runs the cell. A provider
+    that does not run this cell is reported and left out."""
     benches = {}
     for name, fn in providers.items():
         try:
             benches[name] = prepare(fn, q, k, v, causal, mode)
         except Exception as e:  # a backend that does not run this shape
             report(f"  {name} {tuple(q.shape)} {mode}: {type(e).__name__}: {str(e)[:100]}")
-    times = interleaved_times(benches, rounds=ROUNDS, round_ms=ROUND_MS)
+    times = interleaved_times(benches, rounds=ROUNDS, round_ms=ROUND_MS, anchor=anchor if anchor in benches else None)
     return {name: quantiles(t) for name, t in times.items()}
 
 
@@ -127,6 +131,8 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     parser.add_argument("--causal", choices=["both", "true", "false"], default="both")
     parser.add_argument("--providers", nargs="+", default=None)
+    parser.add_argument("--anchor", default=ANCHOR,
+                        help="the provider timed right before each of the others (none: one fixed order a round)")
     parser.add_argument("--kv-heads", type=int, default=None,
                         help="GQA: this many k/v heads (SDPA with enable_gqa=True); default: H (MHA)")
     parser.add_argument("--layout", choices=["bhnd", "bnhd"], default="bhnd",
@@ -157,11 +163,12 @@ def main(argv=None) -> int:
         q, k, v = _inputs(b, h, args.kv_heads or h, n, d, DTYPES[dname], args.layout)
         for mode in args.modes:
             these = {name: fn for name, fn in providers.items() if mode == "bwd" or name != "diyflash-det"}
-            for name, (med, p20, p80) in measure_cell(these, q, k, v, causal, mode, tqdm.write).items():
+            anchor = None if args.anchor == "none" else args.anchor
+            for name, (med, p20, p80) in measure_cell(these, q, k, v, causal, mode, tqdm.write, anchor).items():
                 tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
                 rows.append(dict(prov, provider=name, b=b, h=h, hkv=args.kv_heads or h, layout=args.layout, d=d,
                                  n=n, dtype=dname, causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,
-                                 tflops=tflops))
+                                 tflops=tflops, anchor=anchor if anchor in these else None))
         del q, k, v
         torch.cuda.empty_cache()
     if args.out:

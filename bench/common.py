@@ -141,19 +141,31 @@ def clean_graph_ms(calls, reps: int = 60, warmup_ms: float = 25) -> float:
     return statistics.median(replay() for _ in range(reps))
 
 
-def interleaved_times(fns: dict, rounds: int = 5, round_ms: float = 50, warmup_ms: float = 25) -> dict:
+def interleaved_times(fns: dict, rounds: int = 5, round_ms: float = 50, warmup_ms: float = 25,
+                      anchor: str | None = None) -> dict:
     """Times (ms, every sample) of each callable in `fns`, measured in `rounds` rounds that take the
     callables in turn, each round a triton.testing.do_bench of `round_ms`. A GPU's clocks move with
     power and heat over seconds, so callables timed one after the other can meet different clocks:
     the same diyflash tiles measured 392 TFLOPS in a sweep and 359 in the full benchmark (H200).
     Taken in turns, every callable meets every state alike. A kernel longer than
-    `round_ms` still gives one sample a round."""
+    `round_ms` still gives one sample a round.
+    anchor: the name of one of `fns`, timed right before each of the others (its samples kept too), the
+    others' order reversed every other round: a callable timed right after a slower one meets higher
+    clocks (1.6-18 % on the H200, docs/performance.md), so each is timed after the same one instead."""
     import triton
 
+    def bench(fn):
+        return triton.testing.do_bench(fn, warmup=warmup_ms, rep=round_ms, return_mode="all")
+
+    if anchor is not None and anchor not in fns:
+        raise ValueError(f"anchor {anchor!r} is not one of the callables {sorted(fns)}")
     times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name] += triton.testing.do_bench(fn, warmup=warmup_ms, rep=round_ms, return_mode="all")
+    others = [name for name in fns if name != anchor]
+    for r in range(rounds):
+        for name in (others[::-1] if anchor is not None and r % 2 else others):
+            if anchor is not None:
+                times[anchor] += bench(fns[anchor])
+            times[name] += bench(fns[name])
     return times
 
 

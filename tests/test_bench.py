@@ -194,6 +194,33 @@ def test_interleaved_times_gives_every_callable_its_rounds():
     assert calls["mm"] > 3 and calls["add"] > 3
 
 
+def test_interleaved_times_takes_each_callable_right_after_the_anchor(monkeypatch):
+    """With an anchor, each other callable is timed right after it, their order reversed every other round, and
+    the anchor's own samples are kept; without one, one fixed order a round. An anchor that is not among the
+    callables is refused by name."""
+    triton = pytest.importorskip("triton")
+    import triton.testing
+
+    from bench.common import interleaved_times
+
+    order = []
+
+    def fake_do_bench(fn, warmup, rep, return_mode):
+        order.append(fn())
+        return [float(len(order))]
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    fns = {name: (lambda name=name: name) for name in ("a", "cudnn", "b", "c")}
+    times = interleaved_times(fns, rounds=2, round_ms=1, anchor="cudnn")
+    assert order == ["cudnn", "a", "cudnn", "b", "cudnn", "c", "cudnn", "c", "cudnn", "b", "cudnn", "a"]
+    assert {name: len(t) for name, t in times.items()} == {"a": 2, "b": 2, "c": 2, "cudnn": 6}
+    order.clear()
+    interleaved_times(fns, rounds=2, round_ms=1)
+    assert order == ["a", "cudnn", "b", "c"] * 2
+    with pytest.raises(ValueError, match="'flex' is not one of"):
+        interleaved_times(fns, rounds=1, anchor="flex")
+
+
 def test_interleaved_tflops_is_flops_over_the_median_time(monkeypatch):
     """The probes' TFLOPS: the callable's FLOPs over the median of its samples taken in turns."""
     import bench.common as common
