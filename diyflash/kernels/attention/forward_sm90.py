@@ -214,7 +214,7 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
 
 @gluon.jit
 def _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n):
-    """n key blocks of the tile's band that a consumer's rows do not see (OWN_BAND): each waited for and released
+    """n key blocks of the tile's band that a consumer's rows do not see: each waited for and released
     as if read, so that every slot's count and phase keep the loader's order; returns i past them. (Arriving
     only once a block has landed: the loader refills a slot only after every consumer released its use before.)"""
     STAGES: gl.constexpr = k_ready.shape[0]
@@ -260,9 +260,11 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
               num_bh, head_group, win_left, win_right, cap2,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
-              PASS: gl.constexpr, FMA: gl.constexpr, OWN_BAND: gl.constexpr, WHICH: gl.constexpr):
+              PASS: gl.constexpr, FMA: gl.constexpr, WHICH: gl.constexpr):
     """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
-    blocks of _band (masks where forward.py has them). A tile's rows are stored (_store_rows) once the next
+    blocks of their own _band (masks where forward.py has them); the loader streams the tile's band, whose other
+    blocks this consumer passes (_pass_blocks: at D64 and causal 1.02-1.04x on three of four cells, H200,
+    bench/results/attention_sm90.jsonl, run "own band"). A tile's rows are stored (_store_rows) once the next
     tile's first q.k^T is issued, so the tensor cores work through the epilogue; the query slots alternate by
     tile, and each tile's rows go out through the slot its queries came in by. FMA: the softmax in
     _online_softmax_fma's form, and a row that reached FMA_MAX_ROW gets a NaN lse (_fma_marked), which the
@@ -288,10 +290,10 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             pid_m, off_h, off_z = _tile_at(lin, num_tiles, num_heads, num_bh, head_group, DEAL=CAUSAL,
                                            REVERSE=CAUSAL)
             start_m = pid_m * BLOCK_M
-            lo, full_lo, full_hi, hi = _band(start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
-                                             BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
-                                             EVEN_N=EVEN_N, WINDOW=WINDOW)
-            tile_lo = lo
+            tile_lo, _fl, _fh, tile_hi = _band(start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
+                                               BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
+                                               EVEN_N=EVEN_N, WINDOW=WINDOW)
+            n_tile = gl.cdiv(gl.maximum(tile_hi - tile_lo, 0), BLOCK_N)  # the loader's blocks of the tile
             row0 = start_m + WHICH * SUB_M
             offs_m = row0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
             a = n % 2
@@ -304,16 +306,16 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 q.store(q_pre)
                 fence_async_shared()
                 _barrier()  # the warpgroup's rows are all in before its wgmma reads them
-            if OWN_BAND:  # the blocks of the consumer's own rows; the tile's others are passed (_pass_blocks)
-                n_tile = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
-                lo, full_lo, full_hi, hi = _band(row0, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
-                                                 BLOCK_M=SUB_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
-                                                 EVEN_N=EVEN_N, WINDOW=WINDOW)
-                n_before = n_tile
-                if lo < hi:
-                    n_before = (lo - tile_lo) // BLOCK_N
-                n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
-                i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before)
+            # the consumer's own rows' blocks (with 192-row tiles over 128-key blocks, a causal tile's first
+            # consumers see a block fewer and mask fewer); the tile's others are passed (_pass_blocks)
+            lo, full_lo, full_hi, hi = _band(row0, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
+                                             BLOCK_M=SUB_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
+                                             EVEN_N=EVEN_N, WINDOW=WINDOW)
+            n_before = n_tile
+            if lo < hi:
+                n_before = (lo - tile_lo) // BLOCK_N
+            n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before)
             if lo < hi:
                 qk, k = _first_qk(q, k_bufs, k_ready, i, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM)
                 if held:
@@ -324,13 +326,12 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                     offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
                     BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
                     CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA)
-            else:  # no key: its rows get zeros and lse -inf
+            else:  # its rows see no key: zeros and lse -inf
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
                 acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
-            if OWN_BAND:
-                i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_after)
+            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_after)
             held = 1
             held_row0 = row0
             held_h = off_h
@@ -351,7 +352,7 @@ def _hopper_fwd_kernel(
     SOFTCAP: gl.constexpr, PASS: gl.constexpr, FMA: gl.constexpr,
     # tiles: how
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
-    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, OWN_BAND: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
     """q_desc, k_desc, v_desc, o_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D)
     and (1, 1, BLOCK_N, D) blocks (hopper.descriptor); lse by pointer and strides. The semantics are the
@@ -390,15 +391,15 @@ def _hopper_fwd_kernel(
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 2)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 2)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
@@ -408,11 +409,11 @@ def _hopper_fwd_kernel(
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, OWN_BAND, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),

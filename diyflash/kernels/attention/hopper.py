@@ -54,8 +54,7 @@ class Tiles(NamedTuple):
         """The kernel's tile constexprs for N_k keys: the consumers share the register file (setmaxnreg;
         the loader warp keeps 24), 240 a thread for two, 160 for three."""
         return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages, EVEN_N=n_k % self.block_n == 0,
-                    CONSUMERS=self.consumers, CONSUMER_REGS={2: 240, 3: 160}[self.consumers],
-                    OWN_BAND=FWD_OWN_BAND)
+                    CONSUMERS=self.consumers, CONSUMER_REGS={2: 240, 3: 160}[self.consumers])
 
 
 # Tiles per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run, beside cuDNN):
@@ -64,7 +63,6 @@ class Tiles(NamedTuple):
 # 3 slots won one run and lost the next (within noise), so the smaller 2 stay. D64 with three consumers (192
 # rows a program, as FA3 tiles D64; two consumers ran slower on the long cells, run "d64 fma").
 TILES = {64: Tiles(128, 3, 3), 128: Tiles(128, 2)}
-FWD_OWN_BAND = True  # (probe switch) each consumer walks its own rows' band of key blocks, passes the others
 # "auto": the head dims it runs the Hopper forward at, and the fewest keys a query row must see on average
 # (contract.mean_keys). D64 pays its tiles' start and end only over long enough rows: at 2048 keys a row 1.03x
 # (causal) and 1.10x (full) the portable kernel, at 1024 (causal) 0.92x (H200, attention_sm90.jsonl, run
