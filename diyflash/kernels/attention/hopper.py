@@ -291,10 +291,11 @@ def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministi
 
 MAX_PACKED_SEQUENCES = 65535  # CUDA's cap on a grid's z dimension: the kernel takes a sequence a slice
 # "auto" also leaves to the portable kernels a backward whose programs walk fewer query rows than this (a kv
-# head's query heads x the longest sequence: backward_runs' program_rows). H200, causal, against
-# the portable kernels (bench/results/onepass_backward_h200.jsonl, run "short calls"): at head_dim 64 with
-# 256 rows 0.63-0.69x, 512 rows 0.90-0.96x, 1024 rows 1.02x; at head_dim 128 MHA 1.23x from 256 rows.
-BWD_MIN_ROWS = {64: 1024}
+# head's query heads x the longest sequence: backward_runs' program_rows). H200, GPU time against the portable
+# kernels with k and v in registers (bench/results/onepass_backward_h200.jsonl, run "short calls, GPU time"): at
+# head_dim 64 causal 256 rows 0.92x, 512 rows 0.96x, 768 rows 1.03x, 1024 rows 1.09-1.11x (not causal 1.03x,
+# 1.10x, 1.16x at 512, 768, 1024); at head_dim 128 MHA 1.23x from 256 rows (run "short calls").
+BWD_MIN_ROWS = {64: 768}
 
 
 def stat_rows(n_q: int) -> int:
