@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's one call: GPU test suite, config sweep and benchmark; full logs under $OUT.
-#   bash bench/device_run.sh [tests] [sweep] [bench] [variants] [decode] [varlen] [short] [overhead] [matmul]
-#                            [coldstart]
+#   bash bench/device_run.sh [tests] [sweep] [bench] [cells] [variants] [decode] [varlen] [short] [overhead]
+#                            [matmul] [coldstart]
 #   (default: tests sweep bench)
 # The GPU's SM clock, power and temperature are logged every 500 ms to $OUT/clocks.csv throughout.
 set -uo pipefail
@@ -27,6 +27,9 @@ if [[ $parts == *sweep* ]]; then  # re-tunes diyflash/kernels/attention_tuned.py
 fi
 if [[ $parts == *bench* ]]; then
   python3 -m bench.attention --out "$OUT/attention.jsonl" --plot "$OUT/attention.png" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+fi
+if [[ $parts == *cells* ]]; then
+  python3 -m bench.cells --out "$OUT/cells.jsonl" 2>&1 | tee "$OUT/cells.log" | tail -12
 fi
 if [[ $parts == *variants* ]]; then
   python3 -m bench.attention_variants --out "$OUT/attention_variants.jsonl" ${VARIANTS_ARGS:-} 2>&1 | tee "$OUT/variants.log" | tail -40

@@ -40,7 +40,7 @@ def _renderers() -> dict:
         "coldstart": (coldstart.readme_table, "coldstart_h200.jsonl"),
         "coldstart-ahead": (coldstart.ahead_table, "coldstart_compile_ahead_h200.jsonl"),
         "attention-sm90": (_sm90_table, "attention_sm90.jsonl"),
-        "determinism": (_determinism_table, "onepass_backward_h200.jsonl", lambda r: r.get("run") == DETERMINISM_RUN),
+        "determinism": (_determinism_table, "onepass_backward_h200.jsonl", lambda r: r.get("run") == DETERMINISM_RUN and r.get("mode", "bwd") == "bwd"),
         "hf-model": (hf_model.table, "hf_model_h200.jsonl", lambda r: r.get("run") == HF_RUN),
     }
 

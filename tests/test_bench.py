@@ -87,6 +87,39 @@ def test_cli_replots_saved_rows_without_gpu(tmp_path, module, rows):
     assert png.read_bytes().startswith(PNG_MAGIC) and "|" in done.stdout
 
 
+def test_cells_table_and_flops(tmp_path):
+    """bench.cells: the window cell's FLOPs count its visible pairs; its table puts Flex where a cell has no
+    cuDNN peer, and the deterministic backward against the default; --from-jsonl re-tabulates without a GPU;
+    docs/api.md's determinism table reads its backward rows (the forward's left out)."""
+    from bench.cells import CELLS, cell_flops, table
+    from bench.docs import _determinism_table
+
+    window = "window4096 GQA32/8 D128 causal bf16 B1 N16384"
+    assert cell_flops(window, "fwd") == 4 * 32 * 128 * (16384 * 4097 - 4096 * 4097 / 2)
+    assert cell_flops(window, "bwd") == 2.5 * cell_flops(window, "fwd")
+    dense = "MHA D64 full fp16 B2 H16 N8192"
+    assert cell_flops(dense, "fwd") == 4 * 2 * 16 * 8192 * 8192 * 64 and set(CELLS) >= {window, dense}
+    rows = []
+    for cell, peer in ((dense, "cudnn"), (window, "flex")):
+        for mode in ("fwd", "bwd"):
+            tfs = {peer: 400.0, "diyflash": 440.0} | ({"fa2": 250.0} if peer == "cudnn" else {})
+            if mode == "bwd":
+                tfs["diyflash-det"] = 330.0
+            for provider, tf in tfs.items():
+                rows.append(dict(cell=cell, mode=mode, provider=provider, tflops=tf, vs_peer=tf / 400.0, peer=peer,
+                                 **({"dq_spread": 6.1e-05} if provider == "diyflash" and mode == "bwd" else {})))
+    lines = table(rows).splitlines()
+    assert lines[2] == f"| {dense} | 400 | 250 | 440 | 1.100x | 400 | 250 | 440 | 1.100x | 330 | 0.75x |"
+    assert lines[3] == f"| {window} | (400) | - | 440 | 1.100x | (400) | - | 440 | 1.100x | 330 | 0.75x |"
+    det = _determinism_table([r for r in rows if r["mode"] == "bwd"]).splitlines()
+    assert det[2] == f"| {dense} | 440 | 330 | 400 | 0.75x | 6.1e-05 |" and det[3].endswith("| (400) | 0.75x | 6.1e-05 |")
+    src = tmp_path / "cells.jsonl"
+    write_jsonl(src, rows)
+    done = subprocess.run([sys.executable, "-m", "bench.cells", "--from-jsonl", str(src)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and lines[2] in done.stdout, done.stderr
+
+
 def test_tuned_table_covers_every_kernel_and_round_trips():
     """attention_tuned.py (written by `python -m bench.attention_configs --write`) has tiles for every
     kernel, causal setting and padded head_dim (the dv pass: where it was tuned), each one the sweep
