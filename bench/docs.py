@@ -18,13 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance.md"
 DOCS = (DOC, ROOT / "docs" / "api.md", ROOT / "docs" / "integrations.md")
-DETERMINISM_RUN = "cells after cuDNN"  # the run of onepass_backward_h200.jsonl docs/api.md's table shows
+CELLS_RUN = "cells after cuDNN"  # the run of cells_h200.jsonl (bench.cells) docs/api.md's and performance.md's tables show
 HF_RUN = "twenty-ninth stop, decode steps timed"  # the run of hf_model_h200.jsonl docs/integrations.md's table shows
 
 
 def _renderers() -> dict:
     import bench.attention as attention
     import bench.attention_variants as variants
+    import bench.cells as cells
     import bench.coldstart as coldstart
     import bench.decode as decode
     import bench.hf_model as hf_model
@@ -40,7 +41,8 @@ def _renderers() -> dict:
         "coldstart": (coldstart.readme_table, "coldstart_h200.jsonl"),
         "coldstart-ahead": (coldstart.ahead_table, "coldstart_compile_ahead_h200.jsonl"),
         "attention-sm90": (_sm90_table, "attention_sm90.jsonl"),
-        "determinism": (_determinism_table, "onepass_backward_h200.jsonl", lambda r: r.get("run") == DETERMINISM_RUN and r.get("mode", "bwd") == "bwd"),
+        "determinism": (_determinism_table, "cells_h200.jsonl", lambda r: r["run"] == CELLS_RUN and r["mode"] == "bwd"),
+        "cells": (cells.table, "cells_h200.jsonl", lambda r: r["run"] == CELLS_RUN),
         "hf-model": (hf_model.table, "hf_model_h200.jsonl", lambda r: r.get("run") == HF_RUN),
     }
 
