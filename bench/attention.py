@@ -36,15 +36,17 @@ ROUNDS, ROUND_MS = 5, 50  # per provider and cell: 5 interleaved rounds of 50 ms
 ANCHOR = "sdpa-cudnn"  # timed right before each other provider (bench.common.interleaved_times)
 
 
+def sdpa(backend):
+    """A provider (q, k, v, causal) -> out: SDPA held to one backend (SDPBackend), GQA where k has fewer heads."""
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+
+    return run
+
+
 def _providers():
     import diyflash
-
-    def sdpa(backend):
-        def run(q, k, v, causal):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
-
-        return run
 
     providers = {
         "diyflash": lambda q, k, v, causal: diyflash.flash_attention(q, k, v, causal=causal),
@@ -109,7 +111,7 @@ def measure_cell(providers: dict, q, k, v, causal, mode, report=print, anchor: s
     return {name: quantiles(t) for name, t in times.items()}
 
 
-def _inputs(b, h, hkv, n, d, dtype, layout):
+def inputs(b, h, hkv, n, d, dtype, layout):
     """q (B, H, N, D) and k, v (B, Hkv, N, D), random normal; bnhd: views of (B, N, H, D) buffers."""
     gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -147,6 +149,7 @@ def main(argv=None) -> int:
     if args.providers:
         providers = {k: providers[k] for k in args.providers}
     causals = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
+    anchor = None if args.anchor == "none" else args.anchor
     prov = provenance()
     print(f"# {prov['gpu']} | torch {prov['torch']} | triton {prov['triton']} | diyflash {prov['diyflash']}")
     rows = []
@@ -160,10 +163,9 @@ def main(argv=None) -> int:
              for causal in causals for n in lengths]
     for shape, dname, causal, n in tqdm(cells, desc="attention cells", unit="cell"):
         b, h, d = (int(x) for x in shape.split("x"))
-        q, k, v = _inputs(b, h, args.kv_heads or h, n, d, DTYPES[dname], args.layout)
+        q, k, v = inputs(b, h, args.kv_heads or h, n, d, DTYPES[dname], args.layout)
         for mode in args.modes:
             these = {name: fn for name, fn in providers.items() if mode == "bwd" or name != "diyflash-det"}
-            anchor = None if args.anchor == "none" else args.anchor
             for name, (med, p20, p80) in measure_cell(these, q, k, v, causal, mode, tqdm.write, anchor).items():
                 tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
                 rows.append(dict(prov, provider=name, b=b, h=h, hkv=args.kv_heads or h, layout=args.layout, d=d,

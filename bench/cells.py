@@ -2,16 +2,16 @@
 and 128, causal and not, and a causal sliding window against FlexAttention), every provider timed right after
 cuDNN.
 
-    python -m bench.cells [--cells NAME ...] [--modes fwd bwd] [--rounds 6] [--run LABEL] [--out F.jsonl]
+    python -m bench.cells [--cells NAME ...] [--modes fwd bwd] [--run LABEL] [--out F.jsonl]
     python -m bench.cells --from-jsonl F.jsonl        (the table again, no GPU needed)
 
 Providers: cuDNN and FlashAttention-2 through SDPA, diyflash through its API (`flash_attention`), and in the
 backward diyflash with `deterministic=True` too; on the window cell, which SDPA cannot express,
 FlexAttention (torch.compile'd, a block mask) is the peer. TFLOPS: forward 4·B·H·N²·D (halved when causal; the
 window's visible pairs there), backward 2.5x the forward's, timed alone (autograd.grad of a retained graph).
-Each provider is timed right after cuDNN (bench.common.interleaved_times with an anchor: a provider timed right
-after a slower one meets higher clocks on the H200), the others' order reversed every other round; medians of
-all samples. A row per (cell, mode, provider): TFLOPS and the ratio to the cell's peer (cuDNN, or Flex on the
+The providers and their timing are bench.attention's (prepare, measure_cell: five rounds of 50 ms, each
+provider right after cuDNN, as a provider timed right after a slower one meets higher clocks on the H200, the
+others' order reversed every other round; medians of all samples). A row per (cell, mode, provider): TFLOPS and the ratio to the cell's peer (cuDNN, or Flex on the
 window); the default backward's row also has dq's largest change between two calls (`dq_spread`: its dq is
 added up in any order). docs/api.md's determinism table renders such rows (bench/docs.py).
 """
@@ -23,7 +23,8 @@ import sys
 
 import torch
 
-from bench.common import attention_flops, compiled_flex, interleaved_times, provenance, quantiles
+from bench.attention import inputs, measure_cell, prepare, sdpa
+from bench.common import DTYPES, attention_flops, compiled_flex, provenance
 from bench.plots import add_output_args, replay_or_require_gpu, write_jsonl
 
 # name: (B, H, H_kv, N, D, causal, dtype name, left window or None)
@@ -49,74 +50,52 @@ def cell_flops(name: str, mode: str) -> float:
     return (2.5 if mode == "bwd" else 1.0) * 4 * b * h * d * pairs
 
 
-def _sdpa(backend, q, k, v, causal):
-    from torch.nn.attention import sdpa_kernel
-    import torch.nn.functional as F
-
-    def run():
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-    return run
-
-
-def _backward(out, inputs, dout):
-    return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
-
-
-def measure(name: str, modes: list[str], rounds: int, round_ms: float) -> list[dict]:
-    """One cell's rows (without provenance): each mode's providers timed in turns, each after cuDNN."""
+def providers(name: str) -> tuple[dict, str]:
+    """The cell's providers, (q, k, v, causal) -> out as bench.attention's, and its peer: cuDNN and FA2 through
+    SDPA, or on the window FlexAttention with the window's block mask (cuDNN, running the plain causal
+    attention there, stays the anchor only); diyflash, and diyflash-det (deterministic=True, the backward's)."""
     import diyflash
     from torch.nn.attention import SDPBackend
 
-    from bench.common import DTYPES
-
-    b, h, h_kv, n, d, causal, dname, window = CELLS[name]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-
-    def make(heads):
-        return torch.randn(b, heads, n, d, device="cuda", dtype=DTYPES[dname], generator=gen)
-
-    q, k, v, dout = make(h).requires_grad_(), make(h_kv).requires_grad_(), make(h_kv).requires_grad_(), make(h)
-    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    n, window = CELLS[name][3], CELLS[name][7]
     window_size = (-1, -1) if window is None else (window, 0)
-    fwd = {ANCHOR: _sdpa(SDPBackend.CUDNN_ATTENTION, qd, kd, vd, causal)}
-    bwd = {ANCHOR: _backward(_sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)(), (q, k, v), dout)}
+    found = {ANCHOR: sdpa(SDPBackend.CUDNN_ATTENTION)}
     if window is None:
-        fwd["fa2"] = _sdpa(SDPBackend.FLASH_ATTENTION, qd, kd, vd, causal)
-        bwd["fa2"] = _backward(_sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)(), (q, k, v), dout)
-        peer = ANCHOR
-    else:  # cuDNN (full causal) stays the anchor; Flex with the window's block mask is the peer
+        found["fa2"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    else:
         from torch.nn.attention.flex_attention import create_block_mask
 
         flex = compiled_flex()
         mask = create_block_mask(lambda bi, hi, qi, ki: (qi >= ki) & (qi - ki <= window), None, None, n, n,
                                  device="cuda")
-        fwd["flex"] = lambda: flex(qd, kd, vd, block_mask=mask, enable_gqa=True)
-        bwd["flex"] = _backward(flex(q, k, v, block_mask=mask, enable_gqa=True), (q, k, v), dout)
-        peer = "flex"
-    fwd["diyflash"] = lambda: diyflash.flash_attention(qd, kd, vd, causal=causal, window_size=window_size)
-    default = diyflash.flash_attention(q, k, v, causal=causal, window_size=window_size, deterministic=False)
-    bwd["diyflash"] = _backward(default, (q, k, v), dout)
-    bwd["diyflash-det"] = _backward(diyflash.flash_attention(q, k, v, causal=causal, window_size=window_size,
-                                                             deterministic=True), (q, k, v), dout)
+        found["flex"] = lambda q, k, v, causal: flex(q, k, v, block_mask=mask, enable_gqa=True)
+    for provider, deterministic in (("diyflash", False), ("diyflash-det", True)):
+        found[provider] = (lambda q, k, v, causal, deterministic=deterministic:
+                           diyflash.flash_attention(q, k, v, causal=causal, window_size=window_size,
+                                                    deterministic=deterministic))
+    return found, ANCHOR if window is None else "flex"
+
+
+def measure(name: str, modes: list[str]) -> list[dict]:
+    """One cell's rows (without provenance): each mode's providers timed in turns, each right after cuDNN
+    (bench.attention.measure_cell, its rounds), and the default backward's dq spread between two calls."""
+    b, h, h_kv, n, d, causal, dname, _ = CELLS[name]
+    q, k, v = inputs(b, h, h_kv, n, d, DTYPES[dname], "bhnd")
+    found, peer = providers(name)
     rows = []
-    for mode, fns in (("fwd", fwd), ("bwd", bwd)):
-        if mode not in modes:
-            continue
-        for fn in fns.values():  # compiles, and a first call of each
-            fn()
-        torch.cuda.synchronize()
-        times = interleaved_times(fns, rounds=rounds, round_ms=round_ms, anchor=ANCHOR)
-        tflops = {p: cell_flops(name, mode) / quantiles(t, (0.5,))[0] / 1e9 for p, t in times.items()}
+    for mode in modes:
+        these = {p: fn for p, fn in found.items() if mode == "bwd" or p != "diyflash-det"}
+        times = measure_cell(these, q, k, v, causal, mode, anchor=ANCHOR)
+        tflops = {p: cell_flops(name, mode) / t[0] / 1e9 for p, t in times.items()}
         spread = None
         if mode == "bwd":
-            first, second = bwd["diyflash"]()[0].float(), bwd["diyflash"]()[0].float()
-            spread = (first - second).abs().max().item()
+            grads = prepare(found["diyflash"], q, k, v, causal, "bwd")
+            spread = (grads()[0].float() - grads()[0].float()).abs().max().item()
         for p, tf in tflops.items():
             if p == ANCHOR and peer != ANCHOR:
-                continue  # the window's anchor ran the full causal attention: not a peer of this cell
-            row = dict(cell=name, mode=mode, provider=p, tflops=tf,
-                       vs_peer=tf / tflops[peer], peer=peer, peer_tflops=tflops[peer], anchor=ANCHOR)
+                continue  # the window's anchor ran the plain causal attention: not a peer of this cell
+            row = dict(cell=name, mode=mode, provider=p, tflops=tf, vs_peer=tf / tflops[peer], peer=peer,
+                       peer_tflops=tflops[peer], anchor=ANCHOR)
             if p == "diyflash" and spread is not None:
                 row["dq_spread"] = spread
             rows.append(row)
@@ -154,8 +133,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS), metavar="NAME")
     parser.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--round-ms", type=float, default=40.0)
     parser.add_argument("--run", default="bench.cells", help="the rows' run label")
     add_output_args(parser, "(no plot: bench.cells writes a table)")
     args = parser.parse_args(argv)
@@ -166,7 +143,7 @@ def main(argv=None) -> int:
     print(f"# {prov['gpu']} | torch {prov['torch']} | triton {prov['triton']} | diyflash {prov['diyflash']}")
     rows = []
     for name in args.cells:
-        cell_rows = [dict(prov, run=args.run, **r) for r in measure(name, args.modes, args.rounds, args.round_ms)]
+        cell_rows = [dict(prov, run=args.run, **r) for r in measure(name, args.modes)]
         print(table(cell_rows).splitlines()[-1], flush=True)
         rows += cell_rows
         torch.cuda.empty_cache()
