@@ -1,7 +1,8 @@
 """The Hopper (sm_90) backward: one pass in FlashAttention-3's split, a warp-specialized Gluon kernel (D64, D128).
 
 A program holds one block of BLOCK_N = 128 keys of one (batch, kv head) and walks the query blocks that see
-it (every query head of the kv head's group, _query_band's rows), BLOCK_M = 64 rows a step. Partitions:
+it (every query head of the kv head's group, _query_band's rows, in _step's order), BLOCK_M = 64 rows a step.
+Partitions:
 - two MMA warpgroups (the default partition and one worker), each owning 64 of the keys and their dk, dv
   accumulators: per step s^T = k_w q^T and dp^T = v_w do^T (asynchronous wgmma; at D64 k_w and v_w are held
   in registers, KV_REGS), p^T from the saved base-2
@@ -59,17 +60,24 @@ SIDE_REGS = gl.constexpr(32)  # the loader's and the writer's registers a thread
 
 
 @gluon.jit
-def _step(t, n_blk, lo, head0, BLOCK_M: gl.constexpr):
-    """Step t's (first query row, query head): the program's query heads from head0 one after the other, each
-    over its band."""
-    g = t // n_blk
-    return lo + (t - g * n_blk) * BLOCK_M, head0 + g
+def _step(t, n_blk, lo, head0, heads, BLOCK_M: gl.constexpr):
+    """Step t's (first query row, query head). One query head a program: its band's row blocks in order. More
+    (GQA): the band's row blocks from the last down, each for the heads query heads from head0, so that the
+    programs of a kv head started together read each row block's q and do, and add into its dq, at the same
+    step whatever their keys: L2 keeps what they share (a causal grid's programs walking each head's band in
+    turn drifted apart by their band's length at every head: GQA 64/8 D128 causal bf16 B1 N16384 503 -> 527
+    TFLOPS; bench/results/onepass_backward_h200.jsonl, run "row order")."""
+    r = t // heads
+    g = t - r * heads
+    if heads > 1:
+        r = n_blk - 1 - r
+    return lo + r * BLOCK_M, head0 + g
 
 
 @gluon.jit
 def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar, q_bufs,
             do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start, k_start, q_len,
-            off_hk, start_n, head0, num_heads, stat_stride, VARLEN: gl.constexpr, BLOCK_M: gl.constexpr):
+            off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN: gl.constexpr, BLOCK_M: gl.constexpr):
     """z_in, q_start, k_start: the sequence's batch slice and first rows in the tensors (0, and its offsets,
     for packed sequences: _sequence). VARLEN: a packed sequence's stats start at any row, where the TMA needs
     16-byte aligned coordinates: this warp loads them (rows past q_len: lse2 +inf, delta 0) into the slot
@@ -82,7 +90,7 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
     for t in range(total):
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
-        start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
+        start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M)
         if VARLEN:
             rows = start_m + gl.arange(0, BLOCK_M, layout=stat_layout)
             at = off_h.to(gl.int64) * stat_stride + q_start + rows
@@ -101,7 +109,7 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
 
 
 @gluon.jit
-def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, num_heads, acc_rows,
+def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads, acc_rows,
             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr):
     """Each step's dq tile added into the fp32 accumulator by the TMA unit; a buffer is free again once the
     unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
@@ -114,7 +122,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2  # a warpgroup's (1 or 2)
         head_z = z_in * num_heads
         for t in range(total):
-            start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
+            start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M)
             row = (((head_z + off_h).to(gl.int64) * acc_rows + start_m) * HEAD_DIM // 256).to(gl.int32)
             b = t % DQ_BUFS
             for w in gl.static_range(2):
@@ -135,7 +143,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
         PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
         PANEL: gl.constexpr = dq_bufs.shape[4]  # dq's columns a TMA reduce (its descriptor's block)
         for t in range(total):
-            start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
+            start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M)
             b = t % DQ_BUFS
             mbarrier.wait(dq_full.index(b), (t // DQ_BUFS) & 1)
             for j in gl.static_range(PANELS):
@@ -185,7 +193,7 @@ def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.const
 def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs, dq_full,
          dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz, stride_dvh,
          stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
-         key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL: gl.constexpr,
+         key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
          W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
@@ -234,7 +242,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     for t in range(total):
         s = t % STAGES
         b = t % 2
-        start_m, off_h = _step(t, n_blk, lo, head0, BLOCK_M=BLOCK_M)
+        start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M)
         mbarrier.wait(ready.index(s), (t // STAGES) & 1)
         q_s = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -366,16 +374,16 @@ def _hopper_bwd_kernel(
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
-                q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL,
-                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN)),
+                q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
-                q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, win_left, win_right, cap2, CAUSAL,
-                WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN)),
+                q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
-                   k_start, q_len, off_hk, start_n, head0, num_heads, stat_stride, VARLEN, BLOCK_M)),
-        (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, num_heads,
+                   k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M)),
+        (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads,
                    gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M, HEAD_DIM, BLOCK_M, FLAT)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])
