@@ -1,6 +1,6 @@
-"""The headline cells against cuDNN: forward and backward of seven attention cells (GQA 32/8 and MHA, head_dim 64
-and 128, causal and not, and a causal sliding window against FlexAttention), every provider timed right after
-cuDNN.
+"""The headline cells against cuDNN: forward and backward of eight attention cells (GQA 32/8, the Llama-3 shape's GQA
+64/8 and MHA, head_dim 64 and 128, causal and not, and a causal sliding window against FlexAttention), every
+provider timed right after cuDNN.
 
     python -m bench.cells [--cells NAME ...] [--modes fwd bwd] [--run LABEL] [--out F.jsonl]
     python -m bench.cells --from-jsonl F.jsonl        (the table again, no GPU needed)
@@ -31,6 +31,7 @@ from bench.plots import add_output_args, replay_or_require_gpu, write_jsonl
 CELLS = {
     "GQA32/8 D128 causal bf16 B4 N4096": (4, 32, 8, 4096, 128, True, "bf16", None),
     "GQA32/8 D128 causal bf16 B1 N16384": (1, 32, 8, 16384, 128, True, "bf16", None),
+    "GQA64/8 D128 causal bf16 B1 N16384": (1, 64, 8, 16384, 128, True, "bf16", None),
     "MHA D64 full fp16 B2 H16 N8192": (2, 16, 16, 8192, 64, False, "fp16", None),
     "MHA D64 causal fp16 B2 H16 N8192": (2, 16, 16, 8192, 64, True, "fp16", None),
     "MHA D128 full fp16 B2 H16 N8192": (2, 16, 16, 8192, 128, False, "fp16", None),
