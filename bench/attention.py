@@ -166,11 +166,12 @@ def main(argv=None) -> int:
         q, k, v = inputs(b, h, args.kv_heads or h, n, d, DTYPES[dname], args.layout)
         for mode in args.modes:
             these = {name: fn for name, fn in providers.items() if mode == "bwd" or name != "diyflash-det"}
-            for name, (med, p20, p80) in measure_cell(these, q, k, v, causal, mode, tqdm.write, anchor).items():
+            times = measure_cell(these, q, k, v, causal, mode, tqdm.write, anchor)
+            for name, (med, p20, p80) in times.items():
                 tflops = attention_flops(b, h, n, n, d, causal, mode) / med / 1e9
                 rows.append(dict(prov, provider=name, b=b, h=h, hkv=args.kv_heads or h, layout=args.layout, d=d,
                                  n=n, dtype=dname, causal=causal, mode=mode, ms=med, p20_ms=p20, p80_ms=p80,
-                                 tflops=tflops, anchor=anchor if anchor in these else None))
+                                 tflops=tflops, anchor=anchor if anchor in times else None))
         del q, k, v
         torch.cuda.empty_cache()
     if args.out:

@@ -96,7 +96,7 @@ def measure(name: str, modes: list[str]) -> list[dict]:
             if p == ANCHOR and peer != ANCHOR:
                 continue  # the window's anchor ran the plain causal attention: not a peer of this cell
             row = dict(cell=name, mode=mode, provider=p, tflops=tf, vs_peer=tf / tflops[peer], peer=peer,
-                       peer_tflops=tflops[peer], anchor=ANCHOR)
+                       peer_tflops=tflops[peer], anchor=ANCHOR if ANCHOR in times else None)
             if p == "diyflash" and spread is not None:
                 row["dq_spread"] = spread
             rows.append(row)
