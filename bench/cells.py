@@ -11,9 +11,10 @@ FlexAttention (torch.compile'd, a block mask) is the peer. TFLOPS: forward 4Â·BÂ
 window's visible pairs there), backward 2.5x the forward's, timed alone (autograd.grad of a retained graph).
 The providers and their timing are bench.attention's (prepare, measure_cell: five rounds of 50 ms, each
 provider right after cuDNN, as a provider timed right after a slower one meets higher clocks on the H200, the
-others' order reversed every other round; medians of all samples). A row per (cell, mode, provider): TFLOPS and the ratio to the cell's peer (cuDNN, or Flex on the
-window); the default backward's row also has dq's largest change between two calls (`dq_spread`: its dq is
-added up in any order). docs/api.md's determinism table renders such rows (bench/docs.py).
+others' order reversed every other round; medians of all samples). A row per (cell, mode, provider): TFLOPS and
+the ratio to the cell's peer (cuDNN, or Flex on the window); the default backward's row also has dq's largest
+change between two calls (`dq_spread`: its dq is added up in any order). docs/api.md's determinism table renders
+such rows (bench/docs.py).
 """
 
 from __future__ import annotations
