@@ -60,24 +60,33 @@ SIDE_REGS = gl.constexpr(32)  # the loader's and the writer's registers a thread
 
 
 @gluon.jit
-def _step(t, n_blk, lo, head0, heads, BLOCK_M: gl.constexpr):
-    """Step t's (first query row, query head). One query head a program: its band's row blocks in order. More
-    (GQA): the band's row blocks from the last down, each for the heads query heads from head0, so that the
-    programs of a kv head started together read each row block's q and do, and add into its dq, at the same
-    step whatever their keys: L2 keeps what they share (a causal grid's programs walking each head's band in
-    turn drifted apart by their band's length at every head: GQA 64/8 D128 causal bf16 B1 N16384 503 -> 527
-    TFLOPS; bench/results/onepass_backward_h200.jsonl, run "row order")."""
-    r = t // heads
-    g = t - r * heads
-    if heads > 1:
-        r = n_blk - 1 - r
+def _step(t, n_blk, lo, head0, heads, BLOCK_M: gl.constexpr, BY_ROW: gl.constexpr):
+    """Step t's (first query row, query head) of the heads query heads from head0. BY_ROW (the kernel's choice
+    where every program's band ends at the same row: no window), with more than one head (GQA): the band's row
+    blocks from the last down, every head a row block, so that the programs of a kv head started together read
+    each row block's q and do, and add into its dq, at the same step whatever their keys: L2 keeps what they
+    share (a causal grid's programs walking each head's band in turn drifted apart by their band's length at
+    every head: GQA 64/8 D128 causal bf16 B1 N16384 503 -> 527 TFLOPS; bench/results/onepass_backward_h200.jsonl,
+    run "row order"). Else the heads one after the other, each over its band from its first row: a window's
+    bands are shifted copies, which this order walks a row block a step (every head a row block spaced the
+    programs' shared rows heads times further apart in time: window 4096 GQA 32/8 510-513 -> 435-439 TFLOPS,
+    run "order ab")."""
+    if BY_ROW:
+        r = t // heads
+        g = t - r * heads
+        if heads > 1:
+            r = n_blk - 1 - r
+    else:
+        g = t // n_blk
+        r = t - g * n_blk
     return lo + r * BLOCK_M, head0 + g
 
 
 @gluon.jit
 def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar, q_bufs,
             do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start, k_start, q_len,
-            off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN: gl.constexpr, BLOCK_M: gl.constexpr):
+            off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
+            BY_ROW: gl.constexpr):
     """z_in, q_start, k_start: the sequence's batch slice and first rows in the tensors (0, and its offsets,
     for packed sequences: _sequence). VARLEN: a packed sequence's stats start at any row, where the TMA needs
     16-byte aligned coordinates: this warp loads them (rows past q_len: lse2 +inf, delta 0) into the slot
@@ -90,7 +99,7 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
     for t in range(total):
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
-        start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M)
+        start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
         if VARLEN:
             rows = start_m + gl.arange(0, BLOCK_M, layout=stat_layout)
             at = off_h.to(gl.int64) * stat_stride + q_start + rows
@@ -110,7 +119,7 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
 
 @gluon.jit
 def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads, acc_rows,
-            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr):
+            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr, BY_ROW: gl.constexpr):
     """Each step's dq tile added into the fp32 accumulator by the TMA unit; a buffer is free again once the
     unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
     of the (Z, H, acc_rows, D) accumulator (acc_rows: N_q rounded up to 64), reduced as soon as it is in.
@@ -122,7 +131,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2  # a warpgroup's (1 or 2)
         head_z = z_in * num_heads
         for t in range(total):
-            start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M)
+            start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
             row = (((head_z + off_h).to(gl.int64) * acc_rows + start_m) * HEAD_DIM // 256).to(gl.int32)
             b = t % DQ_BUFS
             for w in gl.static_range(2):
@@ -143,7 +152,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
         PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
         PANEL: gl.constexpr = dq_bufs.shape[4]  # dq's columns a TMA reduce (its descriptor's block)
         for t in range(total):
-            start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M)
+            start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
             b = t % DQ_BUFS
             mbarrier.wait(dq_full.index(b), (t // DQ_BUFS) & 1)
             for j in gl.static_range(PANELS):
@@ -195,7 +204,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
          stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-         W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr):
+         W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
@@ -242,7 +251,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     for t in range(total):
         s = t % STAGES
         b = t % 2
-        start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M)
+        start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
         mbarrier.wait(ready.index(s), (t // STAGES) & 1)
         q_s = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -321,6 +330,7 @@ def _hopper_bwd_kernel(
     FLAT: gl.constexpr = not VARLEN  # dq's tile in its registers' order (_store_dq): tiles start at 64-row bounds
     # k and v in registers (hopper.BWD_TILES), but with softcap, whose D64 window build then spilled 24 B (offline)
     KV_IN: gl.constexpr = KV_REGS and not SOFTCAP
+    BY_ROW: gl.constexpr = not WINDOW  # _step's order: every program's band ends at the same row
     pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
     off_hk = off_hp // parts
     heads = kv_group // parts
@@ -375,15 +385,15 @@ def _hopper_bwd_kernel(
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
-                   k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M)),
+                   k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),
         (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads,
-                   gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M, HEAD_DIM, BLOCK_M, FLAT)),
+                   gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M, HEAD_DIM, BLOCK_M, FLAT, BY_ROW)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])
