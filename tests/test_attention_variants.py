@@ -298,7 +298,7 @@ def test_gqa_backward_split_over_programs(device, monkeypatch, parts, case, fres
     from diyflash.kernels.attention import launch as ka
 
     calls = []
-    monkeypatch.setattr(ka, "head_split", lambda group, *_: calls.append(group) or parts)
+    monkeypatch.setattr(ka, "head_split", lambda group, *_, **__: calls.append(group) or parts)
     diyflash.clear_caches()  # a plan's split follows from its key, except under this patch
     b, h, h_kv, n_q, n_k, d, causal, window, softcap, layout = case
     q, k, v = make(b, h, h_kv, n_q, n_k, d, device=device, layout=layout)
@@ -328,8 +328,8 @@ def test_gqa_split_must_divide_the_group(device):
 
 def test_head_split_rule():
     """A GQA dk/dv grid is split over the smallest divisor of the group that gives it at least
-    SPLIT_PROGRAMS_PER_SM programs per SM, at most the whole group; never without GQA, below
-    SPLIT_MIN_WORK, or without a GPU."""
+    SPLIT_PROGRAMS_PER_SM programs per SM (and at most max_heads query heads a program where asked), at most
+    the whole group; never without GQA, below SPLIT_MIN_WORK, or without a GPU."""
     from diyflash.kernels._runtime import DeviceLimits
     from diyflash.kernels.attention import grids as ka
 
@@ -347,6 +347,11 @@ def test_head_split_rule():
         assert ka.head_split(6, 25, work, cuda) == 6  # 2 and 3 divide 6 but give too few
         assert ka.head_split(6, 50, work, cuda) == 3
         assert ka.head_split(1, 8, work, cuda) == 1  # no GQA
+        assert ka.head_split(8, 1024, work, cuda, max_heads=2) == 4  # a full grid, two query heads a program
+        assert ka.head_split(6, 1024, work, cuda, max_heads=2) == 3
+        assert ka.head_split(3, 1024, work, cuda, max_heads=2) == 3  # no divisor gives two: one head a program
+        assert ka.head_split(4, 64, work, cuda, max_heads=2) == 4  # the grid's own need decides where larger
+        assert ka.head_split(2, 1024, work, cuda, max_heads=2) == 1
         assert ka.head_split(4, 128, (1 << 32) - 1, cuda) == 1  # too little work: host-bound
         limits[cuda] = DeviceLimits(None, True, None)
         assert ka.head_split(4, 8, work, cuda) == 1

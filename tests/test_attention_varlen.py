@@ -98,7 +98,7 @@ def test_varlen_gqa_backward_split_over_programs(device, monkeypatch, parts, fre
     sums, and the sum launch covers every packed key, lengths 0 and 1 included."""
     from diyflash.kernels.attention import launch as ka
 
-    monkeypatch.setattr(ka, "head_split", lambda *_: parts)
+    monkeypatch.setattr(ka, "head_split", lambda *_, **__: parts)
     diyflash.clear_caches()  # a plan's split follows from its key, except under this patch
     q, k, v = packed(*CROSS, 8, 2, 16, device=device)
     check_varlen(q, k, v, *CROSS, True, window=(9, -1))

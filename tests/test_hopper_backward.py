@@ -249,7 +249,7 @@ def test_query_head_group_split(fresh_caches, monkeypatch, parts):
     partial dk and dv a last launch adds up: within the 2x rule for every split, causal and windowed."""
     from diyflash.kernels.attention import launch
 
-    monkeypatch.setattr(launch, "head_split", lambda kv_group, programs, work, device: parts)
+    monkeypatch.setattr(launch, "head_split", lambda kv_group, programs, work, device, **_: parts)
     hopper.use("hopper")
     try:
         q = make_qkv(1, 8, 700, 700, 128, torch.bfloat16, seed=11)[0]
@@ -261,6 +261,32 @@ def test_query_head_group_split(fresh_caches, monkeypatch, parts):
             assert _backward_kernels(lambda: _grads(q, k, v, dout, deterministic=False, **kw)) == {"hopper"}
     finally:
         hopper.use("auto")
+
+
+@needs_hopper
+def test_causal_gqa_programs_walk_few_query_heads(fresh_caches, monkeypatch):
+    """A causal GQA backward without a window splits its query-head groups to hopper.BWD_GROUP_HEADS heads a
+    program (head_split's max_heads) from hopper.BWD_GROUP_MIN_ROWS query rows (lowered here to the test's
+    2048); a window and a non-causal call keep whole groups where the grid is full."""
+    from diyflash.kernels.attention import launch
+
+    monkeypatch.setattr(hopper, "BWD_GROUP_MIN_ROWS", 2048)
+    asked = []
+    real = launch.head_split
+    monkeypatch.setattr(launch, "head_split",
+                        lambda *args, **kw: asked.append(kw.get("max_heads")) or real(*args, **kw))
+    hopper.use("hopper")
+    try:
+        q = make_qkv(1, 8, 2048, 2048, 128, torch.bfloat16, seed=21)[0]  # 2^32 work: the split's least
+        k, v = make_qkv(1, 1, 2048, 2048, 128, torch.bfloat16, seed=22)[1:]
+        dout = random_like(q, seed=23)
+        for kw in (dict(causal=True), dict(causal=True, window_size=(512, 0)), dict(causal=False)):
+            diyflash.clear_caches()
+            for report in _oracle_reports(q, k, v, dout, **kw):
+                assert report.ok, (kw, str(report))
+    finally:
+        hopper.use("auto")
+    assert asked[0] == hopper.BWD_GROUP_HEADS and asked[-1] is None and None in asked[1:-1]
 
 
 @needs_hopper

@@ -45,15 +45,18 @@ SPLIT_PROGRAMS_PER_SM = 1
 SPLIT_MIN_WORK = 1 << 32
 
 
-def head_split(kv_group: int, num_programs: int, work: int, device: torch.device) -> int:
+def head_split(kv_group: int, num_programs: int, work: int, device: torch.device,
+               max_heads: int | None = None) -> int:
     """Over how many programs the dk/dv kernel splits each kv head's group of kv_group query heads: the
     smallest divisor of kv_group that gives its grid of num_programs (key blocks x kv heads x batch) at
-    least SPLIT_PROGRAMS_PER_SM programs per SM, or kv_group (one query head a program, the dense grid).
-    1 without GQA, for calls of less work than SPLIT_MIN_WORK, or without a GPU to size the grid to."""
+    least SPLIT_PROGRAMS_PER_SM programs per SM and each program at most max_heads query heads, or kv_group
+    (one query head a program, the dense grid). 1 without GQA, for calls of less work than SPLIT_MIN_WORK,
+    or without a GPU to size the grid to."""
     sms = device_limits(device).sms
     if kv_group == 1 or not sms or work < SPLIT_MIN_WORK:
         return 1
     for split in range(1, kv_group + 1):
-        if kv_group % split == 0 and num_programs * split >= SPLIT_PROGRAMS_PER_SM * sms:
+        if (kv_group % split == 0 and num_programs * split >= SPLIT_PROGRAMS_PER_SM * sms
+                and (max_heads is None or kv_group // split <= max_heads)):
             return split
     return kv_group

@@ -359,7 +359,9 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
     h_kv, len_k = k4.shape[1], k4.shape[2]
     rows = hopper.stat_rows(len_q)
     key_blocks = cdiv(n_k, hopper.BWD_BLOCK_N)
-    parts = head_split(var.kv_group, key_blocks * h_kv * batches, batches * h * n_q * n_k * d, q4.device)
+    parts = head_split(var.kv_group, key_blocks * h_kv * batches, batches * h * n_q * n_k * d, q4.device,
+                       max_heads=(hopper.BWD_GROUP_HEADS if var.causal and not var.window
+                                  and n_q >= hopper.BWD_GROUP_MIN_ROWS else None))
     split_scratch, kv_out = _split_scratch(z, h_kv, parts, len_k, d, d)
     flat = not varlen  # dq's accumulator in the kernel's order (hopper.bwd_dq_rows)
     scratch = (("delta", (z, h, rows), torch.float32), ("lse2", (z, h, rows), torch.float32),
