@@ -300,9 +300,8 @@ BWD_MIN_ROWS = {64: 768}
 # group so that a program walks at most BWD_GROUP_HEADS query heads (grids.head_split; dk and dv then fp32
 # partials that one more launch adds up): a causal grid's programs start and end at different rows, and the fewer
 # heads a program walks a row block, the sooner the next program reads the rows they share, while L2 still holds
-# them (ncu, GQA 64/8 D128 causal bf16 B1 N16384: L2 hit rate 81 % with whole groups, 91 % at GQA 32/8).
-# H200, each right after cuDNN: GQA 64/8 B1 N16384 523 -> 546 TFLOPS, B2 N8192 492 -> 513, GQA 32/8 B1 N16384
-# 533 -> 546, but B4 N4096 479 -> 472 (bench/results/onepass_backward_h200.jsonl, run "two heads a program").
+# them: GQA 64/8 D128 causal bf16 B1 N16384 523 -> 546 TFLOPS on the H200, at 4096 rows no gain
+# (bench/results/onepass_backward_h200.jsonl, run "two heads a program").
 BWD_GROUP_HEADS = 2
 BWD_GROUP_MIN_ROWS = 8192
 
