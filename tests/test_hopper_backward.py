@@ -268,8 +268,8 @@ def test_causal_gqa_programs_walk_few_query_heads(fresh_caches, monkeypatch):
     """A causal GQA backward without a window splits its query-head groups to hopper.BWD_GROUP_HEADS heads a
     program (head_split's max_heads) from hopper.BWD_GROUP_MIN_ROWS query rows (lowered here to the test's
     2048); a window and a non-causal call keep whole groups where the grid is full. Checked call by call: the
-    Hopper launch passes max_heads (None for whole groups), the portable kernels' split (the oracle's
-    deterministic calls) does not pass it."""
+    Hopper launch passes max_heads (None for whole groups); an ask without it (the portable backward's split)
+    is not the Hopper launch's and is left out."""
     from diyflash.kernels.attention import launch
 
     monkeypatch.setattr(hopper, "BWD_GROUP_MIN_ROWS", 2048)
