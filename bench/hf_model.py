@@ -1,7 +1,8 @@
 """End to end through transformers (issue 26): a Llama-style decoder stack (hidden 2048, 16 heads, 4 kv
 heads, bf16, random weights from a config) with attn_implementation "diyattention" against "sdpa" (and
 "flash_attention_2" if installed): training-step time (forward + backward) and greedy generate tokens/s.
-Medians of timed repeats, the implementations in turns in the same process (a, b, a, b, ...).
+Medians of timed repeats, the implementations in turns in the same process (a, b, a, b, ...); on the
+dynamic cache also one model whose decode steps alternate between the two (the pairs' ratios).
     python -m bench.hf_model [--layers 4] [--seq 4096] [--batch 2 ...] [--gen-batch 8 ...] [--prompt 4096]
                              [--new 256] [--cache dynamic static]"""
 
@@ -60,6 +61,47 @@ class _StepClock:
         return statistics.median(gaps)
 
 
+class _StepTurns:
+    """A stopping criterion that never stops generate and hands the decode steps to the implementations in
+    turns (a, b, a, b, ...) by setting the model's config between steps (transformers reads it at each
+    forward, for the attention function and for the mask): adjacent steps share the host's state of the
+    moment, so a pair's ratio is free of the drift that moves whole generates (and their median steps) by
+    tens of percent on a shared host. The switch itself is outside the timed gaps."""
+
+    def __init__(self, config, impls: tuple[str, str]):
+        self.config, self.impls = config, impls
+        self.order = impls
+        self.gaps = {impl: [] for impl in impls}
+        self.turn = 0
+        self.last = None
+        self.no = None
+
+    def start(self, first: str):
+        """Before a generate: its first decode step goes to implementation first (the prefill too)."""
+        self.order = (first, *[i for i in self.impls if i != first])
+        self.turn, self.last = 0, None
+        self.config._attn_implementation = first
+
+    def __call__(self, input_ids, scores=None, **kwargs):
+        now = time.perf_counter()
+        if self.last is not None:  # the step since the last call ran the turn's implementation
+            self.gaps[self.order[self.turn % 2]].append(now - self.last)
+            self.turn += 1
+        self.config._attn_implementation = self.order[self.turn % 2]
+        if self.no is None or self.no.shape[0] != input_ids.shape[0]:
+            self.no = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        self.last = time.perf_counter()
+        return self.no
+
+    def pairs(self) -> list[tuple[float, float]]:
+        """(impls[0]'s step, impls[1]'s step) of each pair of adjacent steps so far, and forget them."""
+        a, b = self.gaps[self.impls[0]], self.gaps[self.impls[1]]
+        out = list(zip(a, b))
+        for g in self.gaps.values():
+            g.clear()
+        return out
+
+
 def _in_turns(fns: dict, repeats: int) -> dict:
     """Seconds of each fn at each turn, timed in turns (a, b, a, b, ...): the host's speed drifts within a
     run, so a ratio is taken turn by turn (_rows). One call a turn, where bench.common.interleaved_times'
@@ -88,6 +130,36 @@ def _rows(task: str, times: dict, tokens: int = 0, steps: dict | None = None) ->
                        step_vs_sdpa=statistics.median(step_ratios), step_vs_sdpa_min=min(step_ratios),
                        step_vs_sdpa_max=max(step_ratios))
         rows.append(row)
+    return rows
+
+
+def _step_turn_rows(model, prompt, prompt_mask, new: int, repeats: int, task: str) -> list[dict]:
+    """Generates on one model whose decode steps alternate between diyattention and sdpa (_StepTurns), each
+    generate starting with the other; a row an implementation: its median step, and its speed against sdpa as
+    the median (and range) of the adjacent pairs' ratios sdpa / impl."""
+    impls = (dt.ATTN_IMPLEMENTATION, "sdpa")
+    turns = _StepTurns(model.config, impls)
+    pairs = []
+    try:
+        for r in range(repeats + 1):  # the first: warm-up
+            turns.start(impls[r % 2])
+            with torch.no_grad():
+                model.generate(prompt, attention_mask=prompt_mask, max_new_tokens=new, min_new_tokens=new,
+                               do_sample=False, pad_token_id=0, stopping_criteria=[turns])
+            if r:
+                pairs += turns.pairs()
+            turns.pairs()
+    finally:
+        model.config._attn_implementation = impls[0]
+    ratios = sorted(b / a for a, b in pairs)
+    rows = []
+    for i, impl in enumerate(impls):
+        steps = [p[i] for p in pairs]
+        mine = ratios if i == 0 else [1.0]
+        rows.append(dict(impl=impl, task=task, step_ms=statistics.median(steps) * 1e3, pairs=len(pairs),
+                         step_vs_sdpa=statistics.median(mine), step_vs_sdpa_min=min(mine),
+                         step_vs_sdpa_max=max(mine), step_vs_sdpa_q1=mine[len(mine) // 4],
+                         step_vs_sdpa_q3=mine[3 * len(mine) // 4]))
     return rows
 
 
@@ -171,6 +243,9 @@ def main():
                 steps[impl].clear()  # (the warm-up's)
             rows += _rows(f"generate B{batch} {cache} prompt {args.prompt} +{args.new}",
                           _in_turns(fns, gen_repeats), batch * args.new, steps)
+            if cache == "dynamic":
+                rows += _step_turn_rows(models[dt.ATTN_IMPLEMENTATION], prompt, prompt_mask, args.new, gen_repeats,
+                                        f"generate B{batch} dynamic, steps in turns")
     print(table(rows))
     if args.out:
         from bench.common import provenance
@@ -190,8 +265,11 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         tok = f"{r['tok_s']:.0f}" if "tok_s" in r else "-"
         line = (f"| {r['task']} | {r['impl']} | {r['ms']:.1f} | {tok} | {r['vs_sdpa']:.2f}x "
-                f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |")
-        if steps:
+                f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |" if "ms" in r else f"| {r['task']} | {r['impl']} | - | - | - |")
+        if steps and "step_vs_sdpa_q1" in r:  # steps in turns: the pairs' quartiles (their extremes are single steps)
+            line += (f" {r['step_ms']:.3f} | {r['step_vs_sdpa']:.3f}x (quartiles {r['step_vs_sdpa_q1']:.3f}-"
+                     f"{r['step_vs_sdpa_q3']:.3f}, {r['pairs']} pairs) |")
+        elif steps:
             line += (f" {r['step_ms']:.3f} | {r['step_vs_sdpa']:.3f}x ({r['step_vs_sdpa_min']:.2f}-"
                      f"{r['step_vs_sdpa_max']:.2f}) |" if "step_ms" in r else " - | - |")
         lines.append(line)

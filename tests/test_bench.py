@@ -318,3 +318,34 @@ def test_overhead_launch_rows_take_every_tuned_forward_entry():
                 assert not both["pointer"].tma and not both["pointer"].ws
                 assert (both["pointer"].block_m, both["pointer"].block_n, both["pointer"].num_warps) == (
                     cfg.block_m, cfg.block_n, cfg.num_warps)
+
+
+def test_hf_model_steps_in_turns_alternate_the_implementations(device):
+    """bench.hf_model's decode steps in turns: the prefill runs the generate's first implementation, the decode
+    steps then alternate, each generate starts with the other, every pair is an adjacent (diyattention, sdpa)
+    pair, and the model's config is back on diyattention afterwards."""
+    transformers = pytest.importorskip("transformers", reason="the transformers extra")
+    import bench.hf_model as hf_model
+    import diyflash.integrations.transformers as dt
+
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=dt.ATTN_IMPLEMENTATION)
+    model = model.to(device).eval()
+    seen = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append((kwargs["hidden_states"].shape[1], mod.config._attn_implementation)),
+        with_kwargs=True)
+    prompt = torch.randint(1, 128, (1, 8), device=device)
+    rows = hf_model._step_turn_rows(model, prompt, torch.ones_like(prompt), new=5, repeats=2, task="t")
+    assert model.config._attn_implementation == dt.ATTN_IMPLEMENTATION
+    impls = (dt.ATTN_IMPLEMENTATION, "sdpa")
+    generates = [seen[i:i + 5] for i in range(0, len(seen), 5)]  # a prefill and four decode steps each
+    assert len(generates) == 3 and all(g[0][0] == 8 and all(n == 1 for n, _ in g[1:]) for g in generates)
+    for r, g in enumerate(generates):
+        first = impls[r % 2]
+        order = [first, impls[1 - r % 2]]
+        assert [impl for _, impl in g] == [first] + [order[i % 2] for i in range(4)]
+    assert [r["impl"] for r in rows] == list(impls) and all(r["pairs"] == 2 * 2 for r in rows)
+    assert rows[1]["step_vs_sdpa"] == 1.0 and rows[0]["step_vs_sdpa_q1"] <= rows[0]["step_vs_sdpa"] <= rows[0]["step_vs_sdpa_q3"]
