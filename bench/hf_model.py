@@ -152,6 +152,8 @@ def _step_turn_rows(model, prompt, prompt_mask, new: int, repeats: int, task: st
     finally:
         model.config._attn_implementation = impls[0]
     ratios = sorted(b / a for a, b in pairs)
+    half = int(0.98 * len(ratios) ** 0.5)  # the median's 95 % interval between order statistics (distribution-free)
+    ci = [ratios[max(len(ratios) // 2 - half, 0)], ratios[min(len(ratios) // 2 + half, len(ratios) - 1)]]
     rows = []
     for i, impl in enumerate(impls):
         steps = [p[i] for p in pairs]
@@ -159,7 +161,7 @@ def _step_turn_rows(model, prompt, prompt_mask, new: int, repeats: int, task: st
         rows.append(dict(impl=impl, task=task, step_ms=statistics.median(steps) * 1e3, pairs=len(pairs),
                          step_vs_sdpa=statistics.median(mine), step_vs_sdpa_min=min(mine),
                          step_vs_sdpa_max=max(mine), step_vs_sdpa_q1=mine[len(mine) // 4],
-                         step_vs_sdpa_q3=mine[3 * len(mine) // 4]))
+                         step_vs_sdpa_q3=mine[3 * len(mine) // 4], step_vs_sdpa_ci95=ci if i == 0 else [1.0, 1.0]))
     return rows
 
 
@@ -267,8 +269,10 @@ def table(rows: list[dict]) -> str:
         line = (f"| {r['task']} | {r['impl']} | {r['ms']:.1f} | {tok} | {r['vs_sdpa']:.2f}x "
                 f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |" if "ms" in r else f"| {r['task']} | {r['impl']} | - | - | - |")
         if steps and "step_vs_sdpa_q1" in r:  # steps in turns: the pairs' quartiles (their extremes are single steps)
+            ci = (f", median's 95 % {r['step_vs_sdpa_ci95'][0]:.3f}-{r['step_vs_sdpa_ci95'][1]:.3f}"
+                  if "step_vs_sdpa_ci95" in r else "")
             line += (f" {r['step_ms']:.3f} | {r['step_vs_sdpa']:.3f}x (quartiles {r['step_vs_sdpa_q1']:.3f}-"
-                     f"{r['step_vs_sdpa_q3']:.3f}, {r['pairs']} pairs) |")
+                     f"{r['step_vs_sdpa_q3']:.3f}, {r['pairs']} pairs{ci}) |")
         elif steps:
             line += (f" {r['step_ms']:.3f} | {r['step_vs_sdpa']:.3f}x ({r['step_vs_sdpa_min']:.2f}-"
                      f"{r['step_vs_sdpa_max']:.2f}) |" if "step_ms" in r else " - | - |")
