@@ -266,8 +266,10 @@ def table(rows: list[dict]) -> str:
              "| --- | --- | --- | --- | --- |" + (" --- | --- |" if steps else "")]
     for r in rows:
         tok = f"{r['tok_s']:.0f}" if "tok_s" in r else "-"
-        line = (f"| {r['task']} | {r['impl']} | {r['ms']:.1f} | {tok} | {r['vs_sdpa']:.2f}x "
-                f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |" if "ms" in r else f"| {r['task']} | {r['impl']} | - | - | - |")
+        line = f"| {r['task']} | {r['impl']} | - | - | - |"  # (steps in turns: no whole-run time)
+        if "ms" in r:
+            line = (f"| {r['task']} | {r['impl']} | {r['ms']:.1f} | {tok} | {r['vs_sdpa']:.2f}x "
+                    f"({r['vs_sdpa_min']:.2f}-{r['vs_sdpa_max']:.2f}) |")
         if steps and "step_vs_sdpa_q1" in r:  # steps in turns: the pairs' quartiles (their extremes are single steps)
             ci = (f", median's 95 % {r['step_vs_sdpa_ci95'][0]:.3f}-{r['step_vs_sdpa_ci95'][1]:.3f}"
                   if "step_vs_sdpa_ci95" in r else "")
