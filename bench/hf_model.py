@@ -38,7 +38,18 @@ def llama_config(layers: int, max_positions: int):
                                     max_position_embeddings=max_positions)
 
 
-class _StepClock:
+class _NeverStops:
+    """The part of a stopping criterion that never stops generate: one all-False tensor a batch size."""
+
+    no = None
+
+    def _keep_going(self, input_ids):
+        if self.no is None or self.no.shape[0] != input_ids.shape[0]:
+            self.no = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        return self.no
+
+
+class _StepClock(_NeverStops):
     """A stopping criterion that never stops generate and notes the host's clock at each step: the gaps are the
     decode steps' times (generate waits for each step's token, so a gap is a token's whole time). The median
     gap of a generate is its steady decode speed, which a few slow stretches of a noisy host (whole
@@ -46,13 +57,10 @@ class _StepClock:
 
     def __init__(self):
         self.stamps = []
-        self.no = None
 
     def __call__(self, input_ids, scores=None, **kwargs):
         self.stamps.append(time.perf_counter())
-        if self.no is None or self.no.shape[0] != input_ids.shape[0]:
-            self.no = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        return self.no
+        return self._keep_going(input_ids)
 
     def median_step(self) -> float:
         """The median gap between successive steps (seconds), and forget them."""
@@ -61,7 +69,7 @@ class _StepClock:
         return statistics.median(gaps)
 
 
-class _StepTurns:
+class _StepTurns(_NeverStops):
     """A stopping criterion that never stops generate and hands the decode steps to the implementations in
     turns (a, b, a, b, ...) by setting the model's config between steps (transformers reads it at each
     forward, for the attention function and for the mask): adjacent steps share the host's state of the
@@ -74,7 +82,6 @@ class _StepTurns:
         self.gaps = {impl: [] for impl in impls}
         self.turn = 0
         self.last = None
-        self.no = None
 
     def start(self, first: str):
         """Before a generate: its first decode step goes to implementation first (the prefill too)."""
@@ -88,10 +95,9 @@ class _StepTurns:
             self.gaps[self.order[self.turn % 2]].append(now - self.last)
             self.turn += 1
         self.config._attn_implementation = self.order[self.turn % 2]
-        if self.no is None or self.no.shape[0] != input_ids.shape[0]:
-            self.no = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        no = self._keep_going(input_ids)
         self.last = time.perf_counter()
-        return self.no
+        return no
 
     def pairs(self) -> list[tuple[float, float]]:
         """(impls[0]'s step, impls[1]'s step) of each pair of adjacent steps so far, and forget them."""
@@ -146,9 +152,9 @@ def _step_turn_rows(model, prompt, prompt_mask, new: int, repeats: int, task: st
             with torch.no_grad():
                 model.generate(prompt, attention_mask=prompt_mask, max_new_tokens=new, min_new_tokens=new,
                                do_sample=False, pad_token_id=0, stopping_criteria=[turns])
+            got = turns.pairs()
             if r:
-                pairs += turns.pairs()
-            turns.pairs()
+                pairs += got
     finally:
         model.config._attn_implementation = impls[0]
     ratios = sorted(b / a for a, b in pairs)
