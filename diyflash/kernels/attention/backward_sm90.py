@@ -281,8 +281,9 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         # ds^T from registers: 16 KB less of shared-memory reads a step than from its buffer (1.00-1.02x,
         # bench/results/onepass_backward_h200.jsonl, run "dk from registers")
         dk = warpgroup_mma(gl.convert_layout(ds16, op_layout), q_s, dk, is_async=True)
-        # every warp's ds stored before the arrive publishes them; here, not before dk's issue, it is the
-        # barrier the compiler puts before an arrive anyway (one BAR.SYNC a step fewer; run "barriers a step")
+        # every warp's ds stored before the arrive publishes them; here, not before dk's issue, it is the barrier
+        # the compiler puts before an arrive anyway: one BAR.SYNC a step fewer, 0.993-1.014x on seven cells
+        # (bench/results/onepass_backward_h200.jsonl, runs "barriers a step")
         _barrier()
         mbarrier.arrive(ds_ready.index(b), count=1)
         mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
