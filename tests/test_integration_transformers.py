@@ -142,7 +142,7 @@ def test_static_cache_generate_with_split_kv(device, monkeypatch, pad_side, fres
     from diyflash.kernels.attention import kvcache as kv
 
     calls = []
-    monkeypatch.setattr(kv, "num_splits_for", lambda *args, **kw: calls.append(args) or 4)
+    monkeypatch.setattr(kv, "splits_within", lambda *args, **kw: calls.append(args) or 4)
     diyflash.clear_caches()  # a kept buffer already big enough would hide an allocation
     ours, plain, _ = _models("llama", device)
     ids, mask = _batch(device, length=16, pad_side=pad_side)

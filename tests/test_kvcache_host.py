@@ -279,7 +279,8 @@ def test_a_grown_decode_call_keeps_the_plan_exactly_where_the_plan_key_is_the_sa
     where kvcache._kv_key is the same, over lengths whose ints change class (multiples of 16), whose split count
     changes (a 132-SM grid, 100-key splits here so that a split count changes where no int changes class), past
     a left window's width, and where the step before merged its splits and this one's stream is captured; and runs
-    it with its own call's launch scalars. A FastKV without a C++ call, or with TMA descriptors, grows none."""
+    it with its own call's launch scalars; with the caller's family (FastKV.join), the plan of an earlier length of
+    the same key, back across a multiple of 16. A FastKV without a C++ call, or with TMA descriptors, grows none."""
     from types import SimpleNamespace
 
     from diyflash.kernels.attention import kvcache as kv
@@ -299,35 +300,52 @@ def test_a_grown_decode_call_keeps_the_plan_exactly_where_the_plan_key_is_the_sa
                                  kv._keeps(q))
         return k, layout, kv._kv_key(q, k, k, layout, (None,) * 7, scale, 0, False)
 
-    plan, program = SimpleNamespace(descs=()), (object(), kv._NO_INDEXES)
+    program = (object(), kv._NO_INDEXES)
+
+    def made(layout, key):  # what fast_kvcache answers for a call of this layout: a FastKV of the key's plan
+        fast = kv.FastKV(SimpleNamespace(descs=(), key=key), layout, 64, False, 0, ())
+        fast.program = program
+        return fast
+
     _, before, before_key = call(1000)
-    same = 0
+    family = {}
+    made(before, before_key).join(family)
+    same = kept = 0
     for n in range(1001, 1301):
         k, layout, key = call(n)
-        fast = kv.FastKV(plan, before, 64, False, 0, ())
-        fast.program = program
-        grown = fast.grown(q, k, k, True, scale, window, softcap)
+        fast = made(before, before_key)
+        grown = fast.grown(q, k, k, True, window, {})
         assert (grown is not None) == (key == before_key), n
         if grown is not None:
-            assert grown.plan is plan and grown.program is program and grown.values == layout.args
+            assert grown.plan is fast.plan and grown.program is program and grown.values == layout.args
             same += 1
+        # with the caller's family: the plan of the key wherever an earlier length of the key made one
+        grown = fast.grown(q, k, k, True, window, family)
+        known = any(f.plan.key == key for f in family.values())
+        assert (grown is not None) == known, n
+        if grown is not None:
+            assert grown.plan.key == key and grown.values == layout.args and grown.kin == made(layout, key).kin
+            kept += 1
+        else:
+            made(layout, key).join(family)
         before, before_key = layout, key
-    assert 200 < same < 300  # (most steps keep their plan; a length of a new class or split count does not)
+    assert 200 < same < kept < 300  # (most steps keep their plan; the family keeps those of the classes left)
     k, captured, _ = call(1001)
     stream["keep"] = ("a stream", 0, 0)  # an eager call's: its splits merged in the decode launch
     _, merged, _ = call(1001)
     assert merged.merge and not captured.merge and merged.splits == captured.splits
     stream["keep"] = None  # the step before's merged; this one's stream is being captured
+    plan = SimpleNamespace(descs=())
     fast = kv.FastKV(plan, merged, 64, False, 0, ())
     fast.program = program
-    assert fast.grown(q, k, k, True, scale, window, softcap) is None
+    assert fast.grown(q, k, k, True, window, {}) is None
     fast = kv.FastKV(plan, captured, 64, False, 0, ())
     fast.program = program
-    assert fast.grown(q, k, k, True, scale, window, softcap) is not None
+    assert fast.grown(q, k, k, True, window, {}) is not None
     fast.program = False  # (no C++ call)
-    assert fast.grown(q, k, k, True, scale, window, softcap) is None
+    assert fast.grown(q, k, k, True, window, {}) is None
     fast.program, fast.plan = program, SimpleNamespace(descs=("k",))
-    assert fast.grown(q, k, k, True, scale, window, softcap) is None
+    assert fast.grown(q, k, k, True, window, {}) is None
 
 
 def test_split_count_and_stages_fill_whole_waves(monkeypatch):

@@ -98,17 +98,19 @@ class _Decode:
     the device it ran on (None: the CPU under the interpreter), which must be current (its device_guard).
     On CUDA it keeps the FastKV (kernels.fast_kvcache: the KV-cache plan with its launches' arguments) of the
     latest caches' layout: the layers of one decode step attend to caches of one length and strides, so all
-    but the first replay it; the first takes the step before's grown (FastKV.grown: its C++ call with this
-    step's launch scalars, where the lengths' int classes and the split count are the same), else looks its
-    plan up (fast_kvcache); a layout whose class has no plan yet runs the launcher, which makes one."""
+    but the first replay it; the first grows the step before's (FastKV.grown: the C++ call of this or an
+    earlier step whose lengths' int classes and split count are this one's, in `family`, with this step's
+    launch scalars), else looks its plan up (fast_kvcache); a layout whose class has no plan yet runs the
+    launcher, which makes one."""
 
-    __slots__ = ("device", "causal", "scale", "window", "softcap", "return_lse", "last")
+    __slots__ = ("device", "causal", "scale", "window", "softcap", "return_lse", "last", "family")
 
     def __init__(self, device: int | None, causal: bool, scale: float, window: tuple[int, int], softcap: float,
                  return_lse: bool):
         self.device, self.causal, self.scale, self.window = device, causal, scale, window
         self.softcap, self.return_lse = softcap, return_lse
         self.last = None  # (the caches' layout, its FastKV)
+        self.family = {}  # the FastKVs fast_kvcache made for this caller, by kin (FastKV.join)
 
     def __call__(self, q, k, v):
         # dispatcher_free's conditions but the tensors' types, which fast_key checked (_keyable)
@@ -122,10 +124,12 @@ class _Decode:
             if last is None or last[0] != layout:
                 fast = None
                 if last is not None and last[0][:3] == layout[:3]:  # the step before's, grown (its C++ call)
-                    fast = last[1].grown(q, k, v, self.causal, self.scale, self.window, self.softcap)
+                    fast = last[1].grown(q, k, v, self.causal, self.window, self.family)
                 if fast is None:
                     fast = kernels_module().fast_kvcache(q, k, v, None, None, None, self.causal, self.scale,
                                                          self.window, self.softcap, 0, self.return_lse)
+                    if fast is not None:
+                        fast.join(self.family)
                 last = self.last = None if fast is None else (layout, fast)
             if last is not None:
                 result = last[1](q, k, v, None, None, None)

@@ -9,7 +9,7 @@ import torch
 
 from .._runtime import PLAIN, device_limits, keep, remember, require_triton
 from ..attention_configs import head_dim_pad
-from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, empty_out, kvcache_capacity, variant
+from ..contract import DECODE_MAX_ROWS, LOG2E, Variant, band, empty_out, kvcache_capacity, variant
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from .._launch import DirectLauncher, c_sequence_ok, current_stream, int_class, cdiv, runtime_key  # noqa: E402
@@ -83,12 +83,21 @@ def num_splits_for(batch: int, h_kv: int, row_tiles: int, capacity: int, device:
     keys of the cache's capacity (the lengths themselves are on the device: reading them would sync), at
     most MAX_SPLITS. One split when the grid already fills the GPU (and under the interpreter, with no SMs
     to fill, unless asked)."""
+    return splits_within(split_ceiling(batch, h_kv, row_tiles, device, paged), capacity)
+
+
+def split_ceiling(batch: int, h_kv: int, row_tiles: int, device: torch.device, paged: bool = False) -> int:
+    """num_splits_for's bound but the cache's capacity: what a cache of another length keeps (FastKV.grown)."""
     sms = _sms(device)
     programs = batch * h_kv * row_tiles
     if not sms or programs >= sms:
         return 1
-    per_program = 4 * sms // programs if paged else sms // programs
-    return max(1, min(MAX_SPLITS, per_program, capacity // MIN_KEYS_PER_SPLIT))
+    return min(MAX_SPLITS, 4 * sms // programs if paged else sms // programs)
+
+
+def splits_within(ceiling: int, capacity: int) -> int:
+    """The split count under split_ceiling's bound for a cache of `capacity` keys (num_splits_for)."""
+    return max(1, min(ceiling, capacity // MIN_KEYS_PER_SPLIT))
 
 
 def decode_stages(programs: int, splits: int, device: torch.device) -> int:
@@ -195,6 +204,7 @@ def _env(q, k_cache, v_cache, cache_seqlens, k_new, v_new, block_table, alibi_sl
             "leftpad": cache_leftpad, "out": out, "lse": lse}
 
 
+MAX_KINS = 16  # FastKVs a decode caller keeps by kin (FastKV.join): a few split counts and length classes
 _NO_INDEXES = (False, False, False)  # a FastKV program's `indexes` without cache_seqlens, block_table, cache_leftpad
 
 
@@ -205,39 +215,51 @@ class FastKV:
     Returns (out, lse or None), or None where the plan cannot run now (another current device, changed JIT
     knobs, an unaligned buffer)."""
 
-    __slots__ = ("plan", "call", "dv", "need_lse", "device", "runtime", "program", "values", "kept")
+    __slots__ = ("plan", "call", "dv", "need_lse", "device", "runtime", "kin", "program", "values", "kept")
 
-    def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime):
+    def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime, kin: tuple | None = None):
         self.plan, self.call, self.dv = plan, call, dv
+        # what a cache of another length must share with this call to run its plan (grown)
+        self.kin = (call.splits, call.merge, tuple(map(int_class, call.grows))) if kin is None else kin
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
         self.program = None  # (the plan as one C++ call, its index tensors given) where it can be; False where not
-        self.values = None  # the launches' scalars the program runs with, where it was made for another call (grown)
+        # this call's launch scalars where `call` is another's of the same kin (grown), which the plan was made for
+        self.values = None
         # (keep, _kept_inputs) of the latest C++ call: a store lookup a buffer a call otherwise. A buffer the store
         # has since replaced by a longer one (another call's) stays this call's: its launches run in stream order
         self.kept = None
 
-    def grown(self, q, k_cache, v_cache, causal: bool, scale: float, window: tuple[int, int],
-              softcap: float) -> FastKV | None:
+    def grown(self, q, k_cache, v_cache, causal: bool, window: tuple[int, int], family: dict) -> FastKV | None:
         """This decode-route call (no index tensors, num_splits 0) on caches of another length and strides, as a
-        FastKV that runs this one's C++ call with its own launch scalars, where both are one plan: a DynamicCache
-        is one token longer with new strides every decode step, and its launches are the same but for those
-        ints. The caller (ops/attention_fast.py, _Decode) holds every other part of _kv_key fixed (q's layout,
-        the caches' shapes but their length, dtypes, devices, the 16-byte alignments, the scalars, and with them
-        the variant's flags); this compares what depends on the length or on the stream's capture: the split
-        count and merge, the growing ints' classes.
-        None where one differs or this one has no C++ call: the caller then asks fast_kvcache (~25 us of the
-        H200 host's time a step: its key alone ~11 us, bench/results/host_budget_h200.txt)."""
-        program, before = self.program, self.call
-        if not program or self.plan.descs:
+        FastKV that runs the C++ call of this one or of one in `family` with its own launch scalars, where both
+        are one plan: a DynamicCache is one token longer with new strides every decode step, and its launches are
+        the same but for those ints. The caller (ops/attention_fast.py, _Decode) holds every other part of
+        _kv_key fixed (q's layout, the caches' shapes but their length, dtypes, devices, the 16-byte alignments,
+        the scalars, and with them the variant's flags); what depends on the length or on the stream's capture
+        is the FastKV's `kin` (the split count, the merge, the growing ints' classes), and family holds the
+        caller's FastKVs by kin (join): a length that crosses a multiple of 16 changes the classes, and back.
+        The arguments are the source's with the growing ints put in (_grown_decode_args), not computed afresh
+        (_call_layout). Both together took B1 decode steps of 4 layers from 1.05x SDPA's host time to 0.92x
+        (medians of five processes a tree, bench/results/decode_grow_cplan_h200.txt).
+        None where no FastKV of the kin has a C++ call: the caller then asks fast_kvcache (~25 us of the H200
+        host's time a step: its key alone ~11 us, bench/results/host_budget_h200.txt)."""
+        capacity = k_cache.shape[2]
+        base = self.call
+        splits = splits_within(base.ceiling, capacity)
+        grows = (*k_cache.stride(), *v_cache.stride(), capacity, *band(causal, window, q.shape[2], capacity)[2:])
+        kin = (splits, _merges(splits, _keeps(q) is not None, False), tuple(map(int_class, grows)))
+        source = self if kin == self.kin else family.get(kin)
+        if source is None or not source.program or source.plan.descs:
             return None
-        call = _call_layout(q, k_cache, v_cache, None, None, None, causal, scale, window, softcap, None, 0,
-                            before.out_strides, _keeps(q))
-        if (call.splits != before.splits or call.merge != before.merge
-                or _classes(call.grows) != _classes(before.grows)):
-            return None
-        fast = FastKV(self.plan, call, self.dv, self.need_lse, self.device, self.runtime)
-        fast.program, fast.values, fast.kept = program, call.args, self.kept  # (the same buffers' sizes)
+        args = source.call.args
+        fast = FastKV(source.plan, source.call, source.dv, source.need_lse, source.device, source.runtime, kin)
+        fast.program, fast.kept = source.program, source.kept  # (the same buffers' sizes)
+        fast.values = (_grown_decode_args(args[0], grows), *args[1:])
         return fast
+
+    def join(self, family: dict) -> None:
+        """Put this FastKV in family (a caller's FastKVs by kin, which grown takes from) under its kin."""
+        remember(family, self.kin, self, MAX_KINS)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens, block_table, cache_leftpad):
         if not replayable_here(self.device, self.runtime):
@@ -261,7 +283,8 @@ class FastKV:
         out, lse = _outputs(q, self.dv, self.need_lse, keep)
         env = _env(q, k_cache, v_cache, cache_seqlens, None, None, block_table, None, None, cache_leftpad, out, lse)
         env.update(_partials(q, out, lse, self.call, keep))
-        if not aligned(out, lse, env["dst"], env["dst_lse"]) or not replay_with(self.plan, env, self.call.args):
+        args = self.call.args if self.values is None else self.values
+        if not aligned(out, lse, env["dst"], env["dst_lse"]) or not replay_with(self.plan, env, args):
             return None
         if program is None and keep is not None:
             self.program = self._program(q, env)
@@ -328,6 +351,7 @@ class CallLayout(NamedTuple):
     num_pages: int
     grows: tuple  # the ints of the args that grow with a contiguous cache (_kv_key counts their classes)
     out_strides: tuple | None = None  # out's strides (None: out has no element)
+    ceiling: int = 1  # the split count's bound but the capacity (split_ceiling)
 
 
 def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
@@ -353,7 +377,8 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
     row_tiles = cdiv(n_q * var.kv_group, block_m)
-    splits = num_splits or num_splits_for(b, h_kv, row_tiles, capacity, q.device, paged)
+    ceiling = split_ceiling(b, h_kv, row_tiles, q.device, paged)
+    splits = num_splits or splits_within(ceiling, capacity)
     if splits > 1:  # the partials are contiguous (B, H, N_q, splits, D_v) and (B, H, N_q, splits)
         o_strides = (h * n_q * splits * dv, n_q * splits * dv, splits * dv, dv, 1)
         l_strides = (h * n_q * splits, n_q * splits, splits, 1)
@@ -367,7 +392,16 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
     if splits > 1 and not merge:
         args.append((*out_strides, *lse_strides, h, n_q, splits, b * h * n_q))
     return CallLayout(tuple(args), var, block_m, row_tiles, splits, b * h_kv * row_tiles, merge, paged, page_size,
-                      n_new, capacity, num_pages, (*k_strides, *v_strides, capacity, var.left, var.right), out_strides)
+                      n_new, capacity, num_pages, (*k_strides, *v_strides, capacity, var.left, var.right), out_strides,
+                      ceiling)
+
+
+def _grown_decode_args(args: tuple, grows: tuple) -> tuple:
+    """The decode launch's arguments `args` (_call_layout's, of a call on a 4-D cache) with the growing ints
+    `grows` (CallLayout.grows: the caches' eight strides, the capacity, the band's sides) put in their places:
+    the strides after q's four, the capacity eighth from the end, the sides third and second from the end.
+    tests/test_kvcache_host.py checks it against _call_layout for every variant."""
+    return (*args[:4], *grows[:8], *args[12:-8], grows[8], *args[-7:-3], grows[9], grows[10], args[-1])
 
 
 def _strides_of(out: torch.Tensor) -> tuple | None:
