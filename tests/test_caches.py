@@ -38,6 +38,38 @@ def test_clear_caches_forgets_and_the_next_calls_agree(device):
         assert torch.equal(a, b)
 
 
+def test_a_first_attention_call_after_clear_caches_tunes_nothing(device, monkeypatch):
+    """Attention's tiles come from its shipped table (kernels/attention_tuned.py) and heuristics, never from timing
+    candidates: no attention kernel is a triton.autotune Autotuner, and after clear_caches() a first forward +
+    backward and a decode call run with every timer a tuner would use made to raise. (The matmul tunes a shape
+    bucket on its first call unless use_autotune=False, as its API says.)"""
+    import triton
+    import triton.testing
+    from triton.runtime.autotuner import Autotuner
+
+    from diyflash.kernels import matmul
+    from diyflash.kernels.attention import kvcache, launch
+
+    kernels = launch._attention_kernels() or [lc.kernel for lc in (*launch._LAUNCHERS, *kvcache.LAUNCHERS)]
+    assert len(kernels) >= 9 and not any(isinstance(kernel, Autotuner) for kernel in kernels)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a first attention call timed candidates")
+
+    for name in ("do_bench", "do_bench_cudagraph"):
+        monkeypatch.setattr(triton.testing, name, refuse)
+    monkeypatch.setattr(matmul, "_tune", refuse)
+    diyflash.clear_caches()
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 4, 96, 64, generator=gen).to(device, torch.float16).requires_grad_() for _ in range(3))
+    out = diyflash.flash_attention(q, k, v, True)
+    out.sum().backward()
+    kc, vc = (torch.randn(1, 2, 160, 64, generator=gen).to(device, torch.float16) for _ in range(2))
+    lens = torch.tensor([150], dtype=torch.int32, device=device)
+    decoded = diyflash.flash_attention_with_kvcache(q.detach()[:, :, :1], kc, vc, lens)
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all() and torch.isfinite(decoded).all()
+
+
 def test_plain_switch_turns_every_shortcut_off(device, tmp_path):
     """DIYFLASH_PLAIN=1: every API call goes through its op, nothing is kept between calls (on the GPU, where
     plans and buffers are kept otherwise), and the results are the same bits as with the shortcuts."""
