@@ -43,7 +43,6 @@ def test_a_first_attention_call_after_clear_caches_tunes_nothing(device, monkeyp
     candidates: no attention kernel is a triton.autotune Autotuner, and after clear_caches() a first forward +
     backward and a decode call run with every timer a tuner would use made to raise. (The matmul tunes a shape
     bucket on its first call unless use_autotune=False, as its API says.)"""
-    import triton
     import triton.testing
     from triton.runtime.autotuner import Autotuner
 

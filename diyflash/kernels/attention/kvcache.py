@@ -220,7 +220,7 @@ class FastKV:
     def __init__(self, plan, call: CallLayout, dv, need_lse, device, runtime, kin: tuple | None = None):
         self.plan, self.call, self.dv = plan, call, dv
         # what a cache of another length must share with this call to run its plan (grown)
-        self.kin = (call.splits, call.merge, tuple(map(int_class, call.grows))) if kin is None else kin
+        self.kin = (call.splits, call.merge, _classes(call.grows)) if kin is None else kin
         self.need_lse, self.device, self.runtime = need_lse, device, runtime
         self.program = None  # (the plan as one C++ call, its index tensors given) where it can be; False where not
         # this call's launch scalars where `call` is another's of the same kin (grown), which the plan was made for
@@ -351,7 +351,7 @@ class CallLayout(NamedTuple):
     num_pages: int
     grows: tuple  # the ints of the args that grow with a contiguous cache (_kv_key counts their classes)
     out_strides: tuple | None = None  # out's strides (None: out has no element)
-    ceiling: int = 1  # the split count's bound but the capacity (split_ceiling)
+    ceiling: int = 1  # the split count's bound but the capacity (split_ceiling) where the call picks it (num_splits 0)
 
 
 def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, window, softcap, alibi_slopes,
@@ -377,7 +377,7 @@ def _call_layout(q, k_cache, v_cache, k_new, v_new, block_table, causal, scale, 
     var = variant(causal, window, softcap, n_q, capacity, h, h_kv)
     block_m = decode_rows(n_q, var.kv_group)
     row_tiles = cdiv(n_q * var.kv_group, block_m)
-    ceiling = split_ceiling(b, h_kv, row_tiles, q.device, paged)
+    ceiling = 1 if num_splits else split_ceiling(b, h_kv, row_tiles, q.device, paged)
     splits = num_splits or splits_within(ceiling, capacity)
     if splits > 1:  # the partials are contiguous (B, H, N_q, splits, D_v) and (B, H, N_q, splits)
         o_strides = (h * n_q * splits * dv, n_q * splits * dv, splits * dv, dv, 1)
