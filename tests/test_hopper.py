@@ -65,15 +65,18 @@ def build(d, causal, window, softcap, dtype, pass_):
     fn = hopper.kernel_module()._hopper_fwd_kernel
     values = [*descs, lse, *lse.stride()[:2], 1000, 1000, 0.1, 8, 4, 8, 3, 2, 7, 0, 0.5]
     consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, PASS=pass_, FMA=not softcap,
-                  **tiles.meta(1000))
+                  **tiles.meta(1000, banded=causal or window))
     sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else mangle_type(v)
            for n, v in zip(fn.arg_names, values)}
     sig.update({n: "constexpr" for n in consts})
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(n),): v for n, v in consts.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
     ptxas = ptxas_report(kernel)
+    ptx = kernel.asm["ptx"]
     return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "consumers": tiles.consumers,
-            "wgmma": kernel.asm["ptx"].count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in kernel.asm["ptx"],
+            "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in ptx, "turns": consts["TURNS"],
+            "turn_syncs": len(re.findall(r"bar\.(?:sync|arrive)\s+%r\d+, 256;", ptx)),  # the turns' barriers
+            "barrier_ids": sorted({int(i) for i in re.findall(r"bar\.(?:sync|arrive)\s+(\d+),", ptx)}),
             "case": [d, causal, window, softcap, str(dtype), pass_], "ptxas": ptxas}
 
 def build_bwd(d, causal, window, softcap, dtype, lens=None):
@@ -102,7 +105,8 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
 
 print(json.dumps([build(*case) for case in [
     (128, True, False, False, torch.bfloat16, 3), (128, False, False, False, torch.float16, 0),
-    (64, False, True, True, torch.float16, 0)]] + [build_bwd(*case) for case in [
+    (64, False, True, True, torch.float16, 0), (64, False, False, False, torch.bfloat16, 3)]] + [
+    build_bwd(*case) for case in [
     (128, True, False, False, torch.bfloat16), (128, False, False, False, torch.float16),
     (128, True, True, True, torch.float16), (64, False, True, True, torch.bfloat16),
     (128, True, False, False, torch.bfloat16, "varlen"), (64, False, False, False, torch.float16, "seq_lens")]]))
@@ -139,6 +143,14 @@ def test_kernel_compiles_for_sm90():
         assert kernel["ptxas"]["rc"] == 0, (kernel["case"], kernel["ptxas"]["text"][-2000:])  # it ran and built
         serialized = "wgmma.mma_async instructions are serialized" in kernel["ptxas"]["text"]
         assert not serialized, (kernel["case"], kernel["ptxas"]["text"])
+    # the forward's consumers in turns (head_dim 64 without masks: hopper.TILES) through named barriers of
+    # their own: ids from TURN_BARRIER on, above those the partitions' own barriers take
+    forward = [k for k in kernels if k["case"][0] != "bwd"]
+    assert [k["turns"] for k in forward] == [False, False, False, True], forward
+    first = hopper.kernel_module().TURN_BARRIER.value
+    for kernel in forward:
+        assert (kernel["turn_syncs"] > 0) == kernel["turns"], kernel["case"]
+        assert max(kernel["barrier_ids"]) < first, (kernel["case"], kernel["barrier_ids"])
     # the D64 backward holds k and v in registers as s^T's and dp^T's A operands (hopper.BWD_TILES; not with
     # softcap): twice the register-operand wgmma of dv's and dk's alone
     rs = {tuple(k["case"][1:5]) + (k["case"][6],): k["wgmma_rs"] for k in kernels if k["case"][0] == "bwd"}
@@ -348,6 +360,33 @@ def test_persistent_programs_take_every_tile(fresh_caches, monkeypatch, case):
         for out, lse in grids:
             assert torch.equal(out, full[0]) and torch.equal(lse, full[1])
     finally:
+        hopper.use("auto")
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", [c for c in CASES if c[3] > 1])
+def test_consumers_in_turns_change_no_bit(fresh_caches, monkeypatch, case):
+    """The consumers' turns (the kernel's TURNS, FA3's ping-pong) order when each issues its matmuls, not what
+    they compute: every case with turns forced on and with them off, at both head dims, gives the same out and
+    lse bit for bit. Banded calls included (hopper.Tiles.meta takes turns only without masks): their
+    consumers pass blocks outside their own band and take those blocks' turns too, or the ring would hang."""
+    b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
+    q = make_qkv(b, h, n_q, n_q, d, torch.float16, seed=5)[0]
+    k, v = make_qkv(b, h_kv, n_k, n_k, d, torch.float16, seed=6)[1:]
+    kw = dict(causal=causal, window_size=window, softcap=softcap, return_lse=True)
+    meta = hopper.Tiles.meta
+    hopper.use("hopper")
+    try:
+        runs = []
+        for turns in (False, True):
+            monkeypatch.setattr(hopper.Tiles, "meta", lambda self, n_k, banded, t=turns: dict(meta(self, n_k, banded),
+                                                                                              TURNS=t))
+            diyflash.clear_caches()  # the plans bound the kernel of before
+            assert "hopper" in _kernels_run(lambda: diyflash.flash_attention(q, k, v, **kw))
+            runs.append(diyflash.flash_attention(q, k, v, **kw))
+        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    finally:
+        monkeypatch.undo()
         hopper.use("auto")
 
 

@@ -13,7 +13,10 @@ by side:
   A finished tile's rows wait in registers until the next tile's first q.k^T is issued; then the consumer
   puts them into the query slot they came in by and hands them to the TMA unit, under that matmul
   (1.019-1.028x the kernel that stored them before the next tile began, on four of six D128 cells, H200,
-  bench/results/attention_sm90.jsonl, run "held rows").
+  bench/results/attention_sm90.jsonl, run "held rows"). Where hopper.TILES says (head_dim 64 without causal
+  or window masks), the consumers issue each block's pair of matmuls in turns, a ring of named barriers
+  (FA3's ping-pong), so that one's softmax runs under the others' matmuls: 1.026-1.061x on five such cells,
+  0.97-1.00x on the causal and head_dim-128 ones (run "consumers in turns, first look" and "... at D64").
 The semantics are semantics.py's (_tile_at, _band, _scores, _visible, _online_softmax, _normalize), called
 from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
 module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
@@ -36,6 +39,27 @@ _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_globa
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 LOADER_REGS = gl.constexpr(24)  # the loader's registers a thread (setmaxnreg): the rest go to the consumers
+# the consumers' turn barriers (TURNS): hardware named barriers TURN_BARRIER + consumer; the partitions' own
+# barriers (thread_barrier) take the lowest ids (tests/test_hopper.py checks the builds' ids stay below)
+TURN_BARRIER = gl.constexpr(8)
+
+
+@gluon.jit
+def _wait_turn(WHICH: gl.constexpr, TURNS: gl.constexpr):
+    """With TURNS, wait until consumer WHICH may issue its matmuls: its named barrier completes once its own 128
+    threads are in and the consumer before it in the ring has handed over (_pass_turn: 128 arrivals). Gluon
+    has no named-barrier op: bar.sync by inline PTX (kept in order: it has side effects)."""
+    if TURNS:
+        gl.inline_asm_elementwise("bar.sync $1, 256; mov.b32 $0, 0;", "=r,r", [TURN_BARRIER + WHICH],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pass_turn(WHICH: gl.constexpr, CONSUMERS: gl.constexpr, TURNS: gl.constexpr):
+    """With TURNS, hand the turn to the next consumer of the ring (bar.arrive on its barrier, no wait)."""
+    if TURNS:
+        gl.inline_asm_elementwise("bar.arrive $1, 256; mov.b32 $0, 0;", "=r,r",
+                                  [TURN_BARRIER + (WHICH + 1) % CONSUMERS], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -139,14 +163,18 @@ def _fresh_rows(SUB_M: gl.constexpr, HEAD_DIM_V: gl.constexpr, s_layout: gl.cons
 
 
 @gluon.jit
-def _first_qk(q, k_bufs, k_ready, i, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """A tile's first q.k^T issued (asynchronous, not waited for: _consume waits), block i's slot."""
+def _first_qk(q, k_bufs, k_ready, i, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WHICH: gl.constexpr,
+              CONSUMERS: gl.constexpr, TURNS: gl.constexpr):
+    """A tile's first q.k^T issued in the consumer's turn (asynchronous, not waited for: _consume waits), block
+    i's slot."""
     STAGES: gl.constexpr = k_bufs.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     SUB_M: gl.constexpr = q.shape[0]
     mbarrier.wait(k_ready.index(i % STAGES), (i // STAGES) & 1)
     k = k_bufs.index(i % STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
+    _wait_turn(WHICH, TURNS=TURNS)
     qk = warpgroup_mma(q, k, gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    _pass_turn(WHICH, CONSUMERS, TURNS=TURNS)
     return qk, k
 
 
@@ -155,13 +183,14 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
              offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
-             KEY_MASK: gl.constexpr, FMA: gl.constexpr):
+             KEY_MASK: gl.constexpr, FMA: gl.constexpr, WHICH: gl.constexpr, CONSUMERS: gl.constexpr,
+             TURNS: gl.constexpr):
     """A tile's key blocks [lo, hi) (lo < hi) of a consumer's rows, the first block's q.k^T issued by _first_qk
     (qk, k): the rows' (acc, m_i, l_i, top), and i (it counts the blocks of the program's tiles so far: slot and
     phase) past this tile's. Block j's q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)),
-    so the softmax of block j overlaps that p @ v; the last p @ v is finished before returning. (Issuing the
-    two consumers' matmuls in turns, FA3's ping-pong, through an mbarrier pair measured 0-2 % slower on the
-    H200: bench/results/attention_sm90.jsonl.)"""
+    so the softmax of block j overlaps that p @ v; the last p @ v is finished before returning. With TURNS
+    the pair is issued in the consumer's turn (_wait_turn, _pass_turn: FA3's ping-pong), so that the
+    consumers' softmaxes fall under each other's matmuls."""
     STAGES: gl.constexpr = k_bufs.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
@@ -189,8 +218,10 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
         k = k_bufs.index(s_idx).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
         mbarrier.wait(v_ready.index(prev), prev_ph)
         v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
+        _wait_turn(WHICH, TURNS=TURNS)
         qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
         acc = warpgroup_mma(p16, v, acc, is_async=True)
+        _pass_turn(WHICH, CONSUMERS, TURNS=TURNS)
         qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
         mbarrier.arrive(k_empty.index(s_idx), count=1)
         p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
@@ -213,10 +244,13 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
 
 
 @gluon.jit
-def _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n):
+def _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n, WHICH: gl.constexpr, CONSUMERS: gl.constexpr,
+                 TURNS: gl.constexpr):
     """n key blocks of the tile's band that a consumer's rows do not see: each waited for and released
-    as if read, so that every slot's count and phase keep the loader's order; returns i past them. (Arriving
-    only once a block has landed: the loader refills a slot only after every consumer released its use before.)"""
+    as if read, so that every slot's count and phase keep the loader's order, and with TURNS its turn taken
+    and passed on, so that every consumer takes as many turns a tile (the loader's blocks); returns i past
+    them. (Arriving only once a block has landed: the loader refills a slot only after every consumer
+    released its use before.)"""
     STAGES: gl.constexpr = k_ready.shape[0]
     for _j in range(n):
         s_idx = i % STAGES
@@ -225,6 +259,8 @@ def _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n):
         mbarrier.arrive(k_empty.index(s_idx), count=1)
         mbarrier.wait(v_ready.index(s_idx), ph)
         mbarrier.arrive(v_empty.index(s_idx), count=1)
+        _wait_turn(WHICH, TURNS=TURNS)
+        _pass_turn(WHICH, CONSUMERS, TURNS=TURNS)
         i += 1
     return i
 
@@ -260,7 +296,7 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
               num_bh, head_group, win_left, win_right, cap2,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
-              PASS: gl.constexpr, FMA: gl.constexpr, WHICH: gl.constexpr):
+              PASS: gl.constexpr, FMA: gl.constexpr, TURNS: gl.constexpr, WHICH: gl.constexpr):
     """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
     blocks of their own _band (masks where forward.py has them); the loader streams the tile's band, whose other
     blocks this consumer passes (_pass_blocks: at D64 and causal 1.02-1.04x on three of four cells, H200,
@@ -278,6 +314,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
     i = 0
     n = 0
+    if WHICH == CONSUMERS - 1:
+        _pass_turn(WHICH, CONSUMERS, TURNS=TURNS)  # consumer 0 takes the first turn
     # the tile before's rows, stored under this tile's first q.k^T (held: whether there is one)
     held = 0
     acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
@@ -315,9 +353,10 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             if lo < hi:
                 n_before = (lo - tile_lo) // BLOCK_N
             n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
-            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before)
+            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before, WHICH=WHICH, CONSUMERS=CONSUMERS, TURNS=TURNS)
             if lo < hi:
-                qk, k = _first_qk(q, k_bufs, k_ready, i, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM)
+                qk, k = _first_qk(q, k_bufs, k_ready, i, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, WHICH=WHICH,
+                                  CONSUMERS=CONSUMERS, TURNS=TURNS)
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
@@ -325,13 +364,14 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                     q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi,
                     offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
                     BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
-                    CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA)
+                    CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA, WHICH=WHICH,
+                    CONSUMERS=CONSUMERS, TURNS=TURNS)
             else:  # its rows see no key: zeros and lse -inf
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
                 acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
-            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_after)
+            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_after, WHICH=WHICH, CONSUMERS=CONSUMERS, TURNS=TURNS)
             held = 1
             held_row0 = row0
             held_h = off_h
@@ -352,7 +392,7 @@ def _hopper_fwd_kernel(
     SOFTCAP: gl.constexpr, PASS: gl.constexpr, FMA: gl.constexpr,
     # tiles: how
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
-    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TURNS: gl.constexpr,
 ):
     """q_desc, k_desc, v_desc, o_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D)
     and (1, 1, BLOCK_N, D) blocks (hopper.descriptor); lse by pointer and strides. The semantics are the
@@ -361,7 +401,10 @@ def _hopper_fwd_kernel(
     does, in one pass; PASS 0 dots it as it is. FMA (not SOFTCAP, qk_scale > 0): the softmax in
     _online_softmax_fma's form, rows past FMA_MAX_ROW marked for the portable second pass (a NaN lse).
     EVEN_N: every key block is full. CONSUMERS (2 or 3) warpgroups of
-    BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES).
+    BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES). TURNS: the consumers issue
+    each block's matmuls in turns, a ring of named barriers (_wait_turn, _pass_turn; every consumer takes a turn
+    for every block of the tile's band, those it passes included, so any call may take it: hopper.Tiles.turns
+    says where it does).
     Persistent: the grid's programs (hopper.schedule) take the num_tiles x num_bh tiles (num_tiles of BLOCK_M
     rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over
     head groups back and forth), so the loader fetches a tile's first blocks while the consumers finish the
@@ -391,15 +434,15 @@ def _hopper_fwd_kernel(
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 1)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 2)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 2)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
@@ -409,11 +452,11 @@ def _hopper_fwd_kernel(
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),

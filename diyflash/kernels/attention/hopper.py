@@ -40,29 +40,34 @@ CONSUMER_ROWS = 64  # query rows a consumer warpgroup holds (one wgmma row tile)
 
 class Tiles(NamedTuple):
     """A head dim's tiles: BLOCK_N keys a block in STAGES shared-memory slots, CONSUMERS warpgroups of
-    CONSUMER_ROWS query rows each (a program's BLOCK_M rows)."""
+    CONSUMER_ROWS query rows each (a program's BLOCK_M rows); turns: whether the consumers issue their matmuls
+    in turns (the kernel's TURNS) on calls without causal or window masks."""
 
     block_n: int
     stages: int
     consumers: int = 2
+    turns: bool = False
 
     @property
     def block_m(self) -> int:
         return self.consumers * CONSUMER_ROWS
 
-    def meta(self, n_k: int) -> dict:
-        """The kernel's tile constexprs for N_k keys: the consumers share the register file (setmaxnreg;
-        the loader warp keeps 24), 240 a thread for two, 160 for three."""
+    def meta(self, n_k: int, banded: bool) -> dict:
+        """The kernel's tile constexprs for N_k keys, banded: a causal or window mask: the consumers share the
+        register file (setmaxnreg; the loader warp keeps 24), 240 a thread for two, 160 for three."""
         return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages, EVEN_N=n_k % self.block_n == 0,
-                    CONSUMERS=self.consumers, CONSUMER_REGS={2: 240, 3: 160}[self.consumers])
+                    CONSUMERS=self.consumers, CONSUMER_REGS={2: 240, 3: 160}[self.consumers],
+                    TURNS=self.turns and not banded)
 
 
 # Tiles per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run, beside cuDNN):
 # D128 with 128-key blocks in 2 slots 0.94-1.03x cuDNN where the portable kernel ran 0.83-0.91x
 # (H100: 0.93-1.00x against 0.80-0.92x);
 # 3 slots won one run and lost the next (within noise), so the smaller 2 stay. D64 with three consumers (192
-# rows a program, as FA3 tiles D64; two consumers ran slower on the long cells, run "d64 fma").
-TILES = {64: Tiles(128, 3, 3), 128: Tiles(128, 2)}
+# rows a program, as FA3 tiles D64; two consumers ran slower on the long cells, run "d64 fma"), in turns
+# without masks: 1.026-1.061x on five D64 cells, 0.98x causal, 0.97-1.00x at D128 (causal or not; runs
+# "consumers in turns, first look" and "consumers in turns at D64").
+TILES = {64: Tiles(128, 3, 3, turns=True), 128: Tiles(128, 2)}
 # "auto": the head dims it runs the Hopper forward at, and the fewest keys a query row must see on average
 # (contract.mean_keys). D64 pays its tiles' start and end only over long enough rows: at 2048 keys a row 1.03x
 # (causal) and 1.10x (full) the portable kernel, at 1024 (causal) 0.92x (H200, attention_sm90.jsonl, run

@@ -270,7 +270,8 @@ def attention_fwd(
         sm90_tiles = cdiv(n_q, sm90.block_m)
         fma = not var.softcap and scale > 0  # semantics._online_softmax_fma: rows it marks, the second pass redoes
         sm90_meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, CAUSAL=causal, WINDOW=var.window, SOFTCAP=var.softcap,
-                         PASS=overflow_passes(q.dtype, None)[0], FMA=fma, **sm90.meta(n_k), num_warps=4)
+                         PASS=overflow_passes(q.dtype, None)[0], FMA=fma,
+                         **sm90.meta(n_k, banded=causal or var.window), num_warps=4)
         rescue = dict(meta, PASS=2, **_RESCUE_META)  # MARKED_PASS_TILES: pointer loads, no descriptors
 
         def sm90_launch(zc: int) -> Launch:  # its programs take the chunk's tiles in turns (hopper.schedule)
