@@ -438,16 +438,21 @@ def test_what_falls_back_to_portable(fresh_caches):
 
 
 @needs_hopper
-@pytest.mark.parametrize("d, causal, n, heads, takes", [(64, False, 4096, 4, True), (64, True, 4096, 4, True),
-                                                        (64, True, 2048, 32, False), (128, True, 4096, 4, True)])
-def test_auto_takes_the_measured_calls(fresh_caches, d, causal, n, heads, takes):
+@pytest.mark.parametrize("d, causal, window, n, heads, takes", [
+    (64, False, (-1, -1), 4096, 4, True), (64, True, (-1, -1), 4096, 4, True), (64, True, (-1, -1), 2048, 32, False),
+    (64, True, (512, 0), 4096, 4, True), (64, True, (256, 0), 4096, 4, False), (64, False, (300, 300), 4096, 4, True),
+    (128, True, (-1, -1), 4096, 4, True), (128, True, (64, 0), 4096, 4, True)])
+def test_auto_takes_the_measured_calls(fresh_caches, d, causal, window, n, heads, takes):
     """"auto" runs the Hopper forward at the head dims of AUTO_MIN_KEYS where a query row sees that many
-    keys on average: at D64 from 2048 (N 4096: 4096 keys a row, causal 2048.5; N 2048 causal 1024.5), at D128
-    from any."""
+    keys on average: at D64 from 2048 (N 4096: 4096 keys a row, causal 2048.5; N 2048 causal 1024.5), with a
+    sliding window from AUTO_MIN_WINDOW_KEYS' 384 (a 512-key causal window at N 4096: 481 keys a row; 256: 249;
+    300 both sides: 579), at D128 from any."""
     q, k, v = make_qkv(1, heads, n, n, d, torch.float16)  # work >= 2^32: plans.HOST_DESC_MIN_WORK
-    assert (mean_keys(variant(causal, (-1, -1), 0.0, n, n, heads, heads), n, n) >= hopper.AUTO_MIN_KEYS[d]) == takes
-    ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=causal))
-    assert ran == (HOPPER_RUN if takes else {"portable"}), (d, causal, ran)
+    var = variant(causal, window, 0.0, n, n, heads, heads)
+    need = (hopper.AUTO_MIN_WINDOW_KEYS if var.window else hopper.AUTO_MIN_KEYS)[d]
+    assert var.window == (window != (-1, -1)) and (mean_keys(var, n, n) >= need) == takes
+    ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=causal, window_size=window))
+    assert ran == (HOPPER_RUN if takes else {"portable"}), (d, causal, window, ran)
 
 
 @needs_hopper

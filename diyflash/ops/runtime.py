@@ -45,7 +45,9 @@ def attention_backend(device: torch.device, backward: bool = False) -> str:
     if ok:
         if hopper.backend() == "auto":
             dims = sorted(hopper.AUTO_MIN_KEYS.items(), reverse=True)
-            where = "fp16/bf16, head_dim " + "/".join(f"{d}" + (f" from {n} keys a row" if n else "") for d, n in dims)
+            where = "fp16/bf16, head_dim " + "/".join(
+                f"{d}" + (f" from {n} keys a row ({hopper.AUTO_MIN_WINDOW_KEYS[d]} with a window)" if n else "")
+                for d, n in dims)
         else:
             where = "fp16/bf16, head_dim " + "/".join(map(str, sorted(hopper.TILES)))
         return f"hopper ({why}; {where}, no seq_lens/ALiBi/sinks; other calls portable)"

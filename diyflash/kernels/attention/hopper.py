@@ -73,6 +73,12 @@ TILES = {64: Tiles(128, 3, 3, turns=True), 128: Tiles(128, 2)}
 # (causal) and 1.10x (full) the portable kernel, at 1024 (causal) 0.92x (H200, attention_sm90.jsonl, run
 # "held rows"; from 3072 keys 0.99-1.04x cuDNN where the portable kernel ran 0.90-0.95x, runs "d64 fma").
 AUTO_MIN_KEYS = {64: 2048, 128: 0}
+# A call with a sliding window: its rows see about the window's keys each, and the portable kernel is slow on
+# windows: at D64 (causal windows, N16384) the Hopper kernel ran 0.89x the portable one at 256 keys a row, 1.07x
+# at 512, 1.28-1.38x from 1024 (attention_sm90.jsonl, run "d64 window routes"; under AUTO_MIN_KEYS a 2048-key
+# window, 1921 keys a row, took the portable kernel at 0.77x FlexAttention where the Hopper one ran 1.02x, run
+# "d64 routes, first look"); the middle of 256 and 512 taken.
+AUTO_MIN_WINDOW_KEYS = {64: 384, 128: 0}
 # "auto" leaves short calls (less work than plans.HOST_DESC_MIN_WORK, Z*H*N_q*N_k*D) to the portable kernel,
 # which builds no host descriptors for them: the Hopper kernel's three (Gluon's TensorDescriptor, then
 # Triton's encoding at each launch) made a B1 H32 N128 D128 bf16 forward cost 69 us a call in a loop against
@@ -154,18 +160,18 @@ def status(device: torch.device) -> tuple[bool, str]:
 
 
 def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable, short: bool = False,
-          keys=lambda: float("inf")) -> Tiles | None:
+          keys=lambda: float("inf"), window: bool = False) -> Tiles | None:
     """The Tiles where this call runs the Hopper forward, else None (see the module's docstring).
     q4, k4, v4: the (Z, H, N, D) views attention_fwd launches on; readable(): whether host TMA descriptors
     can read them in place (views.tma_ok and plans.host_descriptors_ok), asked last: every other GPU and
     call is answered without it. short: less work than plans.HOST_DESC_MIN_WORK ("auto" leaves it to the
     portable kernel); keys(): the keys a query row sees on average (contract.mean_keys), which "auto" asks
-    of a head dim with AUTO_MIN_KEYS."""
+    of a head dim with AUTO_MIN_KEYS, or with a sliding window (window) AUTO_MIN_WINDOW_KEYS."""
     head_dims = TILES if _backend == "hopper" else AUTO_MIN_KEYS
     if (seq_lens is not None or packed is not None or sinks is not None
             or not _takes(q4, v4, alibi, overrides, short, head_dims)):
         return None
-    need = AUTO_MIN_KEYS[q4.shape[-1]] if _backend == "auto" else 0
+    need = (AUTO_MIN_WINDOW_KEYS if window else AUTO_MIN_KEYS)[q4.shape[-1]] if _backend == "auto" else 0
     if need and keys() < need:
         return None
     if not status(q4.device)[0] or not readable():

@@ -235,7 +235,7 @@ def attention_fwd(
     short = work < HOST_DESC_MIN_WORK  # its host time decides: no host descriptors
     sm90 = hopper.tiles(q4, k4, v4, seq_lens, packed, alibi_slopes, sinks, config is not None or group is not None,
                         lambda: tma_ok(q4, k4, v4, o4) and host_descriptors_ok(q4, k4, v4, o4), short=short,
-                        keys=lambda: mean_keys(var, n_q, n_k))
+                        keys=lambda: mean_keys(var, n_q, n_k), window=var.window)
     env = {"q": q4, "k": k4, "v": v4, "out": o4, "lse": lse3, "seq_lens": seq_lens, "cu_k": cu_k,
            "alibi": alibi_slopes, "sinks": sinks}
     if sm90 is not None:  # the portable kernel runs only the Hopper kernel's second pass (its marked rows)
