@@ -16,7 +16,8 @@ by side:
   bench/results/attention_sm90.jsonl, run "held rows"). Where hopper.TILES says (head_dim 64 without causal
   or window masks), the consumers issue each block's pair of matmuls in turns, a ring of named barriers
   (FA3's ping-pong), so that one's softmax runs under the others' matmuls: 1.026-1.061x on five such cells,
-  0.97-1.00x on the causal and head_dim-128 ones (run "consumers in turns, first look" and "... at D64").
+  0.97-1.00x on the causal and head_dim-128 ones (runs "consumers in turns, first look" and "consumers in
+  turns at D64").
 The semantics are semantics.py's (_tile_at, _band, _scores, _visible, _online_softmax, _normalize), called
 from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
 module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
@@ -353,7 +354,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             if lo < hi:
                 n_before = (lo - tile_lo) // BLOCK_N
             n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
-            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before, WHICH=WHICH, CONSUMERS=CONSUMERS, TURNS=TURNS)
+            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before, WHICH=WHICH, CONSUMERS=CONSUMERS,
+                             TURNS=TURNS)
             if lo < hi:
                 qk, k = _first_qk(q, k_bufs, k_ready, i, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, WHICH=WHICH,
                                   CONSUMERS=CONSUMERS, TURNS=TURNS)
@@ -371,7 +373,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
                 acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
-            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_after, WHICH=WHICH, CONSUMERS=CONSUMERS, TURNS=TURNS)
+            i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_after, WHICH=WHICH, CONSUMERS=CONSUMERS,
+                             TURNS=TURNS)
             held = 1
             held_row0 = row0
             held_h = off_h
