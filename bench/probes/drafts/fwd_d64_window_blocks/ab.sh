@@ -11,7 +11,7 @@ for v in bn64 head head bn64; do
     --run "d64 window blocks: $v" --out $OUT/win.jsonl > $OUT/win_$v.log 2>&1; echo "$v rc=$?" >> $OUT/ab.txt
   grep "^| [wGM]" $OUT/win_$v.log | sort -u | cut -d'|' -f2,4,5,6 | sed "s/^/$v /" >> $OUT/ab.txt
 done
-DIYFLASH_PROBE_WIN_BN=64 DIYFLASH_TEST_DEVICE=cuda TRITON_CACHE_DIR=/tmp/tc_bn64 timeout 170 python3 -m pytest -q -n 12 \
+env -u DIYFLASH_ATTENTION_BACKEND DIYFLASH_PROBE_WIN_BN=64 DIYFLASH_TEST_DEVICE=cuda TRITON_CACHE_DIR=/tmp/tc_bn64 timeout 170 python3 -m pytest -q -n 12 \
   -p no:cacheprovider tests/test_hopper.py -m "not slow" > $OUT/tests.log 2>&1; echo "tests rc=$?" >> $OUT/ab.txt
 tail -3 $OUT/tests.log >> $OUT/ab.txt
 cat $OUT/ab.txt
