@@ -57,7 +57,7 @@ def ptxas_report(kernel):
         return {"rc": run.returncode, "text": run.stderr}
 
 def build(d, causal, window, softcap, dtype, pass_):
-    tiles = hopper.TILES[d]
+    tiles = hopper.head_dim_tiles(d, window)
     q = torch.empty(2, 4, 1000, d, dtype=dtype)
     lse = torch.empty(2, 4, 1000)
     descs = [host_descriptor(q, r, d, gluon=True) for r in (hopper.CONSUMER_ROWS, tiles.block_n, tiles.block_n,
@@ -440,13 +440,14 @@ def test_what_falls_back_to_portable(fresh_caches):
 @needs_hopper
 @pytest.mark.parametrize("d, causal, window, n, heads, takes", [
     (64, False, (-1, -1), 4096, 4, True), (64, True, (-1, -1), 4096, 4, True), (64, True, (-1, -1), 2048, 32, False),
-    (64, True, (512, 0), 4096, 4, True), (64, True, (256, 0), 4096, 4, False), (64, False, (300, 300), 4096, 4, True),
+    (64, True, (512, 0), 4096, 4, True), (64, True, (128, 0), 4096, 4, True), (64, True, (64, 0), 4096, 4, False),
+    (64, False, (300, 300), 4096, 4, True),
     (128, True, (-1, -1), 4096, 4, True), (128, True, (64, 0), 4096, 4, True)])
 def test_auto_takes_the_measured_calls(fresh_caches, d, causal, window, n, heads, takes):
     """"auto" runs the Hopper forward at the head dims of AUTO_MIN_KEYS where a query row sees that many
     keys on average: at D64 from 2048 (N 4096: 4096 keys a row, causal 2048.5; N 2048 causal 1024.5), with a
-    sliding window from AUTO_MIN_WINDOW_KEYS' 384 (a 512-key causal window at N 4096: 481 keys a row; 256: 249;
-    300 both sides: 579), at D128 from any."""
+    sliding window from AUTO_MIN_WINDOW_KEYS' 120 (a 512-key causal window at N 4096: 481 keys a row; 128: 127;
+    64: 64.5; 300 both sides: 579), at D128 from any."""
     q, k, v = make_qkv(1, heads, n, n, d, torch.float16)  # work >= 2^32: plans.HOST_DESC_MIN_WORK
     var = variant(causal, window, 0.0, n, n, heads, heads)
     need = (hopper.AUTO_MIN_WINDOW_KEYS if var.window else hopper.AUTO_MIN_KEYS)[d]

@@ -68,17 +68,30 @@ class Tiles(NamedTuple):
 # without masks: 1.026-1.061x on five D64 cells, 0.98x causal, 0.97-1.00x at D128 (causal or not; runs
 # "consumers in turns, first look" and "consumers in turns at D64").
 TILES = {64: Tiles(128, 3, 3, turns=True), 128: Tiles(128, 2)}
+# A sliding window's tiles where they differ: at D64 64-key blocks in 6 slots (a consumer's 64 rows and a w-key
+# window span 64 + w keys: fewer keys computed past the window's edges, and more blocks to pipeline over a short
+# band). Causal windows at N16384, against 128-key blocks: window 256 89 -> 140 TFLOPS (0.63x -> 0.98x
+# FlexAttention), 512 163 -> 213 (0.78x -> 1.01x), 1024 260 -> 298 (0.93x -> 1.07x), 2048 340 -> 351 (1.03x ->
+# 1.07x) (attention_sm90.jsonl, run "d64 window blocks").
+WINDOW_TILES = {64: Tiles(64, 6, 3)}
+
+
+def head_dim_tiles(d: int, window: bool) -> Tiles:
+    """The tiles of a call at head dim d (window: it has a sliding window): WINDOW_TILES' where it has them."""
+    return WINDOW_TILES.get(d, TILES[d]) if window else TILES[d]
+
+
 # "auto": the head dims it runs the Hopper forward at, and the fewest keys a query row must see on average
 # (contract.mean_keys). D64 pays its tiles' start and end only over long enough rows: at 2048 keys a row 1.03x
 # (causal) and 1.10x (full) the portable kernel, at 1024 (causal) 0.92x (H200, attention_sm90.jsonl, run
 # "held rows"; from 3072 keys 0.99-1.04x cuDNN where the portable kernel ran 0.90-0.95x, runs "d64 fma").
 AUTO_MIN_KEYS = {64: 2048, 128: 0}
 # A call with a sliding window: its rows see about the window's keys each, and the portable kernel is slow on
-# windows: at D64 (causal windows, N16384) the Hopper kernel ran 0.89x the portable one at 256 keys a row, 1.07x
-# at 512, 1.28-1.38x from 1024 (attention_sm90.jsonl, run "d64 window routes"; under AUTO_MIN_KEYS a 2048-key
-# window, 1921 keys a row, took the portable kernel at 0.77x FlexAttention where the Hopper one ran 1.02x, run
-# "d64 routes, first look"); the middle of 256 and 512 taken.
-AUTO_MIN_WINDOW_KEYS = {64: 384, 128: 0}
+# windows: at D64 (causal windows, N16384) on WINDOW_TILES the Hopper kernel ran 1.31x the portable one at 128
+# keys a row, 1.39x at 192, 1.42x at 256 (attention_sm90.jsonl, run "d64 short window routes"; under
+# AUTO_MIN_KEYS a 2048-key window, 1921 keys a row, had taken the portable kernel at 0.77x FlexAttention, run
+# "d64 routes, first look"). Shorter windows are not measured: they keep the portable kernel.
+AUTO_MIN_WINDOW_KEYS = {64: 120, 128: 0}
 # "auto" leaves short calls (less work than plans.HOST_DESC_MIN_WORK, Z*H*N_q*N_k*D) to the portable kernel,
 # which builds no host descriptors for them: the Hopper kernel's three (Gluon's TensorDescriptor, then
 # Triton's encoding at each launch) made a B1 H32 N128 D128 bf16 forward cost 69 us a call in a loop against
@@ -176,7 +189,7 @@ def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable,
         return None
     if not status(q4.device)[0] or not readable():
         return None
-    return TILES[q4.shape[-1]]
+    return head_dim_tiles(q4.shape[-1], window)
 
 
 def _takes(q4, v4, alibi, overrides: bool, short: bool, head_dims) -> bool:
