@@ -105,6 +105,7 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
 
 print(json.dumps([build(*case) for case in [
     (128, True, False, False, torch.bfloat16, 3), (128, False, False, False, torch.float16, 0),
+    (128, True, True, False, torch.bfloat16, 3),  # a short window's 64-key blocks (hopper.WINDOW_TILES)
     (64, False, True, True, torch.float16, 0), (64, False, False, False, torch.bfloat16, 3)]] + [
     build_bwd(*case) for case in [
     (128, True, False, False, torch.bfloat16), (128, False, False, False, torch.float16),
@@ -146,7 +147,7 @@ def test_kernel_compiles_for_sm90():
     # the forward's consumers in turns (head_dim 64 without masks: hopper.TILES) through named barriers of
     # their own: ids from TURN_BARRIER on, above those the partitions' own barriers take
     forward = [k for k in kernels if k["case"][0] != "bwd"]
-    assert [k["turns"] for k in forward] == [False, False, False, True], forward
+    assert [k["turns"] for k in forward] == [False, False, False, False, True], forward
     first = hopper.kernel_module().TURN_BARRIER.value
     for kernel in forward:
         assert (kernel["turn_syncs"] > 0) == kernel["turns"], kernel["case"]
@@ -311,6 +312,7 @@ CASES = [  # (B, H, H_kv, N_q, N_k, D, causal, window, softcap)
     (1, 4, 2, 700, 1000, 64, True, (-1, -1), 0.0),  # D64 causal, N_q < N_k: each consumer's own band of blocks
     (2, 2, 2, 1000, 1000, 64, True, (100, 0), 0.0),  # a window narrower than a tile: the consumers' bands apart
     (1, 4, 1, 1500, 1500, 128, True, (256, 0), 30.0),  # a causal window with softcap
+    (1, 4, 2, 2500, 2500, 128, True, (1000, 0), 0.0),  # a window long enough for D128's 128-key blocks
     (1, 4, 1, 17, 113, 128, False, (20, 7), 0.0),
     (1, 2, 2, 1, 1023, 128, False, (-1, -1), 0.0),
 ]
@@ -454,6 +456,22 @@ def test_auto_takes_the_measured_calls(fresh_caches, d, causal, window, n, heads
     assert var.window == (window != (-1, -1)) and (mean_keys(var, n, n) >= need) == takes
     ran = _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=causal, window_size=window))
     assert ran == (HOPPER_RUN if takes else {"portable"}), (d, causal, window, ran)
+
+
+@needs_hopper
+@pytest.mark.parametrize("d, window, n, block_n", [
+    (128, (256, 0), 4096, 64), (128, (700, 0), 4096, 64), (128, (900, 0), 4096, 128), (128, (-1, -1), 4096, 128),
+    (64, (2048, 0), 8192, 64), (64, (-1, -1), 4096, 128)])
+def test_window_tiles_follow_the_keys_a_row_sees(fresh_caches, monkeypatch, d, window, n, block_n):
+    """A causal call's forward tiles: a sliding window's 64-key blocks (hopper.WINDOW_TILES) where its rows see
+    fewer keys than WINDOW_MAX_KEYS on average (D128: 768; a 700-key window at N 4096 about 640, a 900-key one
+    about 801), at D64 on every window; the 128-key blocks of hopper.TILES without one."""
+    q, k, v = make_qkv(1, 4, n, n, d, torch.bfloat16)
+    taken = []
+    route = hopper.tiles
+    monkeypatch.setattr(hopper, "tiles", lambda *a, **kw: taken.append(route(*a, **kw)) or taken[-1])
+    assert _kernels_run(lambda: diyflash.flash_attention(q, k, v, causal=True, window_size=window)) == HOPPER_RUN
+    assert taken and {t.block_n for t in taken} == {block_n}, taken
 
 
 @needs_hopper

@@ -19,6 +19,7 @@ where the scaled score does not."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import NamedTuple
 
@@ -68,17 +69,24 @@ class Tiles(NamedTuple):
 # without masks: 1.026-1.061x on five D64 cells, 0.98x causal, 0.97-1.00x at D128 (causal or not; runs
 # "consumers in turns, first look" and "consumers in turns at D64").
 TILES = {64: Tiles(128, 3, 3, turns=True), 128: Tiles(128, 2)}
-# A sliding window's tiles where they differ: at D64 64-key blocks in 6 slots (a consumer's 64 rows and a w-key
-# window span 64 + w keys: fewer keys computed past the window's edges, and more blocks to pipeline over a short
-# band). Causal windows at N16384, against 128-key blocks: window 256 89 -> 140 TFLOPS (0.63x -> 0.98x
+# A sliding window's tiles where they differ, on windows whose rows see fewer than WINDOW_MAX_KEYS keys on
+# average (contract.mean_keys; D64: every window): 64-key blocks (a consumer's 64 rows and a w-key window span
+# 64 + w keys: fewer keys computed past the window's edges, and more blocks to pipeline over a short band). D64 in
+# 6 slots, against its 128-key blocks (causal windows at N16384): window 256 89 -> 140 TFLOPS (0.63x -> 0.98x
 # FlexAttention), 512 163 -> 213 (0.78x -> 1.01x), 1024 260 -> 298 (0.93x -> 1.07x), 2048 340 -> 351 (1.03x ->
-# 1.07x) (attention_sm90.jsonl, run "d64 window blocks").
-WINDOW_TILES = {64: Tiles(64, 6, 3)}
+# 1.07x) (attention_sm90.jsonl, run "d64 window blocks"). D128 in 3 slots (4 ran the same), against its 128-key
+# blocks: window 256 1.17x, 512 1.06x, but 1024 0.95x, 2048 0.93x, 4096 (GQA) 0.87x (run "d128 window blocks"):
+# up to the middle of 512 and 1024.
+WINDOW_TILES = {64: Tiles(64, 6, 3), 128: Tiles(64, 3, 2)}
+WINDOW_MAX_KEYS = {128: 768}
 
 
-def head_dim_tiles(d: int, window: bool) -> Tiles:
-    """The tiles of a call at head dim d (window: it has a sliding window): WINDOW_TILES' where it has them."""
-    return WINDOW_TILES.get(d, TILES[d]) if window else TILES[d]
+def head_dim_tiles(d: int, window: bool, keys: float = 0.0) -> Tiles:
+    """The tiles of a call at head dim d (window: it has a sliding window, whose query rows see `keys` keys on
+    average): WINDOW_TILES' where it has them for that many keys."""
+    if window and d in WINDOW_TILES and keys < WINDOW_MAX_KEYS.get(d, math.inf):
+        return WINDOW_TILES[d]
+    return TILES[d]
 
 
 # "auto": the head dims it runs the Hopper forward at, and the fewest keys a query row must see on average
@@ -179,17 +187,18 @@ def tiles(q4, k4, v4, seq_lens, packed, alibi, sinks, overrides: bool, readable,
     can read them in place (views.tma_ok and plans.host_descriptors_ok), asked last: every other GPU and
     call is answered without it. short: less work than plans.HOST_DESC_MIN_WORK ("auto" leaves it to the
     portable kernel); keys(): the keys a query row sees on average (contract.mean_keys), which "auto" asks
-    of a head dim with AUTO_MIN_KEYS, or with a sliding window (window) AUTO_MIN_WINDOW_KEYS."""
+    of a head dim with AUTO_MIN_KEYS, or with a sliding window (window) AUTO_MIN_WINDOW_KEYS, and of every
+    window (its tiles: head_dim_tiles)."""
     head_dims = TILES if _backend == "hopper" else AUTO_MIN_KEYS
     if (seq_lens is not None or packed is not None or sinks is not None
             or not _takes(q4, v4, alibi, overrides, short, head_dims)):
         return None
-    need = (AUTO_MIN_WINDOW_KEYS if window else AUTO_MIN_KEYS)[q4.shape[-1]] if _backend == "auto" else 0
-    if need and keys() < need:
+    d = q4.shape[-1]
+    need = (AUTO_MIN_WINDOW_KEYS if window else AUTO_MIN_KEYS)[d] if _backend == "auto" else 0
+    mean = keys() if need or window else math.inf
+    if mean < need or not status(q4.device)[0] or not readable():
         return None
-    if not status(q4.device)[0] or not readable():
-        return None
-    return head_dim_tiles(q4.shape[-1], window)
+    return head_dim_tiles(d, window, mean)
 
 
 def _takes(q4, v4, alibi, overrides: bool, short: bool, head_dims) -> bool:
