@@ -1,7 +1,7 @@
 """One call of each kernel under test, for Nsight Compute's hardware counters.
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight ... \\
-        python -m bench.ncu --shape 4x16x128 --n 1024 [--causal] [--mode fwd|bwd] \\
+        python -m bench.ncu --shape 4x16x128 --n 1024 [--kv-heads 4] [--causal] [--mode fwd|bwd] \\
                                   --run diyflash tutorial fwd=64,64,4,3 dkdv=32,64,4,3,split,tma ...
 
 Every runner is called three times first (Triton compiles, the tutorial autotunes), then once more
@@ -73,6 +73,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default="4x16x128", help="BxHxD")
     parser.add_argument("--n", type=int, default=1024)
     parser.add_argument("--dtype", choices=list(DTYPES), default="fp16")
+    parser.add_argument("--kv-heads", type=int, default=None, help="k and v's heads (GQA; default: H)")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--mode", choices=["fwd", "bwd"], default="fwd")
     parser.add_argument("--run", nargs="+", default=["diyflash"], help="runners, in this order")
@@ -81,9 +82,12 @@ def main(argv=None) -> int:
         print("ncu_probe: needs a CUDA GPU", file=sys.stderr)
         return 2
     b, h, d = (int(x) for x in args.shape.split("x"))
+    h_kv = args.kv_heads or h
+    if h % h_kv or (h_kv != h and "tutorial" in args.run):
+        parser.error(f"--kv-heads {h_kv}: must divide H = {h}, and the tutorial runner takes no GQA")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, h, args.n, d, device="cuda", dtype=DTYPES[args.dtype], generator=gen)
-               for _ in range(3))
+    q, k, v = (torch.randn(b, heads, args.n, d, device="cuda", dtype=DTYPES[args.dtype], generator=gen)
+               for heads in (h, h_kv, h_kv))
     runs = {spec: runner(spec, q, k, v, args.causal, args.mode) for spec in args.run}
     for spec, run in runs.items():
         for _ in range(3):
