@@ -6,7 +6,8 @@
 
 Every runner is called three times first (Triton compiles, the tutorial autotunes), then once more
 between cudaProfilerStart and cudaProfilerStop, so that ncu (with --profile-from-start off) reads only
-that call's kernels. Runners: `diyflash` (the tuned tiles), `tutorial` (the seed's Triton tutorial, see
+that call's kernels. Runners: `diyflash` (the library's defaults: the tuned tiles, and the backward not
+deterministic, as `flash_attention`'s), `tutorial` (the seed's Triton tutorial, see
 bench/tutorial.py; its autotuned forward config is printed), and explicit tiles for one kernel,
 KIND=block_m,block_n,warps,stages[,flag...] with KIND fwd, dkdv, dv (the dv pass of a split dk/dv) or
 dq (a backward runner keeps the tuned tiles of the other kernels). --clock-control none: ncu would otherwise lock the clocks below
@@ -65,7 +66,10 @@ def runner(spec: str, q, k, v, causal: bool, mode: str):
     if kind == "fwd":
         raise ValueError(f"runner {spec!r} in a backward probe")
     both = tuned._replace(**{kind: cfg}) if kind else None
-    return lambda: ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None, config=both)
+    # the library's default backward (not deterministic: the Hopper one-pass kernel on sm_90) for `diyflash`; explicit
+    # tiles name the portable two-kernel backward's
+    return lambda: ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None, config=both,
+                                    deterministic=bool(kind))
 
 
 def main(argv=None) -> int:
