@@ -119,31 +119,14 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
 
 @gluon.jit
 def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads, acc_rows,
-            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr, WHOLE: gl.constexpr,
-            BY_ROW: gl.constexpr):
+            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr, BY_ROW: gl.constexpr):
     """Each step's dq tile added into the fp32 accumulator by the TMA unit; a buffer is free again once the
     unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
     of the (Z, H, acc_rows, D) accumulator (acc_rows: N_q rounded up to 64), reduced as soon as it is in.
     Else the tile's panels of the (Z, H, N_q, D) accumulator once both halves are in. DQ_BUFS buffers (a
     warpgroup's, or a tile's) in turns. A tile's rows past the sequence hold zeros (their p is masked): for
     packed sequences the next sequence's rows get +0."""
-    if FLAT and WHOLE:
-        DQ_BUFS: gl.constexpr = dq_full.shape[0]
-        head_z = z_in * num_heads
-        for t in range(total):
-            start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
-            row = (((head_z + off_h).to(gl.int64) * acc_rows + start_m) * HEAD_DIM // 256).to(gl.int32)
-            b = t % DQ_BUFS
-            mbarrier.wait(dq_full.index(b), (t // DQ_BUFS) & 1)
-            _tma_reduce_add(dq_desc, [row, 0], dq_bufs.index(b))
-            if DQ_BUFS == 1:
-                tma.store_wait(0)
-                mbarrier.arrive(dq_empty.index(0), count=1)
-            elif t > 0:  # two: the step before's buffer, once its reduce is done
-                tma.store_wait(1)
-                mbarrier.arrive(dq_empty.index(1 - b), count=1)
-        tma.store_wait(0)
-    elif FLAT:
+    if FLAT:
         CHUNK: gl.constexpr = dq_bufs.shape[1]  # rows of 256 floats a warpgroup's half
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2  # a warpgroup's (1 or 2)
         head_z = z_in * num_heads
@@ -179,7 +162,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
 
 
 @gluon.jit
-def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr, WHOLE: gl.constexpr):
+def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr):
     """MMA warpgroup W's half of step t's dq tile (64 rows x D/2 columns, fp32) into shared memory for the
     writer warp, DQ_BUFS buffers in turns. FLAT: in the accumulator registers' order, into the warpgroup's
     own buffers, element (r, c) at (c // 8) * 512 + (32 * (r // 16) + 4 * (r % 8) + c % 8 // 2) * 4
@@ -188,12 +171,8 @@ def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.const
     Else the tile's 128-byte swizzled panels (one a warpgroup at D64, two at D128; 64-bit stores)."""
     if FLAT:
         H2: gl.constexpr = dq.shape[1]
-        if WHOLE:
-            DQ_BUFS: gl.constexpr = dq_full.shape[0]
-            i = t % DQ_BUFS
-        else:
-            DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2
-            i = (t % DQ_BUFS) * 2 + W
+        DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2
+        i = (t % DQ_BUFS) * 2 + W
         # (r // 16, r // 8 % 2, r % 8, c // 8, c % 8 // 2, c % 2), then in the order of the offset above
         x = gl.permute(gl.reshape(dq, [4, 2, 8, H2 // 8, 4, 2]), (3, 0, 2, 4, 1, 5))
         mbarrier.wait(dq_empty.index(i), ((t // DQ_BUFS) & 1) ^ 1)
@@ -220,12 +199,12 @@ def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.const
 
 
 @gluon.jit
-def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, ds_free, dq_bufs,
-         dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz, stride_dvh,
+def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs, dq_full,
+         dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz, stride_dvh,
          stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-         W: gl.constexpr, FLAT: gl.constexpr, WHOLE: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr):
+         W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
@@ -266,10 +245,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     offs_n = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
     offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, st_layout))
     zero_st = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
-    if WHOLE:
-        zero_dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, kv_layout)
-    else:
-        zero_dq = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, dq_layout)
+    zero_dq = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, dq_layout)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     for t in range(total):
@@ -300,8 +276,6 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
             ds_t = ds_t * (1.0 - t_t * t_t)
         ds_all = ds_bufs.index(b)
         ds16 = ds_t.to(dtype)
-        if WHOLE:  # the other warpgroup's dq of step t - 2 has read this buffer (at once for its own steps' parity)
-            mbarrier.wait(ds_free.index(b), ((t // 2) & 1) ^ 1, pred=b != W)
         ds_all.slice(W * KEYS, KEYS, dim=0).store(ds16)  # for dq, which takes both warpgroups' keys
         fence_async_shared()
         # ds^T from registers: 16 KB less of shared-memory reads a step than from its buffer (1.00-1.02x,
@@ -312,25 +286,13 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         # (bench/results/onepass_backward_h200.jsonl, runs "barriers a step")
         _barrier()
         mbarrier.arrive(ds_ready.index(b), count=1)
-        if WHOLE:
-            dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
-            if b == W:  # this step's whole dq tile is this warpgroup's
-                mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
-                dq = warpgroup_mma(ds_all.permute((1, 0)), k_all, zero_dq, use_acc=False, is_async=True)
-                dq = warpgroup_mma_wait(0, deps=(dq, ))
-                mbarrier.arrive(ds_free.index(b), count=1)
-                mbarrier.arrive(empty.index(s), count=1)
-                _store_dq(dq * dq_scale, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT, WHOLE=True)
-            else:
-                mbarrier.arrive(empty.index(s), count=1)
-        else:
-            mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
-            k_cols = k_all.slice(W * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1)
-            dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
-            dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
-            dq = warpgroup_mma_wait(0, deps=(dq, ))
-            mbarrier.arrive(empty.index(s), count=1)
-            _store_dq(dq * dq_scale, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT, WHOLE=False)
+        mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
+        k_cols = k_all.slice(W * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1)
+        dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
+        dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq, ))
+        mbarrier.arrive(empty.index(s), count=1)
+        _store_dq(dq * dq_scale, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT)
 
     kv_rows = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -353,7 +315,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, DQ_WHOLE: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -372,7 +334,6 @@ def _hopper_bwd_kernel(
     # k and v in registers (hopper.BWD_TILES), but with softcap, whose D64 window build then spilled 24 B (offline)
     KV_IN: gl.constexpr = KV_REGS and not SOFTCAP
     BY_ROW: gl.constexpr = not WINDOW  # _step's order: every program's band ends at the same row
-    WHOLE: gl.constexpr = DQ_WHOLE and FLAT  # each step's whole dq tile by one MMA warpgroup, the two in turns
     pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
     off_hk = off_hp // parts
     heads = kv_group // parts
@@ -399,10 +360,7 @@ def _hopper_bwd_kernel(
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
-    if WHOLE:  # DQ_BUFS whole tiles, in turns
-        DQ_BARS: gl.constexpr = DQ_BUFS
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [DQ_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
-    elif FLAT:  # DQ_BUFS buffers a warpgroup
+    if FLAT:  # DQ_BUFS buffers a warpgroup
         DQ_BARS: gl.constexpr = 2 * DQ_BUFS
         dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
     else:  # DQ_BUFS tiles of HEAD_DIM // PANEL panels
@@ -414,7 +372,6 @@ def _hopper_bwd_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     dq_full = gl.allocate_shared_memory(gl.int64, [DQ_BARS, 1], mbarrier.MBarrierLayout())
     dq_empty = gl.allocate_shared_memory(gl.int64, [DQ_BARS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
@@ -423,24 +380,23 @@ def _hopper_bwd_kernel(
         mbarrier.init(empty.index(i), count=2)
     for i in gl.static_range(2):
         mbarrier.init(ds_ready.index(i), count=2)
-        mbarrier.init(ds_free.index(i), count=1)
     for i in gl.static_range(DQ_BARS):
         mbarrier.init(dq_full.index(i), count=1 if FLAT else 2)
         mbarrier.init(dq_empty.index(i), count=1)
     gl.warp_specialize([
-        (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, ds_free,
-                dq_bufs, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
+        (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
+                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, WHOLE, KV_IN, BY_ROW)),
-        (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, ds_free,
-                dq_bufs, dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW)),
+        (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
+                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, WHOLE, KV_IN, BY_ROW)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),
         (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads,
-                   gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M, HEAD_DIM, BLOCK_M, FLAT, WHOLE, BY_ROW)),
+                   gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M, HEAD_DIM, BLOCK_M, FLAT, BY_ROW)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

@@ -273,7 +273,7 @@ def launcher():
 # of reading them every step on four cells, two passes (run "kv in registers"); at D128 they do not fit (offline
 # sm_90a builds spill 192-684 B and serialize every wgmma, with k or v alone too). Other head dims keep the
 # portable backward.
-BWD_TILES: dict[int, tuple[int, int, int, bool, bool]] = {128: (64, 2, 1, False, False), 64: (64, 2, 2, True, False)}
+BWD_TILES: dict[int, tuple[int, int, int, bool]] = {128: (64, 2, 1, False), 64: (64, 2, 2, True)}
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
@@ -282,9 +282,8 @@ BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp3
 
 def bwd_meta(d: int) -> dict:
     """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES)."""
-    block_m, stages, dq_bufs, kv_regs, dq_whole = BWD_TILES[d]
-    return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs,
-                DQ_WHOLE=dq_whole, num_warps=4)
+    block_m, stages, dq_bufs, kv_regs = BWD_TILES[d]
+    return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs, num_warps=4)
 
 
 @functools.cache
@@ -380,9 +379,9 @@ def bwd_descriptors(d: int, packed: bool = False) -> tuple:
     """The backward launch's host descriptors (plans.launch_chunks' descs): k, v, q, dout, the fp32 dq
     accumulator (a warpgroup's half of a tile, 64 x d/2 floats, a block; packed: BWD_DQ_PANEL-column panels of
     its (Z, H, N_q, D) view), and the flat row statistics (specs with a function: plans._with_descriptors)."""
-    block_m, dq_whole = BWD_TILES[d][0], BWD_TILES[d][4]
+    block_m = BWD_TILES[d][0]
     stats = functools.partial(_stat_descriptor, block_m=block_m)
     dq = (("dq_acc", block_m, BWD_DQ_PANEL, True) if packed
-          else ("dq_acc", functools.partial(_flat_descriptor, rows=block_m * d // (1 if dq_whole else 2) // 256)))
+          else ("dq_acc", functools.partial(_flat_descriptor, rows=block_m * d // 2 // 256)))
     return (("k", BWD_BLOCK_N, d, True), ("v", BWD_BLOCK_N, d, True), ("q", block_m, d, True),
             ("dout", block_m, d, True), dq, ("lse2", stats), ("delta", stats))
