@@ -12,8 +12,8 @@ worker processes, one per CPU core up to the number of jobs; the parent then tim
 candidates of each shape (the GPU must be quiet for that) and stores the winners. Serving and CI images
 can run it once at build time:
 
-    python -m diyflash precompile --dtypes bf16 --head-dims 128 --causal true --shapes 8x32x4096
-    diyflash.precompile(dtypes=("bf16",), head_dims=(128,), causal=(True,), shapes=((8, 32, 4096),))
+    python -m diyflash precompile --dtypes bf16 --head-dims 128 --causal true --shapes 8x32x4096 --kv-heads 8
+    diyflash.precompile(dtypes=("bf16",), head_dims=(128,), causal=(True,), shapes=((8, 32, 4096),), kv_heads=(8,))
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ MAX_WORKERS = 16
 class Job:
     """One call to make once: an attention forward (and backward) or a matmul (and its gradients).
 
-    attention: shape (B, H, N_q, N_k, D), `causal`; `variants`: the main job's cell with every variant at once
+    attention: shape (B, H, N_q, N_k, D), `causal`, `kv_heads` (GQA: H_kv of k and v; 0: H) and `window`
+    (flash_attention's window_size); `variants`: the main job's cell with every variant at once
     (utils.validation.variants_cell, built from N_q and D). matmul: shape (M, K, N), `b_transposed` (b given
     as the transpose of (N, K) storage), `autotune` (False: the untuned default tiles), or `tiles` (one tuner
     candidate's fields, forward only: compiled here, timed later by the tuner)."""
@@ -52,27 +53,45 @@ class Job:
     autotune: bool = False
     tiles: tuple | None = None
     variants: bool = False
+    kv_heads: int = 0
+    window: tuple = (-1, -1)
 
     def label(self) -> str:
         dims = "x".join(map(str, self.shape))
         if self.kind == "attention":
+            if self.kv_heads:
+                b, h, *rest = self.shape
+                dims = "x".join(map(str, (b, f"{h}/{self.kv_heads}", *rest)))
             what = "every variant" if self.variants else "causal" if self.causal else "full"
+            if tuple(self.window) != (-1, -1):
+                what += f" window {tuple(self.window)}"
             return f"attention {self.dtype} {dims} {what}{' +bwd' if self.backward else ''}"
         what = f"tiles {self.tiles[:3]}" if self.tiles else ("autotuned" if self.autotune else "default tiles")
         return f"matmul {self.dtype} {dims}{' (b = view.mT)' if self.b_transposed else ''} {what}"
 
 
 def attention_jobs(dtypes: Iterable[str], head_dims: Iterable[int], causal: Iterable[bool],
-                   shapes: Iterable[tuple], backward: bool = True) -> list[Job]:
-    """shapes: (B, H, N) or (B, H, N_q, N_k)."""
+                   shapes: Iterable[tuple], backward: bool = True, kv_heads: Iterable[int] = (0,),
+                   windows: Iterable[tuple] = ((-1, -1),)) -> list[Job]:
+    """shapes: (B, H, N) or (B, H, N_q, N_k); kv_heads: H_kv values (0: H), each a divisor of every shape's H;
+    windows: flash_attention window_size values ((-1, -1): none)."""
     jobs = []
+    kv_heads, windows = tuple(kv_heads), tuple(tuple(w) for w in windows)
+    for shape in shapes:
+        for kv in kv_heads:
+            if kv < 0 or (kv and shape[1] % kv):
+                raise ValueError(f"precompile: kv_heads {kv} does not divide the {shape[1]} query heads of "
+                                 f"shape {'x'.join(map(str, shape))}")
     for dtype in dtypes:
         for d in head_dims:
             for c in causal:
                 for shape in shapes:
                     b, h, n_q, n_k = shape if len(shape) == 4 else (*shape, shape[-1])
-                    jobs.append(Job("attention", dtype, (b, h, n_q, n_k, d), causal=c, backward=backward))
-    return jobs
+                    for kv in kv_heads:
+                        for w in windows:
+                            jobs.append(Job("attention", dtype, (b, h, n_q, n_k, d), causal=c, backward=backward,
+                                            kv_heads=0 if kv == h else kv, window=w))
+    return list(dict.fromkeys(jobs))  # kv_heads H is the plain call (0)
 
 
 def matmul_jobs(dtypes: Iterable[str], shapes: Iterable[tuple], autotune: bool = True,
@@ -117,8 +136,10 @@ def run_job(job: Job, device: str = "cuda") -> float:
     elif job.kind == "attention":
         b, h, n_q, n_k, d = job.shape
         need = job.backward
-        q, k, v = (torch.randn(b, h, n, d, generator=gen).to(device, dtype).requires_grad_(need) for n in (n_q, n_k, n_k))
-        out = diyflash.flash_attention(q, k, v, causal=job.causal)
+        h_kv = job.kv_heads or h
+        q, k, v = (torch.randn(b, heads, n, d, generator=gen).to(device, dtype).requires_grad_(need)
+                   for heads, n in ((h, n_q), (h_kv, n_k), (h_kv, n_k)))
+        out = diyflash.flash_attention(q, k, v, causal=job.causal, window_size=tuple(job.window))
         if need:
             torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     else:
@@ -207,7 +228,8 @@ def precompile_jobs(jobs: list[Job], workers: int | None = None, device: str = "
 def precompile(dtypes: Iterable[str] = ("fp16", "bf16"), head_dims: Iterable[int] = (64, 128),
                causal: Iterable[bool] = (False, True), shapes: Iterable[tuple] = ((4, 16, 4096),),
                backward: bool = True, matmul_shapes: Iterable[tuple] = (), workers: int | None = None,
-               device: str = "cuda", log: Callable[[str], None] | None = print) -> float:
+               device: str = "cuda", log: Callable[[str], None] | None = print, kv_heads: Iterable[int] = (0,),
+               windows: Iterable[tuple] = ((-1, -1),)) -> float:
     """Fill Triton's disk cache (and the matmul tuner's) with the kernels these calls need, compiling in
     parallel worker processes, so that a later process starts warm. Returns the seconds taken.
 
@@ -218,6 +240,9 @@ def precompile(dtypes: Iterable[str] = ("fp16", "bf16"), head_dims: Iterable[int
             pick kernel variants (full or partial blocks, 32/64-bit offsets, TMA descriptors built on
             the host or per program), so give the real ones.
         backward: also compile the attention backward.
+        kv_heads: the kv heads of GQA calls (0: as many as the query heads); a GQA call runs kernels of its
+            own, so give the model's (e.g. (8,) for 32 query heads over 8 kv heads).
+        windows: sliding windows (flash_attention's window_size, e.g. (4095, 0)); (-1, -1): none.
         matmul_shapes: (M, K, N) products to compile every tuner candidate for, then tune here.
         workers: worker processes (default one per core, at most 16); 0 compiles in this process.
         device: "cuda"; "cpu" runs the calls through Triton's interpreter (nothing to compile: for tests).
@@ -227,7 +252,7 @@ def precompile(dtypes: Iterable[str] = ("fp16", "bf16"), head_dims: Iterable[int
     for name in dtypes:
         if name not in DTYPES:
             raise ValueError(f"precompile: unknown dtype {name!r}; choose from {sorted(DTYPES)}")
-    jobs = attention_jobs(dtypes, head_dims, causal, shapes, backward)
+    jobs = attention_jobs(dtypes, head_dims, causal, shapes, backward, kv_heads, windows)
     mm = [tuple(s) for s in matmul_shapes]
     half = [d for d in dtypes if d != "fp32"] or list(dtypes)
     if device == "cuda":
@@ -249,6 +274,16 @@ def _shape(text: str) -> tuple:
     return dims
 
 
+def _window(text: str) -> tuple:
+    try:
+        left, right = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"expected a window like 4095,0 (LEFT,RIGHT; -1: unbounded), got {text!r}") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"window sizes are -1 (unbounded) or >= 0, got {text!r}")
+    return left, right
+
+
 def main(argv: list[str]) -> int:
     """`python -m diyflash precompile ...`"""
     import argparse
@@ -261,6 +296,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--causal", choices=["both", "true", "false"], default="both")
     p.add_argument("--shapes", nargs="+", default=["4x16x4096"],
                    help="attention shapes BxHxN or BxHxNqxNk, as the job runs them")
+    p.add_argument("--kv-heads", type=int, nargs="+", default=[0],
+                   help="kv heads of GQA calls, each dividing the shapes' H (default: as many as the query heads)")
+    p.add_argument("--windows", nargs="+", default=["-1,-1"],
+                   help="sliding windows as LEFT,RIGHT (flash_attention's window_size; default -1,-1: none)")
     p.add_argument("--forward-only", action="store_true", help="skip the attention backward")
     p.add_argument("--matmul", nargs="*", default=[], help="matmul shapes MxKxN to compile and tune")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core, <= 16)")
@@ -268,6 +307,7 @@ def main(argv: list[str]) -> int:
     try:
         shapes = [_shape(s) for s in args.shapes]
         mm = [_shape(s) for s in args.matmul]
+        windows = [_window(w) for w in args.windows]
     except ValueError as e:
         p.error(str(e))
     from .ops.checks import head_dim_error
@@ -277,11 +317,17 @@ def main(argv: list[str]) -> int:
             p.error(head_dim_error(d))
     if any(len(s) not in (3, 4) for s in shapes) or any(len(s) != 3 for s in mm):
         p.error("attention shapes are BxHxN or BxHxNqxNk, matmul shapes MxKxN")
+    for kv in args.kv_heads:
+        bad = [s for s in shapes if kv < 0 or (kv and s[1] % kv)]
+        if bad:
+            p.error(f"--kv-heads {kv} does not divide the {bad[0][1]} query heads of shape "
+                    f"{'x'.join(map(str, bad[0]))}")
     if not torch.cuda.is_available():
         print("precompile: no GPU, nothing to compile (the interpreter runs kernels uncompiled)")
         return 0
     causal = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
-    seconds = precompile(args.dtypes, args.head_dims, causal, shapes, not args.forward_only, mm, args.workers)
+    seconds = precompile(args.dtypes, args.head_dims, causal, shapes, not args.forward_only, mm, args.workers,
+                         kv_heads=args.kv_heads, windows=windows)
     print(f"precompile: done in {seconds:.1f}s (Triton cache: {os.environ.get('TRITON_CACHE_DIR') or '~/.triton/cache'})")
     return 0
 

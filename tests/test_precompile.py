@@ -22,6 +22,27 @@ def test_jobs_cover_each_variant():
     assert "causal +bwd" in jobs[2].label() and "2x4x100x100x64" in jobs[0].label()
 
 
+def test_gqa_and_window_jobs():
+    """GQA calls and sliding windows run kernels of their own: each kv_heads value and window is a job of
+    every shape; kv_heads equal to the query heads is the plain call, and one that does not divide them is
+    refused up front, naming both."""
+    jobs = attention_jobs(["bf16"], [64], [True], [(1, 4, 100)], kv_heads=(0, 4, 2), windows=((-1, -1), (31, 0)))
+    assert len(jobs) == 4 and {(j.kv_heads, j.window) for j in jobs} == {(0, (-1, -1)), (0, (31, 0)),
+                                                                         (2, (-1, -1)), (2, (31, 0))}
+    assert [j.label() for j in jobs if j.kv_heads and j.window != (-1, -1)] == [
+        "attention bf16 1x4/2x100x100x64 causal window (31, 0) +bwd"]
+    with pytest.raises(ValueError, match="kv_heads 4 does not divide the 6 query heads of shape 1x6x10"):
+        attention_jobs(["bf16"], [64], [True], [(1, 6, 10)], kv_heads=(4,))
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU: the interpreter runs the calls (the GPU suite compiles for real below)")
+def test_a_gqa_window_job_makes_that_call(device):
+    lines = []
+    diyflash.precompile(dtypes=("fp16",), head_dims=(16,), causal=(True,), shapes=((1, 4, 20),), kv_heads=(2,),
+                        windows=((5, 0),), workers=1, device="cpu", log=lines.append)
+    assert any("attention fp16 1x4/2x20x20x16 causal window (5, 0) +bwd" in line for line in lines[1:]), lines
+
+
 @pytest.mark.skipif(ON_GPU, reason="CPU: the interpreter runs the calls (the GPU suite compiles for real below)")
 def test_precompile_runs_every_call_in_worker_processes(device):
     lines = []
@@ -92,12 +113,31 @@ def test_precompile_fills_the_cache_a_fresh_process_uses(tmp_path):
         "o.sum().backward()\n")
 
 
+@pytest.mark.skipif(not ON_GPU, reason="compiles CUDA kernels")
+def test_a_gqa_window_call_compiles_nothing_after_precompile(tmp_path):
+    """A GQA call with a sliding window, precompiled with its kv heads and window: a fresh process's first call
+    (forward and backward) compiles nothing."""
+    _fresh_process_compiles_nothing(
+        tmp_path,
+        "import diyflash\n"
+        "diyflash.precompile(dtypes=('bf16',), head_dims=(64,), causal=(True,), shapes=((1, 4, 300),), kv_heads=(2,),\n"
+        "                    windows=((64, 0),), workers=1)\n",
+        "import diyflash, torch\n"
+        "q = torch.randn(1, 4, 300, 64, device='cuda', dtype=torch.bfloat16, requires_grad=True)\n"
+        "k, v = (torch.randn(1, 2, 300, 64, device='cuda', dtype=torch.bfloat16, requires_grad=True) for _ in 'kv')\n"
+        "o = diyflash.flash_attention(q, k, v, causal=True, window_size=(64, 0))\n"
+        "o.sum().backward()\n")
+
+
 def test_cli():
     done = subprocess.run([sys.executable, "-m", "diyflash", "precompile", "--help"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "--shapes" in done.stdout
     for argv, phrase in ((["--shapes", "4x16"], "BxHxN"), (["--shapes", "4xax2"], "expected a shape"),
-                         (["--head-dims", "12"], "Unsupported head_dim 12")):
+                         (["--head-dims", "12"], "Unsupported head_dim 12"),
+                         (["--shapes", "4x16x4096", "--kv-heads", "3"],
+                          "--kv-heads 3 does not divide the 16 query heads"),
+                         (["--windows", "4095"], "expected a window like 4095,0")):
         done = subprocess.run([sys.executable, "-m", "diyflash", "precompile", *argv], capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 2 and phrase in done.stderr, done.stderr
