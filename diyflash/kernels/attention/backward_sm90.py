@@ -60,7 +60,7 @@ SIDE_REGS = gl.constexpr(32)  # the loader's and the writer's registers a thread
 
 
 @gluon.jit
-def _step(t, n_blk, lo, rot, head0, heads, BLOCK_M: gl.constexpr, BY_ROW: gl.constexpr):
+def _step(t, n_blk, lo, head0, heads, BLOCK_M: gl.constexpr, BY_ROW: gl.constexpr):
     """Step t's (first query row, query head) of the heads query heads from head0. BY_ROW (the kernel's choice
     where every program's band ends at the same row: no window), with more than one head (GQA): the band's row
     blocks from the last down, every head a row block, so that the programs of a kv head started together read
@@ -79,13 +79,12 @@ def _step(t, n_blk, lo, rot, head0, heads, BLOCK_M: gl.constexpr, BY_ROW: gl.con
     else:
         g = t // n_blk
         r = t - g * n_blk
-    r = (r + rot) % n_blk
     return lo + r * BLOCK_M, head0 + g
 
 
 @gluon.jit
 def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar, q_bufs,
-            do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, rot, off_z, z_in, q_start, k_start, q_len,
+            do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start, k_start, q_len,
             off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
             BY_ROW: gl.constexpr):
     """z_in, q_start, k_start: the sequence's batch slice and first rows in the tensors (0, and its offsets,
@@ -100,7 +99,7 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
     for t in range(total):
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
-        start_m, off_h = _step(t, n_blk, lo, rot, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
+        start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
         if VARLEN:
             rows = start_m + gl.arange(0, BLOCK_M, layout=stat_layout)
             at = off_h.to(gl.int64) * stat_stride + q_start + rows
@@ -119,7 +118,7 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
 
 
 @gluon.jit
-def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, rot, z_in, q_start, head0, heads, num_heads, acc_rows,
+def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads, acc_rows,
             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr, BY_ROW: gl.constexpr):
     """Each step's dq tile added into the fp32 accumulator by the TMA unit; a buffer is free again once the
     unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
@@ -132,7 +131,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, rot, z_in, q_
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2  # a warpgroup's (1 or 2)
         head_z = z_in * num_heads
         for t in range(total):
-            start_m, off_h = _step(t, n_blk, lo, rot, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
+            start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
             row = (((head_z + off_h).to(gl.int64) * acc_rows + start_m) * HEAD_DIM // 256).to(gl.int32)
             b = t % DQ_BUFS
             for w in gl.static_range(2):
@@ -153,7 +152,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, rot, z_in, q_
         PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
         PANEL: gl.constexpr = dq_bufs.shape[4]  # dq's columns a TMA reduce (its descriptor's block)
         for t in range(total):
-            start_m, off_h = _step(t, n_blk, lo, rot, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
+            start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
             b = t % DQ_BUFS
             mbarrier.wait(dq_full.index(b), (t // DQ_BUFS) & 1)
             for j in gl.static_range(PANELS):
@@ -202,7 +201,7 @@ def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.const
 @gluon.jit
 def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs, dq_full,
          dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz, stride_dvh,
-         stride_dvn, stride_dvd, total, n_blk, lo, rot, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
+         stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
          W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr):
@@ -252,7 +251,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     for t in range(total):
         s = t % STAGES
         b = t % 2
-        start_m, off_h = _step(t, n_blk, lo, rot, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
+        start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
         mbarrier.wait(ready.index(s), (t // STAGES) & 1)
         q_s = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
@@ -316,7 +315,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, ROTATE: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -352,10 +351,6 @@ def _hopper_bwd_kernel(
                                         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, WINDOW=WINDOW)
     n_blk = gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_M)
     total = n_blk * heads
-    if ROTATE and not CAUSAL and not WINDOW:
-        rot = pid_n % gl.maximum(n_blk, 1)
-    else:
-        rot = 0 * pid_n
 
     k_s = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
     v_s = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
@@ -391,17 +386,17 @@ def _hopper_bwd_kernel(
     gl.warp_specialize([
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
-                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, rot, mid, full_end, z_in, k_start, off_hp, start_n,
+                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
                 CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
-                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, rot, mid, full_end, z_in, k_start, off_hp, start_n,
+                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
                 CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
-                   q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, rot, off_z, z_in, q_start,
+                   q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),
-        (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, rot, z_in, q_start, head0, heads, num_heads,
+        (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads,
                    gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M, HEAD_DIM, BLOCK_M, FLAT, BY_ROW)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

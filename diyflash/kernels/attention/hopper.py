@@ -273,7 +273,7 @@ def launcher():
 # of reading them every step on four cells, two passes (run "kv in registers"); at D128 they do not fit (offline
 # sm_90a builds spill 192-684 B and serialize every wgmma, with k or v alone too). Other head dims keep the
 # portable backward.
-BWD_TILES: dict[int, tuple[int, int, int, bool, bool]] = {128: (64, 2, 1, False, False), 64: (64, 2, 2, True, False)}
+BWD_TILES: dict[int, tuple[int, int, int, bool]] = {128: (64, 2, 1, False), 64: (64, 2, 2, True)}
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
@@ -282,9 +282,8 @@ BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp3
 
 def bwd_meta(d: int) -> dict:
     """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES)."""
-    block_m, stages, dq_bufs, kv_regs, rotate = BWD_TILES[d]
-    return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs,
-                ROTATE=rotate, num_warps=4)
+    block_m, stages, dq_bufs, kv_regs = BWD_TILES[d]
+    return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs, num_warps=4)
 
 
 @functools.cache
