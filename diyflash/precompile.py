@@ -70,18 +70,26 @@ class Job:
         return f"matmul {self.dtype} {dims}{' (b = view.mT)' if self.b_transposed else ''} {what}"
 
 
+def kv_heads_error(shapes: Iterable[tuple], kv_heads: Iterable[int]) -> str | None:
+    """What is wrong with kv_heads for these (B, H, ...) shapes (a value that does not divide a shape's H), or
+    None."""
+    for kv in kv_heads:
+        for shape in shapes:
+            if kv < 0 or (kv and shape[1] % kv):
+                return f"{kv} does not divide the {shape[1]} query heads of shape {'x'.join(map(str, shape))}"
+    return None
+
+
 def attention_jobs(dtypes: Iterable[str], head_dims: Iterable[int], causal: Iterable[bool],
                    shapes: Iterable[tuple], backward: bool = True, kv_heads: Iterable[int] = (0,),
                    windows: Iterable[tuple] = ((-1, -1),)) -> list[Job]:
     """shapes: (B, H, N) or (B, H, N_q, N_k); kv_heads: H_kv values (0: H), each a divisor of every shape's H;
     windows: flash_attention window_size values ((-1, -1): none)."""
     jobs = []
-    kv_heads, windows = tuple(kv_heads), tuple(tuple(w) for w in windows)
-    for shape in shapes:
-        for kv in kv_heads:
-            if kv < 0 or (kv and shape[1] % kv):
-                raise ValueError(f"precompile: kv_heads {kv} does not divide the {shape[1]} query heads of "
-                                 f"shape {'x'.join(map(str, shape))}")
+    shapes, kv_heads, windows = tuple(shapes), tuple(kv_heads), tuple(tuple(w) for w in windows)
+    error = kv_heads_error(shapes, kv_heads)
+    if error:
+        raise ValueError(f"precompile: kv_heads {error}")
     for dtype in dtypes:
         for d in head_dims:
             for c in causal:
@@ -317,11 +325,8 @@ def main(argv: list[str]) -> int:
             p.error(head_dim_error(d))
     if any(len(s) not in (3, 4) for s in shapes) or any(len(s) != 3 for s in mm):
         p.error("attention shapes are BxHxN or BxHxNqxNk, matmul shapes MxKxN")
-    for kv in args.kv_heads:
-        bad = [s for s in shapes if kv < 0 or (kv and s[1] % kv)]
-        if bad:
-            p.error(f"--kv-heads {kv} does not divide the {bad[0][1]} query heads of shape "
-                    f"{'x'.join(map(str, bad[0]))}")
+    if kv_heads_error(shapes, args.kv_heads):
+        p.error(f"--kv-heads {kv_heads_error(shapes, args.kv_heads)}")
     if not torch.cuda.is_available():
         print("precompile: no GPU, nothing to compile (the interpreter runs kernels uncompiled)")
         return 0
