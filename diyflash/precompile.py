@@ -283,12 +283,11 @@ def _shape(text: str) -> tuple:
 
 
 def _window(text: str) -> tuple:
+    """LEFT,RIGHT as two ints (main checks them by the ops' variant rule)."""
     try:
         left, right = (int(x) for x in text.split(","))
     except ValueError:
         raise ValueError(f"expected a window like 4095,0 (LEFT,RIGHT; -1: unbounded), got {text!r}") from None
-    if left < -1 or right < -1:
-        raise ValueError(f"window sizes are -1 (unbounded) or >= 0, got {text!r}")
     return left, right
 
 
@@ -318,15 +317,20 @@ def main(argv: list[str]) -> int:
         windows = [_window(w) for w in args.windows]
     except ValueError as e:
         p.error(str(e))
-    from .ops.checks import head_dim_error
+    from .ops.checks import head_dim_error, variant_error
 
     for d in args.head_dims:
         if head_dim_error(d):
             p.error(head_dim_error(d))
+    for left, right in windows:
+        bad = variant_error(torch.empty(0), left, right, 0.0, None, None)  # no slopes or sinks: q is not read
+        if bad:
+            p.error(f"--windows: {bad[1]}")
     if any(len(s) not in (3, 4) for s in shapes) or any(len(s) != 3 for s in mm):
         p.error("attention shapes are BxHxN or BxHxNqxNk, matmul shapes MxKxN")
-    if kv_heads_error(shapes, args.kv_heads):
-        p.error(f"--kv-heads {kv_heads_error(shapes, args.kv_heads)}")
+    error = kv_heads_error(shapes, args.kv_heads)
+    if error:
+        p.error(f"--kv-heads {error}")
     if not torch.cuda.is_available():
         print("precompile: no GPU, nothing to compile (the interpreter runs kernels uncompiled)")
         return 0

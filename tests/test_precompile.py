@@ -137,7 +137,8 @@ def test_cli():
                          (["--head-dims", "12"], "Unsupported head_dim 12"),
                          (["--shapes", "4x16x4096", "--kv-heads", "3"],
                           "--kv-heads 3 does not divide the 16 query heads"),
-                         (["--windows", "4095"], "expected a window like 4095,0")):
+                         (["--windows", "4095"], "expected a window like 4095,0"),
+                         (["--windows=-2,0"], "window left must be -1 (unbounded) or >= 0, got -2")):
         done = subprocess.run([sys.executable, "-m", "diyflash", "precompile", *argv], capture_output=True, text=True,
                               timeout=300)
         assert done.returncode == 2 and phrase in done.stderr, done.stderr
