@@ -35,7 +35,7 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .semantics import _inv, _prescaled, _probs, _query_band, _scores, _sequence, _tile, _visible
+from .semantics import _inv, _prescaled, _probs, _probs_shifted, _query_band, _scores, _sequence, _tile, _visible
 
 # TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -57,6 +57,15 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 SIDE_REGS = gl.constexpr(32)  # the loader's and the writer's registers a thread (setmaxnreg)
+
+
+@gluon.jit
+def _own_regs(x):
+    """x with each element in its own register, copied here (kept in order: it has side effects): a broadcast
+    tile (one value in several of a thread's registers) that a wgmma accumulates into would otherwise get
+    its copies between the wgmma's fence and its issue, where ptxas then waits for the matmuls in flight
+    (C7517)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -204,12 +213,14 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
          stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-         W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr):
+         W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr,
+         STATS_ACC: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
     warpgroup's k and v held in registers as s^T's and dp^T's A operands (read from shared memory once, not
-    every step)."""
+    every step). STATS_ACC (not SOFTCAP): s^T's and dp^T's accumulators start at -lse2 / qk_rest and -delta, so
+    that p and ds need no stat after the matmuls' waits (semantics._probs_shifted)."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]  # the program's keys (k's descriptor block)
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's
@@ -239,6 +250,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     else:
         k_a = k_w
         v_a = v_w
+    inv_rest = 1.0 / qk_rest
     dq_scale = qk_rest / qk_scale  # ds . k_pre is dq / scale times the power of two: the convert pass scales
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 
@@ -255,14 +267,26 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         mbarrier.wait(ready.index(s), (t // STAGES) & 1)
         q_s = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
-        st = warpgroup_mma(k_a, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        if STATS_ACC:  # s^T and dp^T come out of their matmuls with lse2 / qk_rest and delta subtracted
+            lse2 = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+            delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+            st0 = _own_regs(zero_st - (lse2 * inv_rest)[None, :])
+            dpt0 = _own_regs(zero_st - delta[None, :])
+            st = warpgroup_mma(k_a, q_s.permute((1, 0)), st0, use_acc=True, is_async=True)
+            dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), dpt0, use_acc=True, is_async=True)
+        else:
+            st = warpgroup_mma(k_a, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+            dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
         st = warpgroup_mma_wait(1, deps=(st, ))
         rows = start_m + offs_m
-        s_t, t_t = _scores(st, rows[None, :], offs_n[:, None], causal_offset, qk_rest, cap2, inv_cap2, 0.0,
-                           SOFTCAP=SOFTCAP, ALIBI=False)
-        lse2 = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))
-        p_t = _probs(s_t, lse2[None, :])
+        if STATS_ACC:
+            t_t = st
+            p_t = _probs_shifted(st, qk_rest)
+        else:
+            s_t, t_t = _scores(st, rows[None, :], offs_n[:, None], causal_offset, qk_rest, cap2, inv_cap2, 0.0,
+                               SOFTCAP=SOFTCAP, ALIBI=False)
+            lse2 = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+            p_t = _probs(s_t, lse2[None, :])
         if (start_m < mid) | (start_m >= full_end):
             vis = _visible(rows[None, :], offs_n[:, None], kv_len, causal_offset, win_left, win_right,
                            KEY_MASK=True, CAUSAL=CAUSAL, WINDOW=WINDOW) & (rows < q_len)[None, :]
@@ -270,8 +294,11 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         p16 = gl.convert_layout(p_t.to(dtype), op_layout)
         dv = warpgroup_mma(p16, do_s, dv, is_async=True)
         dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-        delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
-        ds_t = p_t * (dpt - delta[None, :])
+        if STATS_ACC:
+            ds_t = p_t * dpt
+        else:
+            delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+            ds_t = p_t * (dpt - delta[None, :])
         if SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
         ds_all = ds_bufs.index(b)
@@ -315,7 +342,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -333,6 +360,7 @@ def _hopper_bwd_kernel(
     FLAT: gl.constexpr = not VARLEN  # dq's tile in its registers' order (_store_dq): tiles start at 64-row bounds
     # k and v in registers (hopper.BWD_TILES), but with softcap, whose D64 window build then spilled 24 B (offline)
     KV_IN: gl.constexpr = KV_REGS and not SOFTCAP
+    STATS_IN: gl.constexpr = STATS_ACC and not SOFTCAP  # softcap's scores need the raw dot
     BY_ROW: gl.constexpr = not WINDOW  # _step's order: every program's band ends at the same row
     pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
     off_hk = off_hp // parts
@@ -388,12 +416,12 @@ def _hopper_bwd_kernel(
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),

@@ -277,13 +277,15 @@ BWD_TILES: dict[int, tuple[int, int, int, bool]] = {128: (64, 2, 1, False), 64: 
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
+BWD_STATS_ACC = False  # s^T's and dp^T's accumulators start at the stats (backward_sm90._mma's STATS_ACC)
 BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
 
 
 def bwd_meta(d: int) -> dict:
     """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES)."""
     block_m, stages, dq_bufs, kv_regs = BWD_TILES[d]
-    return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs, num_warps=4)
+    return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs,
+                STATS_ACC=BWD_STATS_ACC, num_warps=4)
 
 
 @functools.cache

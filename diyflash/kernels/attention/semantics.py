@@ -228,6 +228,13 @@ def _probs(s, lse2):
 
 
 @triton.jit
+def _probs_shifted(d, qk_rest):
+    """_probs from d = raw - lse2 / qk_rest, the raw dot with the lse already subtracted (the Hopper backward's
+    s^T accumulator starts at -lse2 / qk_rest): exp2(min(d * qk_rest, 0)), capped at 1 as _probs is."""
+    return tl.math.exp2(tl.minimum(d * qk_rest, 0.0))
+
+
+@triton.jit
 def _tanh(x):
     """tanh in fp32 to a few ulps, by 1 - 2 / (exp(2x) + 1), which saturates to +-1 without overflow,
     and a Taylor polynomial where that formula cancels (|x| < 0.125; error < 3e-10 relative there).
