@@ -5,9 +5,11 @@ it (every query head of the kv head's group, _query_band's rows, in _step's orde
 Partitions:
 - two MMA warpgroups (the default partition and one worker), each owning 64 of the keys and their dk, dv
   accumulators: per step s^T = k_w q^T and dp^T = v_w do^T (asynchronous wgmma; at D64 k_w and v_w are held
-  in registers, KV_REGS), p^T from the saved base-2
-  lse, dv_w += p^T do (p^T from registers), ds^T = p^T (dp^T - delta), dk_w += ds^T q (ds^T from registers)
-  and ds^T into shared memory;
+  in registers, KV_REGS), p^T from the saved base-2 lse, dv_w += p^T do (p^T from registers),
+  ds^T = p^T (dp^T - delta), dk_w += ds^T q (ds^T from registers) and ds^T into shared memory; at D128
+  (STATS_ACC) s^T's and dp^T's accumulators start at -lse2 / qk_rest and -delta, so p^T and ds^T load no stat
+  after the matmuls' waits (1.03-1.05x the kernel that loaded them there, H200,
+  bench/results/onepass_backward_h200.jsonl, run "bwd stats in acc");
   once both halves of ds^T are in (an mbarrier of count 2) and dk, dv are done, dq_w = ds k[:, w*64:(w+1)*64]
   (the 64 columns of dq this warpgroup owns) into a shared fp32 tile. dq is issued after dk and dv are
   waited for: three accumulators in flight made ptxas serialize every wgmma (tests/test_hopper.py checks);

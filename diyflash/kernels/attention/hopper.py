@@ -260,32 +260,34 @@ def launcher():
 
 # The Hopper backward's tiles by head dim (D = Dv): (query rows a step: 64, one wgmma row tile, which
 # backward_sm90._store_dq's order assumes; q/dout/stat stages; dq buffers a warpgroup, or for packed sequences
-# dq tile buffers, the MMA warpgroups and the writer take in turns; k and v in registers). Its programs take
-# 128 keys (two MMA warpgroups of 64; the kernel reads it off k's descriptor). H200, Triton 3.6, in one run
+# dq tile buffers, the MMA warpgroups and the writer take in turns; k and v in registers; the stats in s^T's and
+# dp^T's accumulators). Its programs take 128 keys (two MMA warpgroups of 64; the kernel reads it off k's
+# descriptor). H200, Triton 3.6, in one run
 # beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "dq in register order, cells"): D128 1.03-1.08x
 # cuDNN on the GQA 32/8 and MHA cells, D64 1.00-1.04x, 1.39x FlexAttention on the window 4096 cell, where the two
 # portable kernels (deterministic=True) ran 0.71-0.81x of it; D64's tiles (run "d64 tiles"): 128
 # query rows a step (spills) or 3 stages ran no faster. Two dq buffers a warpgroup (run "dq buffers a
 # warpgroup"): 1.006-1.016x of one at D64, 0.96-1.00x at D128 (225.6 of 227 KiB of shared memory); the
 # packed sequences' two panel tiles (run "dq buffers", where shared memory has room: at D64) 0.991x against
-# one's 0.970x on MHA fp16 B2 H16 N8192 not causal. Last: whether each MMA warpgroup holds its k and v in
+# one's 0.970x on MHA fp16 B2 H16 N8192 not causal. Then: whether each MMA warpgroup holds its k and v in
 # registers as s^T's and dp^T's A operands (read from shared memory once, not every step): at D64 1.025-1.063x
 # of reading them every step on four cells, two passes (run "kv in registers"); at D128 they do not fit (offline
-# sm_90a builds spill 192-684 B and serialize every wgmma, with k or v alone too). Other head dims keep the
-# portable backward.
-BWD_TILES: dict[int, tuple[int, int, int, bool]] = {128: (64, 2, 1, False), 64: (64, 2, 2, True)}
+# sm_90a builds spill 192-684 B and serialize every wgmma, with k or v alone too). Last: whether s^T's and dp^T's
+# accumulators start at the stats (-lse2 / qk_rest, -delta), so that p and ds load nothing after the matmuls'
+# waits: at D128 1.030-1.048x the kernel before on five cells and the window (run "bwd stats in acc"), at D64
+# 0.991-1.002x (kept off). Other head dims keep the portable backward.
+BWD_TILES: dict[int, tuple[int, int, int, bool, bool]] = {128: (64, 2, 1, False, True), 64: (64, 2, 2, True, False)}
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
-BWD_STATS_ACC = False  # s^T's and dp^T's accumulators start at the stats (backward_sm90._mma's STATS_ACC)
 BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
 
 
 def bwd_meta(d: int) -> dict:
     """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES)."""
-    block_m, stages, dq_bufs, kv_regs = BWD_TILES[d]
+    block_m, stages, dq_bufs, kv_regs, stats_acc = BWD_TILES[d]
     return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs,
-                STATS_ACC=BWD_STATS_ACC, num_warps=4)
+                STATS_ACC=stats_acc, num_warps=4)
 
 
 @functools.cache
