@@ -45,19 +45,6 @@ LOADER_REGS = gl.constexpr(24)  # the loader's registers a thread (setmaxnreg): 
 TURN_BARRIER = gl.constexpr(8)
 
 
-# a finished tile's accumulator copied into registers of its own (_own_regs) before it is held across the next
-# tile's first q.k^T (probe: off)
-OWN_ACC = gl.constexpr(False)
-
-
-@gluon.jit
-def _own_regs(x):
-    """x copied into registers of its own, here (kept in order: it has side effects), so that ptxas no longer
-    sees them as a finished wgmma's: held while another wgmma is in flight, those made Triton 3.6's ptxas
-    inject a wait for it where they are used (C7517)."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
-
-
 @gluon.jit
 def _wait_turn(WHICH: gl.constexpr, TURNS: gl.constexpr):
     """With TURNS, wait until consumer WHICH may issue its matmuls: its named barrier completes once its own 128
@@ -254,8 +241,6 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
     acc = warpgroup_mma(p16, v, acc, is_async=True)
     acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
     mbarrier.arrive(v_empty.index(prev), count=1)
-    if OWN_ACC:
-        acc = _own_regs(acc)
     return acc, m_i, l_i, top, i
 
 
