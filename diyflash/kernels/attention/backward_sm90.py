@@ -282,7 +282,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         st = warpgroup_mma_wait(1, deps=(st, ))
         rows = start_m + offs_m
         if STATS_ACC:
-            t_t = st
+            t_t = st  # softcap's tanh: unused here (STATS_ACC is off with softcap)
             p_t = _probs_shifted(st, qk_rest)
         else:
             s_t, t_t = _scores(st, rows[None, :], offs_n[:, None], causal_offset, qk_rest, cap2, inv_cap2, 0.0,
