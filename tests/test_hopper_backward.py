@@ -112,14 +112,19 @@ def test_the_call_rule(monkeypatch):
     assert not runs()
 
 
+@pytest.mark.parametrize("dtype,unprescale,power", [(torch.float32, False, 1.0), (torch.float32, True, 2.0),
+                                                    (torch.float16, True, 1.0), (torch.bfloat16, True, 2.0)])
 @pytest.mark.parametrize("d", [64, 128])
-def test_flat_dq_accumulator_reads_back(device, d):
+def test_flat_dq_accumulator_reads_back(device, d, dtype, unprescale, power):
     """The dq convert pass reads the Hopper backward's fp32 accumulator back (CPU: the interpreter): each
     64-row tile's two warpgroup halves in backward_sm90._store_dq's order, built here with torch's reshape and
     permute as the kernel's Gluon code builds it, N_q rounded up to 64 rows a head (hopper.bwd_dq_rows; the
-    padding rows hold values that must not reach dq), into a strided dq, times the scale."""
+    padding rows hold values that must not reach dq), into a strided dq, times the scale; with unprescale
+    (the Hopper backward's, whose adds hold ds . k with k times qk_scale's power of two) also times that
+    power's inverse: qk_scale = 0.5 log2(e) = 0.72 is 1.44 / 2, so 2, but for fp16 k (not prescaled)."""
     from diyflash.kernels.attention import launch
     from diyflash.kernels.attention.backward_rows import _attn_bwd_dq_convert_kernel
+    from diyflash.kernels.attention.semantics import LOG2E
 
     # the row passes' blocks are the kernel's 64-row tiles (their padding and order assume it)
     assert launch.PRE_BLOCK == 64 and all(tiles[0] == 64 for tiles in hopper.BWD_TILES.values())
@@ -130,10 +135,14 @@ def test_flat_dq_accumulator_reads_back(device, d):
     # (tile, warpgroup, r // 16, r // 8 % 2, r % 8, c // 8, c % 8 // 2, c % 2) -> _store_dq's order
     halves = dq.view(z, h, rows // 64, 64, 2, d // 2).transpose(3, 4)
     acc = halves.reshape(z, h, rows // 64, 2, 4, 2, 8, d // 16, 4, 2).permute(0, 1, 2, 3, 7, 4, 6, 8, 5, 9).contiguous()
-    out = torch.full((z, n, h, d), float("nan"), device=device).transpose(1, 2)  # fp32: the order alone
-    _attn_bwd_dq_convert_kernel[(-(-n // 64), h, z)](acc, out, *out.stride(), h, n, 0.5, HEAD_DIM=d, HEAD_DIM_PAD=d,
-                                                    BLOCK_M=64, FLAT=True)
-    assert torch.equal(out, dq[:, :, :n] * 0.5)
+    out = torch.full((z, n, h, d), float("nan"), device=device, dtype=dtype).transpose(1, 2)
+    _attn_bwd_dq_convert_kernel[(-(-n // 64), h, z)](acc, out, *out.stride(), h, n, 0.5, 0.5 * LOG2E, HEAD_DIM=d,
+                                                    HEAD_DIM_PAD=d, BLOCK_M=64, FLAT=True, UNPRESCALE=unprescale)
+    want = dq[:, :, :n] * (0.5 * power)  # powers of two: exact in fp32
+    if dtype == torch.bfloat16:  # within an ulp: the interpreter's float -> bf16 truncates, a GPU's rounds
+        torch.testing.assert_close(out.float(), want, rtol=2 ** -7, atol=0)
+    else:
+        assert torch.equal(out, want.to(dtype))
 
 
 @needs_hopper

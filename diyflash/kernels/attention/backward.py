@@ -270,7 +270,7 @@ def _attn_bwd_dkdv_kernel(
         )
     else:
         v = k
-    dq_unscale = _unprescale(k, qk_scale)  # (the one-pass backward's dq reads k too)
+    dq_unscale = _unprescale(qk_scale, DTYPE=k.dtype)  # (the one-pass backward's dq reads k too)
     k, qk_scale = _prescaled(k, qk_scale)  # k enters the score dots (dk reads q and ds)
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 

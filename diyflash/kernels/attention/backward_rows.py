@@ -9,7 +9,7 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import LOG2E  # noqa: E402
+from .semantics import LOG2E, _unprescale  # noqa: E402
 
 
 @triton.jit
@@ -117,13 +117,16 @@ def _dq_flat_offset(r, d, HEAD_DIM: tl.constexpr):
 def _attn_bwd_dq_convert_kernel(
     dq_acc_ptr, dq_ptr,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
-    num_heads, seq_len_q, scale,
+    num_heads, seq_len_q, scale, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FLAT: tl.constexpr,
+    UNPRESCALE: tl.constexpr,
 ):
     """dq of BLOCK_M query rows of one head from the fp32 accumulator the dk/dv kernel's atomic adds
     filled (contiguous (Z, H, N_q, HEAD_DIM)), or FLAT the Hopper backward's TMA reduces (N_q rounded up to
     BLOCK_M = 64 rows a head, each 64-row tile in _dq_flat_offset's order): times the natural scale, in dq's
-    dtype and strides. Grid (row blocks, heads, batch), as the preprocess kernel's."""
+    dtype and strides. UNPRESCALE (the Hopper backward, which adds ds . k with k prescaled by qk_scale's
+    power of two, semantics._prescaled, k of dq's dtype): times that power's inverse too, exact, so the same
+    bits as scaling each tile before its add. Grid (row blocks, heads, batch), as the preprocess kernel's."""
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -136,6 +139,8 @@ def _attn_bwd_dq_convert_kernel(
     else:
         at = (head * seq_len_q + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
     dq = tl.load(dq_acc_ptr + at, mask=mask, other=0.0)
+    if UNPRESCALE:
+        scale = scale * _unprescale(qk_scale, DTYPE=dq_ptr.dtype.element_ty)
     tl.store(dq_ptr + off_z.to(tl.int64) * stride_dqz + off_h.to(tl.int64) * stride_dqh
              + offs_m.to(tl.int64)[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              (dq * scale).to(dq_ptr.dtype.element_ty), mask=mask)

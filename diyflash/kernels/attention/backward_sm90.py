@@ -11,7 +11,8 @@ Partitions:
   after the matmuls' waits (1.03-1.05x the kernel that loaded them there, H200,
   bench/results/onepass_backward_h200.jsonl, run "bwd stats in acc");
   once both halves of ds^T are in (an mbarrier of count 2) and dk, dv are done, dq_w = ds k[:, w*64:(w+1)*64]
-  (the 64 columns of dq this warpgroup owns) into a shared fp32 tile. dq is issued after dk and dv are
+  (the 64 columns of dq this warpgroup owns, ds . k_pre: the convert pass undoes k's prescale, so no multiply
+  sits between dq's wait and its store) into a shared fp32 tile. dq is issued after dk and dv are
   waited for: three accumulators in flight made ptxas serialize every wgmma (tests/test_hopper.py checks);
 - a loader warp: k and v once, then q, do, lse and delta of each step into STAGES slots (TMA; packed
   sequences' lse and delta rows start anywhere, unaligned for the TMA: the warp loads those itself);
@@ -253,7 +254,6 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         k_a = k_w
         v_a = v_w
     inv_rest = 1.0 / qk_rest
-    dq_scale = qk_rest / qk_scale  # ds . k_pre is dq / scale times the power of two: the convert pass scales
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 
     offs_n = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
@@ -321,7 +321,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(s), count=1)
-        _store_dq(dq * dq_scale, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT)
+        _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT)
 
     kv_rows = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))

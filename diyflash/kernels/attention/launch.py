@@ -335,12 +335,13 @@ def _group_sum_launch(dk4: torch.Tensor, dv4: torch.Tensor, parts: int, grid_z: 
                        num_warps=4))
 
 
-def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float, flat: bool = False) -> Launch:
-    """dq from its fp32 accumulator (flat: the Hopper backward's order, hopper.bwd_dq_rows), times the scale,
-    in dq's dtype and strides."""
+def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float, flat: bool = False,
+                       unprescale: bool = False) -> Launch:
+    """dq from its fp32 accumulator (flat: the Hopper backward's order, hopper.bwd_dq_rows), times the scale
+    (unprescale: the Hopper backward's, also k's prescale undone), in dq's dtype and strides."""
     h, len_q, d = dq4.shape[1:]
-    return Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"), (*kernel_strides(dq4), h, len_q, scale),
-                  dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=PRE_BLOCK, FLAT=flat))
+    return Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"), (*kernel_strides(dq4), h, len_q, scale, scale * LOG2E),
+                  dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=PRE_BLOCK, FLAT=flat, UNPRESCALE=unprescale))
 
 
 def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple, batches: int, n_q: int,
@@ -382,7 +383,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
                 Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc),
                        hopper.BWD_POINTERS + ("lse2", "delta", *kv_out, "seq_lens", "cu_k"), args, kernel_meta),
                 *([_group_sum_launch(dk4, dv4, parts, z_rows)] if parts > 1 else []),
-                _dq_convert_launch(dq4, row_grid, scale, flat=flat)]
+                _dq_convert_launch(dq4, row_grid, scale, flat=flat, unprescale=True)]
 
     descs = hopper.bwd_descriptors(d, packed=varlen)
     if varlen:  # packed q, k, v, dout: descriptors of their (1, H, T, D) views

@@ -192,10 +192,10 @@ def _prescale_powers(qk_scale):
 
 
 @triton.jit
-def _unprescale(x, qk_scale):
-    """What undoes _prescaled(x, qk_scale) on x: 1 / p2 (1 for fp16 x), for a dot that reads the prescaled
-    operand for another purpose than the scores (the one-pass backward's ds . k)."""
-    if x.dtype == tl.float16:
+def _unprescale(qk_scale, DTYPE: tl.constexpr):
+    """What undoes _prescaled(x, qk_scale) on an x of DTYPE: 1 / p2 (1 for fp16), for a dot that reads the
+    prescaled operand for another purpose than the scores (the backward's ds . k)."""
+    if DTYPE == tl.float16:
         return 1.0
     else:
         return _prescale_powers(qk_scale)[1]
