@@ -60,9 +60,6 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 SIDE_REGS = gl.constexpr(32)  # the loader's and the writer's registers a thread (setmaxnreg)
-# DS_BAR's hardware named barrier for the two MMA warpgroups (256 threads); the partitions' own barriers
-# (thread_barrier) take the lowest ids
-DS_BARRIER = gl.constexpr(8)
 
 
 @gluon.jit
@@ -72,14 +69,6 @@ def _own_regs(x):
     its copies between the wgmma's fence and its issue, where ptxas then waits for the matmuls in flight
     (C7517)."""
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _both_warpgroups():
-    """Wait until both MMA warpgroups are here (bar.sync on DS_BARRIER, 256 threads: their shared-memory
-    stores before it are seen by both after it). Gluon has no named-barrier op: inline PTX (kept in order)."""
-    gl.inline_asm_elementwise("bar.sync $1, 256; mov.b32 $0, 0;", "=r,r", [DS_BARRIER], dtype=gl.int32,
-                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -228,7 +217,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
          W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr,
-         STATS_ACC: gl.constexpr, DS_BAR: gl.constexpr):
+         STATS_ACC: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
@@ -324,12 +313,9 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         # every warp's ds stored before the arrive publishes them; here, not before dk's issue, it is the barrier
         # the compiler puts before an arrive anyway: one BAR.SYNC a step fewer, 0.993-1.014x on seven cells
         # (bench/results/onepass_backward_h200.jsonl, runs "barriers a step")
-        if DS_BAR:  # both warpgroups' halves of ds in: one named barrier of the 256 threads
-            _both_warpgroups()
-        else:
-            _barrier()
-            mbarrier.arrive(ds_ready.index(b), count=1)
-            mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
+        _barrier()
+        mbarrier.arrive(ds_ready.index(b), count=1)
+        mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
         k_cols = k_all.slice(W * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1)
         dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
         dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
@@ -358,7 +344,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr, DS_BAR: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -432,12 +418,12 @@ def _hopper_bwd_kernel(
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_IN, DS_BAR)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN, DS_BAR)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),
