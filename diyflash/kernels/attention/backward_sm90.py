@@ -10,10 +10,11 @@ Partitions:
   (STATS_ACC) s^T's and dp^T's accumulators start at -lse2 / qk_rest and -delta, so p^T and ds^T load no stat
   after the matmuls' waits (1.03-1.05x the kernel that loaded them there, H200,
   bench/results/onepass_backward_h200.jsonl, run "bwd stats in acc");
-  once both halves of ds^T are in (an mbarrier of count 2) and dk, dv are done, dq_w = ds k[:, w*64:(w+1)*64]
-  (the 64 columns of dq this warpgroup owns, ds . k_pre: the convert pass undoes k's prescale, so no multiply
-  sits between dq's wait and its store) into a shared fp32 tile. dq is issued after dk and dv are
-  waited for: three accumulators in flight made ptxas serialize every wgmma (tests/test_hopper.py checks);
+  once dk and dv are done, dq_w = ds k[:, w*64:(w+1)*64] (the 64 columns of dq this warpgroup owns, ds . k_pre:
+  the convert pass undoes k's prescale, so no multiply sits between dq's wait and its store) into a shared fp32
+  tile, its share over the warpgroup's own keys issued before the wait for the other warpgroup's half of ds^T
+  (an mbarrier of count 2), the rest after. dq is issued after dk and dv are waited for: three accumulators in
+  flight made ptxas serialize every wgmma (tests/test_hopper.py checks);
 - a loader warp: k and v once, then q, do, lse and delta of each step into STAGES slots (TMA; packed
   sequences' lse and delta rows start anywhere, unaligned for the TMA: the warp loads those itself);
 - a writer warp: each step's dq tile added into the fp32 accumulator by the TMA unit (a bulk tensor
@@ -217,7 +218,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
          W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr,
-         STATS_ACC: gl.constexpr, DQ_SPLIT: gl.constexpr):
+         STATS_ACC: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
@@ -316,17 +317,16 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         _barrier()
         mbarrier.arrive(ds_ready.index(b), count=1)
         k_cols = k_all.slice(W * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1)
-        if DQ_SPLIT:  # dq over this warpgroup's keys issued before the wait for the other's half of ds
-            dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
-            dq = warpgroup_mma(ds_all.slice(W * KEYS, KEYS, dim=0).permute((1, 0)),
-                               k_cols.slice(W * KEYS, KEYS, dim=0), zero_dq, use_acc=False, is_async=True)
-            mbarrier.wait(ds_ready.index(b), (t // 2) & 1)
-            dq = warpgroup_mma(ds_all.slice((1 - W) * KEYS, KEYS, dim=0).permute((1, 0)),
-                               k_cols.slice((1 - W) * KEYS, KEYS, dim=0), dq, is_async=True)
-        else:
-            mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
-            dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
-            dq = warpgroup_mma(ds_all.permute((1, 0)), k_cols, zero_dq, use_acc=False, is_async=True)
+        # dq over this warpgroup's own keys first, issued before the wait for the other warpgroup's half of ds,
+        # so that the tensor cores have it while the warpgroup that finished its ds first waits (ncu: warpgroup 1
+        # seven times warpgroup 0's samples there): 1.006-1.012x on four of six cells, 0.991-0.998x (within their
+        # spread) on the MHA D128 ones (bench/results/onepass_backward_h200.jsonl, run "bwd dq split")
+        dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
+        dq = warpgroup_mma(ds_all.slice(W * KEYS, KEYS, dim=0).permute((1, 0)), k_cols.slice(W * KEYS, KEYS, dim=0),
+                           zero_dq, use_acc=False, is_async=True)
+        mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
+        dq = warpgroup_mma(ds_all.slice((1 - W) * KEYS, KEYS, dim=0).permute((1, 0)),
+                           k_cols.slice((1 - W) * KEYS, KEYS, dim=0), dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(s), count=1)
         _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT)
@@ -352,7 +352,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr, DQ_SPLIT: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -426,12 +426,12 @@ def _hopper_bwd_kernel(
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_IN, DQ_SPLIT)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN, DQ_SPLIT)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),

@@ -281,14 +281,13 @@ BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
 BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
-BWD_DQ_SPLIT = False  # dq's share over a warpgroup's own keys issued before the ds exchange's wait (a probe: off)
 
 
 def bwd_meta(d: int) -> dict:
     """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES)."""
     block_m, stages, dq_bufs, kv_regs, stats_acc = BWD_TILES[d]
     return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs,
-                STATS_ACC=stats_acc, DQ_SPLIT=BWD_DQ_SPLIT, num_warps=4)
+                STATS_ACC=stats_acc, num_warps=4)
 
 
 @functools.cache
