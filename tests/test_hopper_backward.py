@@ -120,8 +120,8 @@ def test_flat_dq_accumulator_reads_back(device, d, dtype, unprescale, power):
     64-row tile's two warpgroup halves in backward_sm90._store_dq's order, built here with torch's reshape and
     permute as the kernel's Gluon code builds it, N_q rounded up to 64 rows a head (hopper.bwd_dq_rows; the
     padding rows hold values that must not reach dq), into a strided dq, times the scale; with unprescale
-    (the Hopper backward's, whose adds hold ds . k with k times qk_scale's power of two) also times that
-    power's inverse: qk_scale = 0.5 log2(e) = 0.72 is 1.44 / 2, so 2, but for fp16 k (not prescaled)."""
+    (the Hopper backward's, whose adds hold ds . k with k times qk_scale's power of two p2) also times 1 / p2:
+    qk_scale = 0.5 log2(e) = 0.72 lies in [1/2, 1), so p2 = 1/2 and the factor is 2 (1 for fp16: not prescaled)."""
     from diyflash.kernels.attention import launch
     from diyflash.kernels.attention.backward_rows import _attn_bwd_dq_convert_kernel
     from diyflash.kernels.attention.semantics import LOG2E
