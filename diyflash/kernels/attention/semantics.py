@@ -230,8 +230,9 @@ def _probs(s, lse2):
 @triton.jit
 def _probs_shifted(d, qk_rest):
     """_probs from d = raw - lse2 / qk_rest, the raw dot with the lse already subtracted (the Hopper backward's
-    s^T accumulator starts at -lse2 / qk_rest): exp2(min(d * qk_rest, 0)), capped at 1 as _probs is."""
-    return tl.math.exp2(tl.minimum(d * qk_rest, 0.0))
+    s^T accumulator starts at -lse2 / qk_rest): d * qk_rest is s - lse2, so _probs of it against 0 (x - 0.0 is
+    x, which the compiler drops), capped at 1 by the same rule."""
+    return _probs(d * qk_rest, 0.0)
 
 
 @triton.jit
