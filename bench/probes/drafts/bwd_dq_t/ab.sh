@@ -18,7 +18,7 @@ DIYFLASH_PROBE_BWD_DQ_T=1 DIYFLASH_TEST_DEVICE=cuda TRITON_CACHE_DIR=/tmp/tc_dqt
 echo "tests rc=$?" >> $OUT/ab.txt; tail -1 $OUT/tests.log >> $OUT/ab.txt; grep -E "^(FAILED|ERROR)" $OUT/tests.log | head -5 >> $OUT/ab.txt
 CELLS=("MHA D64 full fp16 B2 H16 N8192" "MHA D64 causal fp16 B2 H16 N8192" "GQA32/8 D128 causal bf16 B4 N4096")
 for v in head dqt dqt head; do
-  DIYFLASH_PROBE_BWD_DQ_T=$([ $v = head ] || echo 1) TRITON_CACHE_DIR=/tmp/tc_$v timeout 90 python3 -m bench.cells \
+  DIYFLASH_PROBE_BWD_DQ_T=$([ $v = head ] || echo 1) TRITON_CACHE_DIR=/tmp/tc_$v timeout 150 python3 -m bench.cells \
     --modes bwd --cells "${CELLS[@]}" --run "bwd dq transposed: $v" --out $OUT/ab_$v$RANDOM.jsonl > $OUT/ab_$v.log 2>&1
   echo "$v rc=$?" >> $OUT/ab.txt
   grep "^| [wGM]" $OUT/ab_$v.log | sort -u | cut -d'|' -f2,7,9,10 | sed "s/^/$v /" >> $OUT/ab.txt
