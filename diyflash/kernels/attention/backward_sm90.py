@@ -218,7 +218,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
          W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr,
-         STATS_ACC: gl.constexpr, DQ_EARLY: gl.constexpr):
+         STATS_ACC: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
@@ -321,14 +321,9 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         # so that the tensor cores have it while the warpgroup that finished its ds first waits (ncu: warpgroup 1
         # seven times warpgroup 0's samples there): 1.006-1.012x on four of six cells, 0.991-0.998x (within their
         # spread) on the MHA D128 ones (bench/results/onepass_backward_h200.jsonl, run "bwd dq split")
-        if DQ_EARLY:  # dq's own share issued behind dv and dk, before waiting for them
-            dq = warpgroup_mma(ds_all.slice(W * KEYS, KEYS, dim=0).permute((1, 0)),
-                               k_cols.slice(W * KEYS, KEYS, dim=0), zero_dq, use_acc=False, is_async=True)
-            dv, dk, _p = warpgroup_mma_wait(1, deps=(dv, dk, p16))
-        else:
-            dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
-            dq = warpgroup_mma(ds_all.slice(W * KEYS, KEYS, dim=0).permute((1, 0)),
-                               k_cols.slice(W * KEYS, KEYS, dim=0), zero_dq, use_acc=False, is_async=True)
+        dv, dk, _p = warpgroup_mma_wait(0, deps=(dv, dk, p16))
+        dq = warpgroup_mma(ds_all.slice(W * KEYS, KEYS, dim=0).permute((1, 0)), k_cols.slice(W * KEYS, KEYS, dim=0),
+                           zero_dq, use_acc=False, is_async=True)
         mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
         dq = warpgroup_mma(ds_all.slice((1 - W) * KEYS, KEYS, dim=0).permute((1, 0)),
                            k_cols.slice((1 - W) * KEYS, KEYS, dim=0), dq, is_async=True)
@@ -357,7 +352,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr, DQ_EARLY: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -431,12 +426,12 @@ def _hopper_bwd_kernel(
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_IN, DQ_EARLY)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN, DQ_EARLY)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),
