@@ -218,7 +218,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
          W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr,
-         STATS_ACC: gl.constexpr, NEXT_ST: gl.constexpr):
+         STATS_ACC: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
@@ -263,13 +263,6 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     zero_dq = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, dq_layout)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
-    gl.static_assert(not (NEXT_ST and STATS_ACC), "NEXT_ST takes s^T's accumulator from zero")
-    if NEXT_ST:  # step 0's s^T before the loop; each step issues the next one's behind its dq (stage 0 stale if none)
-        if total > 0:
-            mbarrier.wait(ready.index(0), 0)
-        st_next = warpgroup_mma(k_a, q_bufs.index(0).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), zero_st,
-                                use_acc=False, is_async=True)
-        st_next = warpgroup_mma_wait(0, deps=(st_next, ))
     for t in range(total):
         s = t % STAGES
         b = t % 2
@@ -284,9 +277,6 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
             dpt0 = _own_regs(zero_st - delta[None, :])
             st = warpgroup_mma(k_a, q_s.permute((1, 0)), st0, use_acc=True, is_async=True)
             dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), dpt0, use_acc=True, is_async=True)
-        elif NEXT_ST:  # s^T issued by the step before
-            dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-            st = st_next
         else:
             st = warpgroup_mma(k_a, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
@@ -337,19 +327,9 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         mbarrier.wait(ds_ready.index(b), (t // 2) & 1)  # the other warpgroup's keys of ds are in too
         dq = warpgroup_mma(ds_all.slice((1 - W) * KEYS, KEYS, dim=0).permute((1, 0)),
                            k_cols.slice((1 - W) * KEYS, KEYS, dim=0), dq, is_async=True)
-        if NEXT_ST:  # the next step's s^T behind dq, so that the tensor cores have it during dq's wait and store
-            s1 = (t + 1) % STAGES
-            if t + 1 < total:  # (on the last step a stale slot: no load is left to race, its s^T is not read)
-                mbarrier.wait(ready.index(s1), ((t + 1) // STAGES) & 1)
-            st_next = warpgroup_mma(k_a, q_bufs.index(s1).reshape([BLOCK_M, HEAD_DIM]).permute((1, 0)), zero_st,
-                                    use_acc=False, is_async=True)
-            dq = warpgroup_mma_wait(1, deps=(dq, ))
-        else:
-            dq = warpgroup_mma_wait(0, deps=(dq, ))
+        dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(s), count=1)
         _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT)
-        if NEXT_ST:  # done before the next step (no wgmma in flight across the loop: ptxas serializes it, C7514)
-            st_next = warpgroup_mma_wait(0, deps=(st_next, ))
 
     kv_rows = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -372,7 +352,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr, NEXT_ST: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -446,12 +426,12 @@ def _hopper_bwd_kernel(
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_IN, NEXT_ST)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN, NEXT_ST)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),

@@ -279,7 +279,6 @@ def launcher():
 BWD_TILES: dict[int, tuple[int, int, int, bool, bool]] = {128: (64, 2, 1, False, True), 64: (64, 2, 2, True, False)}
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
-BWD_NEXT_ST = ()  # head dims whose steps issue the next step's s^T behind their dq (a probe's form, off)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
 BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
 
@@ -288,7 +287,7 @@ def bwd_meta(d: int) -> dict:
     """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES)."""
     block_m, stages, dq_bufs, kv_regs, stats_acc = BWD_TILES[d]
     return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs,
-                STATS_ACC=stats_acc, NEXT_ST=d in BWD_NEXT_ST, num_warps=4)
+                STATS_ACC=stats_acc, num_warps=4)
 
 
 @functools.cache
