@@ -83,13 +83,15 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
     q = torch.empty(2, 4, 1000, d, dtype=dtype)
     stats = torch.empty(2, 4, hopper.stat_rows(1000))
     env = {"q": q, "k": q, "v": q, "dout": q, "dq_acc": q.float(), "lse2": stats, "delta": stats}
-    descs = _with_descriptors(env, hopper.bwd_descriptors(d, packed=lens == "varlen"))
+    wide = hopper.bwd_wide(d, causal or window or softcap, lens == "varlen")
+    descs = _with_descriptors(env, hopper.bwd_descriptors(d, packed=lens == "varlen", wide=wide))
     fn = hopper.backward_module()._hopper_bwd_kernel
     ints = torch.empty(3, dtype=torch.int32) if lens else None  # seq_lens, or cu_seqlens_q / cu_seqlens_k
     values = [*(descs[name] for name in hopper.BWD_POINTERS), stats, stats, q, q, ints, ints if lens == "varlen" else None,
               *q.stride(), *q.stride(), 4, 1000, 1000, 0.1, 0.1, 3, 2, 2, stats.shape[-1], 7, 0, 0.5]
     consts = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, HAS_SEQ_LENS=lens == "seq_lens",
-                  VARLEN=lens == "varlen", HEAD_DIM=d, **{k: v for k, v in hopper.bwd_meta(d).items() if k != "num_warps"})
+                  VARLEN=lens == "varlen", HEAD_DIM=d,
+                  **{k: v for k, v in hopper.bwd_meta(d, wide).items() if k != "num_warps"})
     sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else "constexpr" if v is None else mangle_type(v)
            for n, v in zip(fn.arg_names, values)}
     sig.update({n: "constexpr" for n in consts})
@@ -110,7 +112,8 @@ print(json.dumps([build(*case) for case in [
     build_bwd(*case) for case in [
     (128, True, False, False, torch.bfloat16), (128, False, False, False, torch.float16),
     (128, True, True, True, torch.float16), (64, False, True, True, torch.bfloat16),
-    (128, True, False, False, torch.bfloat16, "varlen"), (64, False, False, False, torch.float16, "seq_lens")]]))
+    (128, True, False, False, torch.bfloat16, "varlen"), (64, True, False, False, torch.float16, "seq_lens"),
+    (64, False, False, False, torch.float16)]]))  # the last: 128 query rows a step (hopper.BWD_WIDE_TILES)
 """
 
 
@@ -159,9 +162,9 @@ def test_kernel_compiles_for_sm90():
         assert (kernel["turn_syncs"] > 0) == kernel["turns"], kernel["case"]
         assert max(kernel["barrier_ids"]) < first, (kernel["case"], kernel["barrier_ids"])
     # the D64 backward holds k and v in registers as s^T's and dp^T's A operands (hopper.BWD_TILES; not with
-    # softcap): twice the register-operand wgmma of dv's and dk's alone
+    # softcap, nor on the wide tiles): twice the register-operand wgmma of dv's and dk's alone
     rs = {tuple(k["case"][1:5]) + (k["case"][6],): k["wgmma_rs"] for k in kernels if k["case"][0] == "bwd"}
-    assert rs[(64, False, False, False, "seq_lens")] == 2 * rs[(64, False, True, True, None)] > 0, rs
+    assert rs[(64, True, False, False, "seq_lens")] == 2 * rs[(64, False, True, True, None)] > 0, rs
 
 
 try:

@@ -37,9 +37,10 @@ CASES = [  # (B, H, H_kv, N_q, N_k, causal, window, softcap, head_dim)
     (2, 2, 2, 113, 17, True, (-1, -1), 0.0, 128),
     (1, 4, 4, 1, 1, False, (-1, -1), 0.0, 128),
     (1, 2, 1, 4097, 4097, True, (-1, -1), 0.0, 128),
-    # head_dim 64: one dq panel a warpgroup
+    # head_dim 64: one dq panel a warpgroup; without masks 128 query rows a step (hopper.BWD_WIDE_TILES)
     (2, 4, 2, 1000, 1000, True, (-1, -1), 0.0, 64),
     (1, 8, 1, 1024, 300, False, (-1, -1), 0.0, 64),
+    (2, 3, 3, 900, 333, False, (-1, -1), 0.0, 64),  # a head's last 128-row step past its 960 accumulator rows
     (1, 4, 1, 1500, 1500, True, (256, 0), 30.0, 64),
     (2, 2, 2, 113, 17, False, (20, 7), 0.0, 64),
 ]
@@ -112,6 +113,18 @@ def test_the_call_rule(monkeypatch):
     assert not runs()
 
 
+def test_wide_tiles_only_without_masks():
+    """128 query rows a step (hopper.BWD_WIDE_TILES) at head_dim 64 only for calls without causal, window,
+    softcap or packed sequences (measured slower on causal cells); every tile a multiple of dq's 64-row tiles."""
+    assert hopper.bwd_wide(64, masked=False, packed=False)
+    assert not any([hopper.bwd_wide(64, masked=True, packed=False), hopper.bwd_wide(64, masked=False, packed=True),
+                    hopper.bwd_wide(128, masked=False, packed=False)])
+    assert hopper.bwd_meta(64, wide=True)["BLOCK_M"] == 128 and hopper.bwd_meta(64)["BLOCK_M"] == 64
+    q_block = dict((spec[0], spec[1]) for spec in hopper.bwd_descriptors(64, wide=True) if isinstance(spec[1], int))
+    assert q_block["q"] == q_block["dout"] == 128
+    assert all(tiles[0] % 64 == 0 for tiles in (*hopper.BWD_TILES.values(), *hopper.BWD_WIDE_TILES.values()))
+
+
 @pytest.mark.parametrize("dtype,unprescale,power", [(torch.float32, False, 1.0), (torch.float32, True, 2.0),
                                                     (torch.float16, True, 1.0), (torch.bfloat16, True, 2.0)])
 @pytest.mark.parametrize("d", [64, 128])
@@ -126,8 +139,8 @@ def test_flat_dq_accumulator_reads_back(device, d, dtype, unprescale, power):
     from diyflash.kernels.attention.backward_rows import _attn_bwd_dq_convert_kernel
     from diyflash.kernels.attention.semantics import LOG2E
 
-    # the row passes' blocks are the kernel's 64-row tiles (their padding and order assume it)
-    assert launch.PRE_BLOCK == 64 and all(tiles[0] == 64 for tiles in hopper.BWD_TILES.values())
+    # the row passes' blocks are the accumulator's 64-row tiles (their padding and order assume it)
+    assert launch.PRE_BLOCK == 64
     z, h, n = 2, 3, 100
     rows = hopper.bwd_dq_rows(n, d, packed=False)
     assert rows == 128 and hopper.bwd_dq_rows(n, d, packed=True) == n

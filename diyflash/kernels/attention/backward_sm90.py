@@ -1,7 +1,8 @@
 """The Hopper (sm_90) backward: one pass in FlashAttention-3's split, a warp-specialized Gluon kernel (D64, D128).
 
 A program holds one block of BLOCK_N = 128 keys of one (batch, kv head) and walks the query blocks that see
-it (every query head of the kv head's group, _query_band's rows, in _step's order), BLOCK_M = 64 rows a step.
+it (every query head of the kv head's group, _query_band's rows, in _step's order), BLOCK_M rows a step (64, or
+128 at head_dim 64 without masks: hopper.BWD_WIDE_TILES).
 Partitions:
 - two MMA warpgroups (the default partition and one worker), each owning 64 of the keys and their dk, dv
   accumulators: per step s^T = k_w q^T and dp^T = v_w do^T (asynchronous wgmma; at D64 k_w and v_w are held
@@ -135,12 +136,15 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr, BY_ROW: gl.constexpr):
     """Each step's dq tile added into the fp32 accumulator by the TMA unit; a buffer is free again once the
     unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
-    of the (Z, H, acc_rows, D) accumulator (acc_rows: N_q rounded up to 64), reduced as soon as it is in.
+    of the (Z, H, acc_rows, D) accumulator (acc_rows: N_q rounded up to 64), reduced as soon as it is in (a
+    128-row step's half: two chunks, one a 64-row tile).
     Else the tile's panels of the (Z, H, N_q, D) accumulator once both halves are in. DQ_BUFS buffers (a
     warpgroup's, or a tile's) in turns. A tile's rows past the sequence hold zeros (their p is masked): for
-    packed sequences the next sequence's rows get +0."""
+    packed sequences the next sequence's rows get +0, as does the next head's first 64-row tile from a 128-row
+    step past a head's rows."""
     if FLAT:
-        CHUNK: gl.constexpr = dq_bufs.shape[1]  # rows of 256 floats a warpgroup's half
+        CHUNK: gl.constexpr = dq_desc.block_type.shape[0]  # rows of 256 floats a warpgroup's half of 64 rows
+        SUBS: gl.constexpr = BLOCK_M // 64  # 64-row tiles a step
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2  # a warpgroup's (1 or 2)
         head_z = z_in * num_heads
         for t in range(total):
@@ -149,14 +153,16 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
             b = t % DQ_BUFS
             for w in gl.static_range(2):
                 mbarrier.wait(dq_full.index(b * 2 + w), (t // DQ_BUFS) & 1)
-                _tma_reduce_add(dq_desc, [row + w * CHUNK, 0], dq_bufs.index(b * 2 + w))
+                for a in gl.static_range(SUBS):
+                    _tma_reduce_add(dq_desc, [row + (2 * a + w) * CHUNK, 0],
+                                    dq_bufs.index(b * 2 + w).slice(a * CHUNK, CHUNK, dim=0))
             if DQ_BUFS == 1:  # each half's buffer free once its reduce has read it
-                tma.store_wait(1)
+                tma.store_wait(SUBS)
                 mbarrier.arrive(dq_empty.index(0), count=1)
                 tma.store_wait(0)
                 mbarrier.arrive(dq_empty.index(1), count=1)
             elif t > 0:  # two: the step before's buffers, once its reduces are done
-                tma.store_wait(2)
+                tma.store_wait(2 * SUBS)
                 mbarrier.arrive(dq_empty.index((1 - b) * 2), count=1)
                 mbarrier.arrive(dq_empty.index((1 - b) * 2 + 1), count=1)
         tma.store_wait(0)
@@ -176,18 +182,21 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
 
 @gluon.jit
 def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr):
-    """MMA warpgroup W's half of step t's dq tile (64 rows x D/2 columns, fp32) into shared memory for the
+    """MMA warpgroup W's half of step t's dq tile (BLOCK_M rows x D/2 columns, fp32) into shared memory for the
     writer warp, DQ_BUFS buffers in turns. FLAT: in the accumulator registers' order, into the warpgroup's
-    own buffers, element (r, c) at (c // 8) * 512 + (32 * (r // 16) + 4 * (r % 8) + c % 8 // 2) * 4
-    + 2 * (r // 8 % 2) + c % 2, so that thread t's registers 4i .. 4i+3 land at i * 512 + t * 4 (128-bit
-    stores, a warp's 512 bytes in a row: no bank conflicts); backward_rows._dq_flat_offset reads it back.
+    own buffers, a 64-row tile after the other, element (r, c) of a tile at (c // 8) * 512 + (32 * (r // 16)
+    + 4 * (r % 8) + c % 8 // 2) * 4 + 2 * (r // 8 % 2) + c % 2, so that thread t's registers 4i .. 4i+3 land at
+    i * 512 + t * 4 (128-bit stores, a warp's 512 bytes in a row: no bank conflicts; a 128-row tile's second
+    64 rows are its registers after the first's); backward_rows._dq_flat_offset reads it back.
     Else the tile's 128-byte swizzled panels (one a warpgroup at D64, two at D128; 64-bit stores)."""
     if FLAT:
         H2: gl.constexpr = dq.shape[1]
+        SUBS: gl.constexpr = dq.shape[0] // 64
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2
         i = (t % DQ_BUFS) * 2 + W
-        # (r // 16, r // 8 % 2, r % 8, c // 8, c % 8 // 2, c % 2), then in the order of the offset above
-        x = gl.permute(gl.reshape(dq, [4, 2, 8, H2 // 8, 4, 2]), (3, 0, 2, 4, 1, 5))
+        # (r // 64, r // 16 % 4, r // 8 % 2, r % 8, c // 8, c % 8 // 2, c % 2), then a 64-row tile after the
+        # other, each in the order of the offset above
+        x = gl.permute(gl.reshape(dq, [SUBS, 4, 2, 8, H2 // 8, 4, 2]), (0, 4, 1, 3, 5, 2, 6))
         mbarrier.wait(dq_empty.index(i), ((t // DQ_BUFS) & 1) ^ 1)
         dq_bufs.index(i).store(gl.reshape(x, [dq_bufs.shape[1], 256]))
         fence_async_shared()
@@ -361,7 +370,7 @@ def _hopper_bwd_kernel(
     flat (Z * H * stat_stride) base-2 lse and delta (stat_stride >= N_q rows a head, a multiple of 4: TMA
     coordinates 16-byte aligned); dq_desc: the fp32 accumulator, zeroed before (the preprocess) and scaled
     after (the convert pass): (CHUNK, 256) blocks of its floats in rows of 256, (Z, H, N_q rounded up to
-    BLOCK_M = 64, D) in _store_dq's order, or, VARLEN, (1, 1, BLOCK_M, PANEL) blocks of (Z, H, N_q, D)
+    64, D) in _store_dq's order, or, VARLEN, (1, 1, BLOCK_M, PANEL) blocks of (Z, H, N_q, D)
     (hopper.bwd_descriptors); lse_ptr, delta_ptr: that
     flat base-2 lse and delta (VARLEN reads them through these). HAS_SEQ_LENS, VARLEN: seq_lens_ptr and cu_k_ptr
     as semantics._sequence takes them; packed sequences are the (1, H, T, D) views, a grid slice a sequence."""
@@ -400,7 +409,8 @@ def _hopper_bwd_kernel(
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
     if FLAT:  # DQ_BUFS buffers a warpgroup
         DQ_BARS: gl.constexpr = 2 * DQ_BUFS
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS] + dq_desc.block_type.shape, dq_desc.layout)
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, (BLOCK_M // 64) * dq_desc.block_type.shape[0],
+                                                         256], dq_desc.layout)
     else:  # DQ_BUFS tiles of HEAD_DIM // PANEL panels
         DQ_BARS: gl.constexpr = DQ_BUFS
         PANEL: gl.constexpr = dq_desc.block_type.shape[3]  # dq's columns a TMA reduce (hopper.BWD_DQ_PANEL)
@@ -436,5 +446,5 @@ def _hopper_bwd_kernel(
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),
         (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads,
-                   gl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M, HEAD_DIM, BLOCK_M, FLAT, BY_ROW)),
+                   gl.cdiv(seq_len_q, 64) * 64, HEAD_DIM, BLOCK_M, FLAT, BY_ROW)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

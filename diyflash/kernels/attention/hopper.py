@@ -258,9 +258,9 @@ def launcher():
 
 # -- the backward (backward_sm90.py) --
 
-# The Hopper backward's tiles by head dim (D = Dv): (query rows a step: 64, one wgmma row tile, which
-# backward_sm90._store_dq's order assumes; q/dout/stat stages; dq buffers a warpgroup, or for packed sequences
-# dq tile buffers, the MMA warpgroups and the writer take in turns; k and v in registers; the stats in s^T's and
+# The Hopper backward's tiles by head dim (D = Dv): (query rows a step, 64 here, a multiple of 64: dq's flat
+# accumulator holds 64-row tiles, backward_sm90._store_dq; q/dout/stat stages; dq buffers a warpgroup, or for
+# packed sequences dq tile buffers, the MMA warpgroups and the writer take in turns; k and v in registers; the stats in s^T's and
 # dp^T's accumulators). Its programs take 128 keys (two MMA warpgroups of 64; the kernel reads it off k's
 # descriptor). H200, Triton 3.6, in one run
 # beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "dq in register order, cells"): D128 1.03-1.08x
@@ -277,15 +277,28 @@ def launcher():
 # waits: at D128 1.030-1.048x the kernel before on five cells and the window (run "bwd stats in acc"), at D64
 # 0.991-1.002x (kept off). Other head dims keep the portable backward.
 BWD_TILES: dict[int, tuple[int, int, int, bool, bool]] = {128: (64, 2, 1, False, True), 64: (64, 2, 2, True, False)}
+# Calls without masks (not causal, no window, no softcap, not packed) at head_dim 64 take FlashAttention-3's D64
+# tile instead: 128 query rows a step (each MMA warpgroup's s^T and dp^T 64 keys x 128 rows), k and v from shared
+# memory (in registers beside those tiles they spill 280-344 B and serialize every wgmma, offline sm_90a), the
+# stats in the accumulators: 1.012-1.027x the 64-row tile on three D64 cells without masks (MHA fp16 B2 H16 N8192
+# 452 -> 465 TFLOPS; bench/results/onepass_backward_h200.jsonl, run "bwd m128"), where the causal one ran 0.98x
+# (run "bwd m128, first look").
+BWD_WIDE_TILES: dict[int, tuple[int, int, int, bool, bool]] = {64: (128, 2, 1, False, True)}
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
 BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
 
 
-def bwd_meta(d: int) -> dict:
-    """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES)."""
-    block_m, stages, dq_bufs, kv_regs, stats_acc = BWD_TILES[d]
+def bwd_wide(d: int, masked: bool, packed: bool) -> bool:
+    """Whether a backward call at head dim d takes BWD_WIDE_TILES (masked: causal, a window or softcap)."""
+    return d in BWD_WIDE_TILES and not (masked or packed)
+
+
+def bwd_meta(d: int, wide: bool = False) -> dict:
+    """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES, or wide:
+    BWD_WIDE_TILES)."""
+    block_m, stages, dq_bufs, kv_regs, stats_acc = (BWD_WIDE_TILES if wide else BWD_TILES)[d]
     return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs,
                 STATS_ACC=stats_acc, num_warps=4)
 
@@ -372,20 +385,20 @@ def _flat_descriptor(t: torch.Tensor, rows: int):
 
 
 def bwd_dq_rows(n_q: int, d: int, packed: bool) -> int:
-    """Rows a head of the Hopper backward's fp32 dq accumulator: N_q rounded up to the kernel's 64-row tiles,
+    """Rows a head of the Hopper backward's fp32 dq accumulator: N_q rounded up to 64-row tiles,
     each MMA warpgroup's half a flat chunk in its registers' order (backward_sm90._store_dq); packed
     sequences, whose tiles start at any row, N_q (swizzled panels, clipped by the TMA)."""
-    block_m = BWD_TILES[d][0]
-    return n_q if packed else -(-n_q // block_m) * block_m
+    return n_q if packed else -(-n_q // 64) * 64
 
 
-def bwd_descriptors(d: int, packed: bool = False) -> tuple:
+def bwd_descriptors(d: int, packed: bool = False, wide: bool = False) -> tuple:
     """The backward launch's host descriptors (plans.launch_chunks' descs): k, v, q, dout, the fp32 dq
-    accumulator (a warpgroup's half of a tile, 64 x d/2 floats, a block; packed: BWD_DQ_PANEL-column panels of
-    its (Z, H, N_q, D) view), and the flat row statistics (specs with a function: plans._with_descriptors)."""
-    block_m = BWD_TILES[d][0]
+    accumulator (a warpgroup's half of a 64-row tile, 64 x d/2 floats, a block; packed: BWD_DQ_PANEL-column
+    panels of its (Z, H, N_q, D) view), and the flat row statistics (specs with a function:
+    plans._with_descriptors); wide: bwd_meta's."""
+    block_m = bwd_meta(d, wide)["BLOCK_M"]
     stats = functools.partial(_stat_descriptor, block_m=block_m)
     dq = (("dq_acc", block_m, BWD_DQ_PANEL, True) if packed
-          else ("dq_acc", functools.partial(_flat_descriptor, rows=block_m * d // 2 // 256)))
+          else ("dq_acc", functools.partial(_flat_descriptor, rows=64 * d // 2 // 256)))
     return (("k", BWD_BLOCK_N, d, True), ("v", BWD_BLOCK_N, d, True), ("q", block_m, d, True),
             ("dout", block_m, d, True), dq, ("lse2", stats), ("delta", stats))

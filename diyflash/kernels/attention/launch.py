@@ -370,8 +370,9 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
                ("dq_acc", (z, h, hopper.bwd_dq_rows(len_q, d, varlen), d), torch.float32), *split_scratch)
     env.update(scratch_buffers(scratch, dq4.device))  # (meta with compile_only, as dq is)
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
+    wide = hopper.bwd_wide(d, var.causal or var.window or var.softcap, varlen)
     kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HAS_SEQ_LENS=has_seq_lens,
-                       VARLEN=varlen, HEAD_DIM=d, **hopper.bwd_meta(d))
+                       VARLEN=varlen, HEAD_DIM=d, **hopper.bwd_meta(d, wide))
 
     def launches(zc: int) -> list[Launch]:
         z_rows = z if varlen else zc  # the row passes' batch: the tensors'
@@ -385,7 +386,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
                 *([_group_sum_launch(dk4, dv4, parts, z_rows)] if parts > 1 else []),
                 _dq_convert_launch(dq4, row_grid, scale, flat=flat, unprescale=True)]
 
-    descs = hopper.bwd_descriptors(d, packed=varlen)
+    descs = hopper.bwd_descriptors(d, packed=varlen, wide=wide)
     if varlen:  # packed q, k, v, dout: descriptors of their (1, H, T, D) views
         descs = tuple((spec[0], functools.partial(packed_host_descriptor, block_rows=spec[1], block_cols=spec[2],
                                                   gluon=True)) if spec[0] in ("q", "k", "v", "dout") else spec
