@@ -260,9 +260,9 @@ def launcher():
 
 # The Hopper backward's tiles by head dim (D = Dv): (query rows a step, 64 here, a multiple of 64: dq's flat
 # accumulator holds 64-row tiles, backward_sm90._store_dq; q/dout/stat stages; dq buffers a warpgroup, or for
-# packed sequences dq tile buffers, the MMA warpgroups and the writer take in turns; k and v in registers; the stats in s^T's and
-# dp^T's accumulators). Its programs take 128 keys (two MMA warpgroups of 64; the kernel reads it off k's
-# descriptor). H200, Triton 3.6, in one run
+# packed sequences dq tile buffers, the MMA warpgroups and the writer take in turns; k and v in registers; the
+# stats in s^T's and dp^T's accumulators). Its programs take 128 keys (two MMA warpgroups of 64; the kernel reads
+# it off k's descriptor). H200, Triton 3.6, in one run
 # beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "dq in register order, cells"): D128 1.03-1.08x
 # cuDNN on the GQA 32/8 and MHA cells, D64 1.00-1.04x, 1.39x FlexAttention on the window 4096 cell, where the two
 # portable kernels (deterministic=True) ran 0.71-0.81x of it; D64's tiles (run "d64 tiles"): 128
