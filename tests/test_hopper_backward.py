@@ -122,7 +122,8 @@ def test_wide_tiles_only_without_masks():
     assert hopper.bwd_meta(64, wide=True)["BLOCK_M"] == 128 and hopper.bwd_meta(64)["BLOCK_M"] == 64
     q_block = dict((spec[0], spec[1]) for spec in hopper.bwd_descriptors(64, wide=True) if isinstance(spec[1], int))
     assert q_block["q"] == q_block["dout"] == 128
-    assert all(tiles[0] % 64 == 0 for tiles in (*hopper.BWD_TILES.values(), *hopper.BWD_WIDE_TILES.values()))
+    tiles = (*hopper.BWD_TILES.values(), *hopper.BWD_WIDE_TILES.values())
+    assert hopper.BWD_DQ_TILE == 64 and all(rows % hopper.BWD_DQ_TILE == 0 for rows, *_ in tiles)
 
 
 @pytest.mark.parametrize("dtype,unprescale,power", [(torch.float32, False, 1.0), (torch.float32, True, 2.0),
@@ -142,8 +143,8 @@ def test_flat_dq_accumulator_reads_back(device, d, dtype, unprescale, power):
     # the row passes' blocks are the accumulator's 64-row tiles (their padding and order assume it)
     assert launch.PRE_BLOCK == 64
     z, h, n = 2, 3, 100
-    rows = hopper.bwd_dq_rows(n, d, packed=False)
-    assert rows == 128 and hopper.bwd_dq_rows(n, d, packed=True) == n
+    rows = hopper.bwd_dq_rows(n, packed=False)
+    assert rows == 128 and hopper.bwd_dq_rows(n, packed=True) == n
     dq = torch.randn(z, h, rows, d, device=device)
     # (tile, warpgroup, r // 16, r // 8 % 2, r % 8, c // 8, c % 8 // 2, c % 2) -> _store_dq's order
     halves = dq.view(z, h, rows // 64, 64, 2, d // 2).transpose(3, 4)

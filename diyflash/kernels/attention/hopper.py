@@ -258,8 +258,8 @@ def launcher():
 
 # -- the backward (backward_sm90.py) --
 
-# The Hopper backward's tiles by head dim (D = Dv): (query rows a step, 64 here, a multiple of 64: dq's flat
-# accumulator holds 64-row tiles, backward_sm90._store_dq; q/dout/stat stages; dq buffers a warpgroup, or for
+# The Hopper backward's tiles by head dim (D = Dv): (query rows a step, 64 here, a multiple of BWD_DQ_TILE: dq's
+# flat accumulator holds tiles of that many rows; q/dout/stat stages; dq buffers a warpgroup, or for
 # packed sequences dq tile buffers, the MMA warpgroups and the writer take in turns; k and v in registers; the
 # stats in s^T's and dp^T's accumulators). Its programs take 128 keys (two MMA warpgroups of 64; the kernel reads
 # it off k's descriptor). H200, Triton 3.6, in one run
@@ -288,6 +288,7 @@ BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
 BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
+BWD_DQ_TILE = 64  # rows of a tile of dq's flat accumulator (one wgmma row tile: backward_sm90._store_dq's order)
 
 
 def bwd_wide(d: int, masked: bool, packed: bool) -> bool:
@@ -384,21 +385,21 @@ def _flat_descriptor(t: torch.Tensor, rows: int):
                             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
 
 
-def bwd_dq_rows(n_q: int, d: int, packed: bool) -> int:
-    """Rows a head of the Hopper backward's fp32 dq accumulator: N_q rounded up to 64-row tiles,
+def bwd_dq_rows(n_q: int, packed: bool) -> int:
+    """Rows a head of the Hopper backward's fp32 dq accumulator: N_q rounded up to BWD_DQ_TILE rows,
     each MMA warpgroup's half a flat chunk in its registers' order (backward_sm90._store_dq); packed
     sequences, whose tiles start at any row, N_q (swizzled panels, clipped by the TMA)."""
-    return n_q if packed else -(-n_q // 64) * 64
+    return n_q if packed else -(-n_q // BWD_DQ_TILE) * BWD_DQ_TILE
 
 
 def bwd_descriptors(d: int, packed: bool = False, wide: bool = False) -> tuple:
     """The backward launch's host descriptors (plans.launch_chunks' descs): k, v, q, dout, the fp32 dq
-    accumulator (a warpgroup's half of a 64-row tile, 64 x d/2 floats, a block; packed: BWD_DQ_PANEL-column
+    accumulator (a warpgroup's half of a BWD_DQ_TILE-row tile, a block; packed: BWD_DQ_PANEL-column
     panels of its (Z, H, N_q, D) view), and the flat row statistics (specs with a function:
     plans._with_descriptors); wide: bwd_meta's."""
     block_m = bwd_meta(d, wide)["BLOCK_M"]
     stats = functools.partial(_stat_descriptor, block_m=block_m)
     dq = (("dq_acc", block_m, BWD_DQ_PANEL, True) if packed
-          else ("dq_acc", functools.partial(_flat_descriptor, rows=64 * d // 2 // 256)))
+          else ("dq_acc", functools.partial(_flat_descriptor, rows=BWD_DQ_TILE * d // 2 // 256)))
     return (("k", BWD_BLOCK_N, d, True), ("v", BWD_BLOCK_N, d, True), ("q", block_m, d, True),
             ("dout", block_m, d, True), dq, ("lse2", stats), ("delta", stats))

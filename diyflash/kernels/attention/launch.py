@@ -367,7 +367,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
     split_scratch, kv_out = _split_scratch(z, h_kv, parts, len_k, d, d)
     flat = not varlen  # dq's accumulator in the kernel's order (hopper.bwd_dq_rows)
     scratch = (("delta", (z, h, rows), torch.float32), ("lse2", (z, h, rows), torch.float32),
-               ("dq_acc", (z, h, hopper.bwd_dq_rows(len_q, d, varlen), d), torch.float32), *split_scratch)
+               ("dq_acc", (z, h, hopper.bwd_dq_rows(len_q, varlen), d), torch.float32), *split_scratch)
     env.update(scratch_buffers(scratch, dq4.device))  # (meta with compile_only, as dq is)
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     wide = hopper.bwd_wide(d, var.causal or var.window or var.softcap, varlen)
