@@ -390,6 +390,41 @@ def test_one_prescaled_pass_gives_the_bits_of_two(device, dtype, monkeypatch):
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_second_pass_chunks_give_the_bits_of_one_pass(device, packed, monkeypatch):
+    """The second pass checks launch.MARKED_PASS_ROWS rows a program and computes their marked blocks one after
+    the other. bf16 rows whose raw q.k leaves fp32's range in the first, a middle and the last block of a head
+    (and, packed, in three sequences whose rows start inside a chunk): whatever the chunk (a block, a few
+    blocks, the whole head), the two passes write the bits of the one prescaled pass, where the prescale is
+    exact and marked blocks are computed on the prescaled q (launch.overflow_passes)."""
+    from diyflash.kernels.attention import launch
+
+    n = 300
+    q, k, v = (t.to(torch.bfloat16) for t in make_qkv(1, 2, n, n, 64, torch.float32, device))
+    q[:, :, [3, 150, 299], 0] = 3e19  # raw q.k past 3.4e38 against the keys below
+    k[:, :, [1, 140], 0] = 3e19
+    if packed:
+        cu = torch.tensor([0, 97, 230, n], dtype=torch.int32, device=device)
+        q, k, v = (t[0].transpose(0, 1) for t in (q, k, v))  # (T, H, D)
+
+        def call():
+            return diyflash.flash_attention_varlen(q, k, v, cu, cu, 133, 133, causal=True, return_lse=True)
+    else:
+        def call():
+            return diyflash.flash_attention(q, k, v, causal=True, return_lse=True)
+
+    diyflash.clear_caches()
+    one = call()
+    assert torch.isfinite(one[0]).all()
+    monkeypatch.setattr(launch, "PRESCALED_MAX_WORK", 0)
+    for rows in (1, 128, 4096):  # 1: a block a program (launch.attention_fwd takes at least the block's rows)
+        monkeypatch.setattr(launch, "MARKED_PASS_ROWS", rows)
+        diyflash.clear_caches()
+        two = call()
+        assert torch.equal(two[0], one[0]) and torch.equal(two[1], one[1]), rows
+    diyflash.clear_caches()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_rows_whose_every_raw_dot_overflows_negative(device, causal, forward_passes):
     """Row 10's raw q.k is -9e38 against every key (past fp32's range, scaled -1.1e38 within it): the raw

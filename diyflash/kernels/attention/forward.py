@@ -1,4 +1,5 @@
-"""The forward kernel: online softmax over key blocks, one program per (query block, head, batch)."""
+"""The forward kernel: online softmax over key blocks, one program per (query block, head, batch); its second
+pass (PASS 2) one per chunk of rows, which computes only their marked blocks (_attn_fwd_kernel)."""
 
 from __future__ import annotations
 
@@ -86,67 +87,31 @@ def _attn_fwd_inner(
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
-def _attn_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seq_lens_ptr, cu_k_ptr, alibi_ptr, sinks_ptr,
+@triton.jit
+def _attn_fwd_tile(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, alibi_ptr, sinks_ptr,
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_oz, stride_oh, stride_om, stride_od,
     stride_lz, stride_lh, stride_az,
-    num_heads, seq_len_q, seq_len_k,
-    qk_scale, head_group, kv_group,
-    win_left, win_right, cap2,
-    # semantics: what is computed
+    seq_len_q, qk_scale, kv_group, win_left, win_right, cap2,
+    pid_m, off_h, off_z, q_start, k_start, q_len, kv_len, causal_offset,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr, VARLEN: tl.constexpr, PASS: tl.constexpr,
-    # numerics of the dtype
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    # tiles: how (the tuned config and layout facts of the call)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, HOST_DESC: tl.constexpr, LAZY: tl.constexpr,
     VOTE_ROWS: tl.constexpr,
 ):
-    """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
-    tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
-    without seq_lens): q_ptr, k_ptr and v_ptr are descriptors the launcher built over the whole tensors
-    (host_descriptor) instead of pointers each program builds its slice's descriptors from. WS: the
-    unmasked key loop is warp-specialized (the launcher sets it only with TMA). ROWOFF: see _attn_fwd_inner.
-    ROW32: row offsets inside a (batch, head) slice are computed in 32 bits (rows_fit_int32).
-    EVEN_M / EVEN_N: every query / key block is full (no seq_lens, the length a multiple of the block):
-    rows need no masks, and a non-causal kernel with full key blocks has no masked key loop.
-    Variants (semantics.py): q head h reads kv head h // kv_group (GQA; kv_group = 1 specializes away);
-    v and out have HEAD_DIM_V columns; WINDOW (win_left, win_right: key blocks outside the band are
-    skipped), SOFTCAP (cap2 = softcap * log2(e)), ALIBI (slopes at alibi_ptr + z * stride_az + h), SINKS
-    (sinks_ptr[h]: one more logit in every row's denominator, carrying no value: the running max and sum
-    start from it). VARLEN (with HAS_SEQ_LENS): packed sequences, seq_lens_ptr / cu_k_ptr are cu_seqlens_q / _k
-    (semantics._sequence); the grid's z is the sequence, the z strides are 0, and a program writes only
-    its own sequence's rows.
-    PASS (overflow_passes): 0, the only pass (fp16: its raw q.k cannot leave fp32's range); 1, the first of
-    two, which marks a block whose raw q.k left fp32's range with a NaN lse; 2, the second, which runs only
-    the blocks with a marked row (also the Hopper forward's, semantics._fma_marked), on q times the power of
-    two of the scale (semantics._prescaled); 3, the only pass of a
-    small call, on the prescaled q in every block (one launch where two cost more host time than the
-    prescaled dots cost the GPU)."""
+    """Query block pid_m of head off_h of batch slice off_z (its sequence's rows: q_start, k_start, q_len,
+    kv_len, causal_offset, semantics._sequence): q loaded, its band of key blocks, out and lse stored.
+    _attn_fwd_kernel's arguments otherwise."""
     EVEN_D: tl.constexpr = HEAD_DIM == HEAD_DIM_PAD
     EVEN_DV: tl.constexpr = HEAD_DIM_V == HEAD_DIM_V_PAD
-    pid_m, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
     off_hk = off_h // kv_group
-    q_start, k_start, q_len, kv_len, causal_offset = _sequence(
-        seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
-    )
     start_m = pid_m * BLOCK_M
-    if VARLEN:
-        if start_m >= q_len:  # the grid covers the longest sequence
-            return
-    if PASS == 2:  # only the blocks the first pass marked (a NaN lse in any of the block's rows)
-        rows_ptr = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh + start_m
-        if VARLEN:
-            rows_ptr += q_start
-        marked = tl.load(rows_ptr + tl.arange(0, BLOCK_M), mask=start_m + tl.arange(0, BLOCK_M) < q_len, other=0.0)
-        if tl.max((marked != marked).to(tl.int32), 0) == 0:
-            return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -262,3 +227,102 @@ def _attn_fwd_kernel(
         row_in = offs_m < seq_len_q
         tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_in[:, None] & dv_mask[None, :])
         tl.store(l_ptrs, lse, mask=row_in)
+
+
+@triton.jit(do_not_specialize=["head_group"])  # a launch shape: no kernel variant per value
+def _attn_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, seq_lens_ptr, cu_k_ptr, alibi_ptr, sinks_ptr,
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_lz, stride_lh, stride_az,
+    num_heads, seq_len_q, seq_len_k,
+    qk_scale, head_group, kv_group,
+    win_left, win_right, cap2,
+    # semantics: what is computed
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, SINKS: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr, VARLEN: tl.constexpr, PASS: tl.constexpr,
+    # numerics of the dtype
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    # tiles: how (the tuned config and layout facts of the call)
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr, EVEN_M: tl.constexpr,
+    EVEN_N: tl.constexpr, ROWOFF: tl.constexpr, ROW32: tl.constexpr, HOST_DESC: tl.constexpr, LAZY: tl.constexpr,
+    VOTE_ROWS: tl.constexpr, MARK_ROWS: tl.constexpr,
+):
+    """TMA: q, k and v are read through tensor descriptors (Hopper's copy engine) instead of pointer
+    tiles; the launcher sets it only for inputs a descriptor can address (tma_ok). HOST_DESC (with TMA,
+    without seq_lens): q_ptr, k_ptr and v_ptr are descriptors the launcher built over the whole tensors
+    (host_descriptor) instead of pointers each program builds its slice's descriptors from. WS: the
+    unmasked key loop is warp-specialized (the launcher sets it only with TMA). ROWOFF: see _attn_fwd_inner.
+    ROW32: row offsets inside a (batch, head) slice are computed in 32 bits (rows_fit_int32).
+    EVEN_M / EVEN_N: every query / key block is full (no seq_lens, the length a multiple of the block):
+    rows need no masks, and a non-causal kernel with full key blocks has no masked key loop.
+    Variants (semantics.py): q head h reads kv head h // kv_group (GQA; kv_group = 1 specializes away);
+    v and out have HEAD_DIM_V columns; WINDOW (win_left, win_right: key blocks outside the band are
+    skipped), SOFTCAP (cap2 = softcap * log2(e)), ALIBI (slopes at alibi_ptr + z * stride_az + h), SINKS
+    (sinks_ptr[h]: one more logit in every row's denominator, carrying no value: the running max and sum
+    start from it). VARLEN (with HAS_SEQ_LENS): packed sequences, seq_lens_ptr / cu_k_ptr are cu_seqlens_q / _k
+    (semantics._sequence); the grid's z is the sequence, the z strides are 0, and a program writes only
+    its own sequence's rows.
+    PASS (overflow_passes): 0, the only pass (fp16: its raw q.k cannot leave fp32's range); 1, the first of
+    two, which marks a block whose raw q.k left fp32's range with a NaN lse; 2, the second, which runs only
+    the blocks with a marked row (also the Hopper forward's, semantics._fma_marked), on q times the power of
+    two of the scale (semantics._prescaled); 3, the only pass of a
+    small call, on the prescaled q in every block (one launch where two cost more host time than the
+    prescaled dots cost the GPU). The second pass's grid is (MARK_ROWS-row chunks, heads, batch): a program
+    loads the lse of its chunk's rows at once and returns where none is marked (the common case), so that the
+    pass costs a wave or two of programs, not one program a query block (launch.MARKED_PASS_ROWS)."""
+    if PASS == 2:  # only the blocks the first pass marked (a NaN lse in any of the block's rows)
+        pid_c = tl.program_id(0)
+        off_h = tl.program_id(1)
+        off_z = tl.program_id(2)
+        q_start, k_start, q_len, kv_len, causal_offset = _sequence(
+            seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
+        )
+        rows_ptr = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
+        if VARLEN:
+            rows_ptr += q_start
+        rows = pid_c * MARK_ROWS + tl.arange(0, MARK_ROWS)
+        marked = tl.load(rows_ptr + rows, mask=rows < q_len, other=0.0)
+        if tl.max((marked != marked).to(tl.int32), 0) > 0:
+            for j in range(MARK_ROWS // BLOCK_M):
+                pid_m = pid_c * (MARK_ROWS // BLOCK_M) + j
+                block = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+                in_block = tl.load(rows_ptr + block, mask=block < q_len, other=0.0)
+                if tl.max((in_block != in_block).to(tl.int32), 0) > 0:
+                    _attn_fwd_tile(
+                        q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, alibi_ptr, sinks_ptr,
+                        stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                        stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
+                        stride_lz, stride_lh, stride_az, seq_len_q, qk_scale, kv_group, win_left, win_right, cap2,
+                        pid_m, off_h, off_z, q_start, k_start, q_len, kv_len, causal_offset,
+                        HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V=HEAD_DIM_V,
+                        HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                        SINKS=SINKS, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN, PASS=PASS,
+                        DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, TMA=TMA,
+                        WS=WS, EVEN_M=EVEN_M, EVEN_N=EVEN_N, ROWOFF=ROWOFF, ROW32=ROW32, HOST_DESC=HOST_DESC,
+                        LAZY=LAZY, VOTE_ROWS=VOTE_ROWS,
+                    )
+    else:
+        pid_m, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
+        q_start, k_start, q_len, kv_len, causal_offset = _sequence(
+            seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
+        )
+        if VARLEN:
+            if pid_m * BLOCK_M >= q_len:  # the grid covers the longest sequence
+                return
+        _attn_fwd_tile(
+            q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, alibi_ptr, sinks_ptr,
+            stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+            stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
+            stride_lz, stride_lh, stride_az, seq_len_q, qk_scale, kv_group, win_left, win_right, cap2,
+            pid_m, off_h, off_z, q_start, k_start, q_len, kv_len, causal_offset,
+            HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V=HEAD_DIM_V,
+            HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+            SINKS=SINKS, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN, PASS=PASS,
+            DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, TMA=TMA,
+            WS=WS, EVEN_M=EVEN_M, EVEN_N=EVEN_N, ROWOFF=ROWOFF, ROW32=ROW32, HOST_DESC=HOST_DESC,
+            LAZY=LAZY, VOTE_ROWS=VOTE_ROWS,
+        )

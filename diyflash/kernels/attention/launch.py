@@ -141,9 +141,14 @@ def overflow_passes(dtype: torch.dtype, work: int | None) -> tuple[int, ...]:
 PRESCALED_MAX_WORK = 1 << 29
 
 
-# The second pass's programs mostly load one value and return: 4 warps, one pipeline stage, no warp
+# The second pass's programs mostly load their rows' lse and return: 4 warps, one pipeline stage, no warp
 # specialization or lazy rescaling keep its shared memory and setup small (more programs resident, less
-# work before the return); the rare block it runs again is slower for it.
+# work before the return); the rare block it runs again is slower for it. A program checks MARKED_PASS_ROWS
+# rows (a power of two, a multiple of every block_m) and runs their marked blocks one after the other: as a
+# program a 64-row block, the pass after the Hopper forward took 32 of a GQA 32/8 D128 causal bf16 B4 N4096
+# call's 880 us (8192 programs, two an SM at 191 registers), with 2048 rows 2.4 us (H200,
+# bench/results/fwd_marked_pass_h200.txt).
+MARKED_PASS_ROWS = 2048
 _RESCUE_META = dict(num_warps=4, num_stages=1, WS=False, LAZY=False, VOTE_ROWS=0)
 # The second pass after the Hopper forward (semantics._fma_marked) mostly reads its rows' lse and returns: small
 # tiles, whose build is short (64 x 32: 1.1-1.5 s against 4.2 s for 128 x 128; results/marked_pass_compile_sm90.txt)
@@ -258,13 +263,15 @@ def attention_fwd(
         CAUSAL=causal, HAS_SEQ_LENS=seq_lens is not None,
         DOT_PRECISION=dot_precision(q.dtype), UPCAST=upcast(q.dtype), HOST_DESC=host_desc,
         LAZY=cfg.lazy, VOTE_ROWS=vote_rows(cfg, dv_pad) if cfg.lazy and not INTERPRETED else 0,
+        MARK_ROWS=max(MARKED_PASS_ROWS, cfg.block_m),  # the second pass's rows a program
         SINKS=sinks is not None, VARLEN=packed is not None, **variant_meta(var, alibi_slopes),
         **_tile_meta(cfg, tma, seq_lens, n_q, n_k, rows_fit_int32(q4, k4, v4, o4)),
     )
     pointers = ("q", "k", "v", "out", "lse", "seq_lens", "cu_k", "alibi", "sinks")
 
     def portable(zc: int, m: dict) -> Launch:  # a pass of the portable kernel over chunk zc's batch slices
-        return Launch(_FWD, (cdiv(n_q, cfg.block_m), h, zc), pointers, args, m)
+        rows = m["MARK_ROWS"] if m["PASS"] == 2 else cfg.block_m  # the second pass: a program a chunk of rows
+        return Launch(_FWD, (cdiv(n_q, rows), h, zc), pointers, args, m)
 
     if sm90 is not None:  # the Hopper kernel runs the call, persistent, in one pass (overflow_passes)
         sm90_tiles = cdiv(n_q, sm90.block_m)
