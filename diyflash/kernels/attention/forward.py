@@ -274,55 +274,47 @@ def _attn_fwd_kernel(
     prescaled dots cost the GPU). The second pass's grid is (MARK_ROWS-row chunks, heads, batch): a program
     loads the lse of its chunk's rows at once and returns where none is marked (the common case), so that the
     pass costs a wave or two of programs, not one program a query block (launch.MARKED_PASS_ROWS)."""
-    if PASS == 2:  # only the blocks the first pass marked (a NaN lse in any of the block's rows)
+    if PASS == 2:  # MARK_ROWS rows a program, of which only the blocks with a marked row (a NaN lse) run again
         pid_c = tl.program_id(0)
         off_h = tl.program_id(1)
         off_z = tl.program_id(2)
-        q_start, k_start, q_len, kv_len, causal_offset = _sequence(
-            seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
-        )
-        rows_ptr = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
-        if VARLEN:
-            rows_ptr += q_start
+        TILES: tl.constexpr = MARK_ROWS // BLOCK_M
+    else:
+        pid_c, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
+        TILES: tl.constexpr = 1
+    q_start, k_start, q_len, kv_len, causal_offset = _sequence(
+        seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
+    )
+    rows_ptr = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
+    if VARLEN:
+        rows_ptr += q_start
+    if PASS == 2:
         rows = pid_c * MARK_ROWS + tl.arange(0, MARK_ROWS)
         marked = tl.load(rows_ptr + rows, mask=rows < q_len, other=0.0)
-        if tl.max((marked != marked).to(tl.int32), 0) > 0:
-            for j in range(MARK_ROWS // BLOCK_M):
-                pid_m = pid_c * (MARK_ROWS // BLOCK_M) + j
-                block = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-                in_block = tl.load(rows_ptr + block, mask=block < q_len, other=0.0)
-                if tl.max((in_block != in_block).to(tl.int32), 0) > 0:
-                    _attn_fwd_tile(
-                        q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, alibi_ptr, sinks_ptr,
-                        stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
-                        stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
-                        stride_lz, stride_lh, stride_az, seq_len_q, qk_scale, kv_group, win_left, win_right, cap2,
-                        pid_m, off_h, off_z, q_start, k_start, q_len, kv_len, causal_offset,
-                        HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V=HEAD_DIM_V,
-                        HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-                        SINKS=SINKS, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN, PASS=PASS,
-                        DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, TMA=TMA,
-                        WS=WS, EVEN_M=EVEN_M, EVEN_N=EVEN_N, ROWOFF=ROWOFF, ROW32=ROW32, HOST_DESC=HOST_DESC,
-                        LAZY=LAZY, VOTE_ROWS=VOTE_ROWS,
-                    )
-    else:
-        pid_m, off_h, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=CAUSAL)
-        q_start, k_start, q_len, kv_len, causal_offset = _sequence(
-            seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
-        )
-        if VARLEN:
-            if pid_m * BLOCK_M >= q_len:  # the grid covers the longest sequence
-                return
-        _attn_fwd_tile(
-            q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, alibi_ptr, sinks_ptr,
-            stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
-            stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
-            stride_lz, stride_lh, stride_az, seq_len_q, qk_scale, kv_group, win_left, win_right, cap2,
-            pid_m, off_h, off_z, q_start, k_start, q_len, kv_len, causal_offset,
-            HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V=HEAD_DIM_V,
-            HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
-            SINKS=SINKS, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN, PASS=PASS,
-            DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, TMA=TMA,
-            WS=WS, EVEN_M=EVEN_M, EVEN_N=EVEN_N, ROWOFF=ROWOFF, ROW32=ROW32, HOST_DESC=HOST_DESC,
-            LAZY=LAZY, VOTE_ROWS=VOTE_ROWS,
-        )
+        if tl.max((marked != marked).to(tl.int32), 0) == 0:
+            return
+    elif VARLEN:
+        if pid_c * BLOCK_M >= q_len:  # the grid covers the longest sequence
+            return
+    for j in range(TILES):  # the second pass's blocks one after the other; a loop of one elsewhere (it folds away)
+        pid_m = pid_c * TILES + j
+        if PASS == 2:
+            block = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            in_block = tl.load(rows_ptr + block, mask=block < q_len, other=0.0)
+            run = tl.max((in_block != in_block).to(tl.int32), 0) > 0
+        else:
+            run = True
+        if run:
+            _attn_fwd_tile(
+                q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, alibi_ptr, sinks_ptr,
+                stride_qz, stride_qh, stride_qm, stride_qd, stride_kz, stride_kh, stride_kn, stride_kd,
+                stride_vz, stride_vh, stride_vn, stride_vd, stride_oz, stride_oh, stride_om, stride_od,
+                stride_lz, stride_lh, stride_az, seq_len_q, qk_scale, kv_group, win_left, win_right, cap2,
+                pid_m, off_h, off_z, q_start, k_start, q_len, kv_len, causal_offset,
+                HEAD_DIM=HEAD_DIM, HEAD_DIM_PAD=HEAD_DIM_PAD, HEAD_DIM_V=HEAD_DIM_V,
+                HEAD_DIM_V_PAD=HEAD_DIM_V_PAD, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, ALIBI=ALIBI,
+                SINKS=SINKS, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN, PASS=PASS,
+                DOT_PRECISION=DOT_PRECISION, UPCAST=UPCAST, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, TMA=TMA,
+                WS=WS, EVEN_M=EVEN_M, EVEN_N=EVEN_N, ROWOFF=ROWOFF, ROW32=ROW32, HOST_DESC=HOST_DESC,
+                LAZY=LAZY, VOTE_ROWS=VOTE_ROWS,
+            )
