@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from triton.runtime.jit import mangle_type
 
 import diyflash
 from diyflash.kernels import _launch
@@ -19,9 +20,6 @@ from diyflash.kernels.attention import launch
 from helpers import ON_GPU, make_qkv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
-          torch.int64: "i64"}
 
 # each launch: Triton's signature and constants, compiled for sm_90a in a process without the interpreter
 _BUILD = r"""
@@ -39,18 +37,6 @@ for c in json.load(sys.stdin):
 """
 
 
-def _argument_type(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return "*" + _TYPES[x.dtype]
-    if isinstance(x, bool):
-        return "i1"
-    if isinstance(x, int):
-        return "i32" if -2**31 <= x < 2**31 else "i64"
-    if isinstance(x, float):
-        return "fp32"
-    raise TypeError(f"an argument of type {type(x).__name__}")
-
-
 def _launches(calls) -> list[dict]:
     """Each distinct launch of the calls (run through the interpreter) as _BUILD takes it."""
     seen, found = set(), []
@@ -62,7 +48,7 @@ def _launches(calls) -> list[dict]:
         meta = dict(meta)
         num_warps, num_stages = meta.pop("num_warps", 4), meta.pop("num_stages", 3)
         values = dict(zip(names, args), **meta)
-        sig = {n: "constexpr" if n in meta or values[n] is None else _argument_type(values[n]) for n in names}
+        sig = {n: "constexpr" if n in meta else mangle_type(values[n]) for n in names}  # None: constexpr
         consts = {n: values[n] for n in names if sig[n] == "constexpr"}
         entry = dict(module=fn.__module__, name=fn.__name__, sig=sig, consts=consts, num_warps=num_warps,
                      num_stages=num_stages)
