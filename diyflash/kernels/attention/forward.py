@@ -285,10 +285,10 @@ def _attn_fwd_kernel(
     q_start, k_start, q_len, kv_len, causal_offset = _sequence(
         seq_lens_ptr, cu_k_ptr, off_z, seq_len_q, seq_len_k, HAS_SEQ_LENS=HAS_SEQ_LENS, VARLEN=VARLEN,
     )
-    rows_ptr = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
-    if VARLEN:
-        rows_ptr += q_start
     if PASS == 2:
+        rows_ptr = lse_ptr + off_z.to(tl.int64) * stride_lz + off_h.to(tl.int64) * stride_lh
+        if VARLEN:
+            rows_ptr += q_start
         rows = pid_c * MARK_ROWS + tl.arange(0, MARK_ROWS)
         marked = tl.load(rows_ptr + rows, mask=rows < q_len, other=0.0)
         if tl.max((marked != marked).to(tl.int32), 0) == 0:
