@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance.md"
 DOCS = (DOC, ROOT / "docs" / "api.md", ROOT / "docs" / "integrations.md")
 CELLS_RUN = "cells J"  # the run of cells_h200.jsonl (bench.cells) docs/api.md's and performance.md's tables show
+CELLS_H100_RUN = "cells K on an H100"  # cells_h100.jsonl's run, and the same cells on the portable kernels alone
 HF_RUN = "thirty-fourth stop, 60 training turns"  # the run of hf_model_h200.jsonl docs/integrations.md's table shows
 
 
@@ -43,6 +44,8 @@ def _renderers() -> dict:
         "attention-sm90": (_sm90_table, "attention_sm90.jsonl"),
         "determinism": (_determinism_table, "cells_h200.jsonl", lambda r: r["run"] == CELLS_RUN and r["mode"] == "bwd"),
         "cells": (cells.table, "cells_h200.jsonl", lambda r: r["run"] == CELLS_RUN),
+        "cells-h100": (cells.table, "cells_h100.jsonl", lambda r: r["run"] == CELLS_H100_RUN),
+        "cells-h100-portable": (cells.table, "cells_h100.jsonl", lambda r: r["run"] == CELLS_H100_RUN + ", portable kernels"),
         "hf-model": (hf_model.table, "hf_model_h200.jsonl", lambda r: r.get("run") == HF_RUN),
     }
 
