@@ -83,7 +83,7 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
     q = torch.empty(2, 4, 1000, d, dtype=dtype)
     stats = torch.empty(2, 4, hopper.stat_rows(1000))
     env = {"q": q, "k": q, "v": q, "dout": q, "dq_acc": q.float(), "lse2": stats, "delta": stats}
-    wide = hopper.bwd_wide(d, causal or window or softcap, lens == "varlen")
+    wide = hopper.bwd_wide(d, causal=causal, window=window, softcap=softcap, packed=lens == "varlen")
     descs = _with_descriptors(env, hopper.bwd_descriptors(d, packed=lens == "varlen", wide=wide))
     fn = hopper.backward_module()._hopper_bwd_kernel
     ints = torch.empty(3, dtype=torch.int32) if lens else None  # seq_lens, or cu_seqlens_q / cu_seqlens_k

@@ -116,9 +116,9 @@ def test_the_call_rule(monkeypatch):
 def test_wide_tiles_only_without_masks():
     """128 query rows a step (hopper.BWD_WIDE_TILES) at head_dim 64 only for calls without causal, window,
     softcap or packed sequences (measured slower on causal cells); every tile a multiple of dq's 64-row tiles."""
-    assert hopper.bwd_wide(64, masked=False, packed=False)
-    assert not any([hopper.bwd_wide(64, masked=True, packed=False), hopper.bwd_wide(64, masked=False, packed=True),
-                    hopper.bwd_wide(128, masked=False, packed=False)])
+    plain = dict(causal=False, window=False, softcap=False, packed=False)
+    assert hopper.bwd_wide(64, **plain)
+    assert not any([hopper.bwd_wide(64, **{**plain, flag: True}) for flag in plain] + [hopper.bwd_wide(128, **plain)])
     assert hopper.bwd_meta(64, wide=True)["BLOCK_M"] == 128 and hopper.bwd_meta(64)["BLOCK_M"] == 64
     q_block = dict((spec[0], spec[1]) for spec in hopper.bwd_descriptors(64, wide=True) if isinstance(spec[1], int))
     assert q_block["q"] == q_block["dout"] == 128

@@ -291,9 +291,10 @@ BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp3
 BWD_DQ_TILE = 64  # rows of a tile of dq's flat accumulator (one wgmma row tile: backward_sm90._store_dq's order)
 
 
-def bwd_wide(d: int, masked: bool, packed: bool) -> bool:
-    """Whether a backward call at head dim d takes BWD_WIDE_TILES (masked: causal, a window or softcap)."""
-    return d in BWD_WIDE_TILES and not (masked or packed)
+def bwd_wide(d: int, *, causal: bool, window: bool, softcap: bool, packed: bool) -> bool:
+    """Whether a backward call at head dim d takes BWD_WIDE_TILES: none of causal, a window, softcap or packed
+    sequences."""
+    return d in BWD_WIDE_TILES and not (causal or window or softcap or packed)
 
 
 def bwd_meta(d: int, wide: bool = False) -> dict:

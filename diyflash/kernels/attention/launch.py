@@ -377,7 +377,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
                ("dq_acc", (z, h, hopper.bwd_dq_rows(len_q, varlen), d), torch.float32), *split_scratch)
     env.update(scratch_buffers(scratch, dq4.device))  # (meta with compile_only, as dq is)
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
-    wide = hopper.bwd_wide(d, var.causal or var.window or var.softcap, varlen)
+    wide = hopper.bwd_wide(d, causal=var.causal, window=var.window, softcap=var.softcap, packed=varlen)
     kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HAS_SEQ_LENS=has_seq_lens,
                        VARLEN=varlen, HEAD_DIM=d, **hopper.bwd_meta(d, wide))
 
