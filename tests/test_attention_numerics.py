@@ -391,7 +391,7 @@ def test_one_prescaled_pass_gives_the_bits_of_two(device, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("packed", [False, True])
-def test_second_pass_chunks_give_the_bits_of_one_pass(device, packed, monkeypatch):
+def test_second_pass_chunks_give_the_bits_of_a_block_a_program(device, packed, monkeypatch):
     """The second pass checks launch.MARKED_PASS_ROWS rows a program and computes their marked blocks one after
     the other. bf16 rows whose raw q.k leaves fp32's range in the first, a middle and the last block of a head
     (and, packed, in three sequences whose rows start inside a chunk): whatever the chunk (a block, a few
