@@ -88,7 +88,8 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
     fn = hopper.backward_module()._hopper_bwd_kernel
     ints = torch.empty(3, dtype=torch.int32) if lens else None  # seq_lens, or cu_seqlens_q / cu_seqlens_k
     values = [*(descs[name] for name in hopper.BWD_POINTERS), stats, stats, q, q, ints, ints if lens == "varlen" else None,
-              *q.stride(), *q.stride(), 4, 1000, 1000, 0.1, 0.1, 3, 2, 2, stats.shape[-1], 7, 0, 0.5]
+              *q.stride(), *q.stride(), 4, 1000, 1000, 0.1, 0.1, 3, 2, 2, stats.shape[-1],
+              hopper.bwd_dq_rows(1000, lens == "varlen"), 7, 0, 0.5]
     consts = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, HAS_SEQ_LENS=lens == "seq_lens",
                   VARLEN=lens == "varlen", HEAD_DIM=d,
                   **{k: v for k, v in hopper.bwd_meta(d, wide).items() if k != "num_warps"})

@@ -150,8 +150,9 @@ def test_flat_dq_accumulator_reads_back(device, d, dtype, unprescale, power):
     halves = dq.view(z, h, rows // 64, 64, 2, d // 2).transpose(3, 4)
     acc = halves.reshape(z, h, rows // 64, 2, 4, 2, 8, d // 16, 4, 2).permute(0, 1, 2, 3, 7, 4, 6, 8, 5, 9).contiguous()
     out = torch.full((z, n, h, d), float("nan"), device=device, dtype=dtype).transpose(1, 2)
-    _attn_bwd_dq_convert_kernel[(-(-n // 64), h, z)](acc, out, *out.stride(), h, n, 0.5, 0.5 * LOG2E, HEAD_DIM=d,
-                                                    HEAD_DIM_PAD=d, BLOCK_M=64, FLAT=True, UNPRESCALE=unprescale)
+    _attn_bwd_dq_convert_kernel[(-(-n // 64), h, z)](acc, out, *out.stride(), h, n, rows, 0.5, 0.5 * LOG2E,
+                                                    HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=64, FLAT=True,
+                                                    UNPRESCALE=unprescale)
     want = dq[:, :, :n] * (0.5 * power)  # powers of two: exact in fp32
     if dtype == torch.bfloat16:  # within an ulp: the interpreter's float -> bf16 truncates, a GPU's rounds
         torch.testing.assert_close(out.float(), want, rtol=2 ** -7, atol=0)

@@ -19,16 +19,15 @@ def _attn_bwd_preprocess_kernel(
     stride_gz, stride_gh, stride_gm, stride_gd,
     stride_lz, stride_lh, stride_lm,
     stride_dlz, stride_dlh, stride_dlm,
-    num_heads, seq_len_q, stat_stride,
+    num_heads, seq_len_q, stat_stride, dq_rows,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM_Q: tl.constexpr, HEAD_DIM_Q_PAD: tl.constexpr,
-    DQ_FLAT: tl.constexpr,
 ):
     """delta and lse2 of BLOCK_M query rows of one head ((Z, H, stat_stride) fp32: N_q rows a head, or the
     Hopper backward's N_q rounded up to 4, whose TMA reads need 16-byte aligned rows); ZERO_DQ: also the
-    zeros of the rows' fp32 dq accumulator (contiguous (Z, H, N_q, HEAD_DIM_Q)), which the dk/dv kernel's
-    atomic adds then fill (DQ_ATOMIC), so that no separate fill runs; DQ_FLAT: the Hopper backward's
-    (_dq_flat_offset), N_q rounded up to BLOCK_M rows a head, the last block's padding rows too."""
+    zeros of the rows' fp32 dq accumulator (contiguous (Z, H, dq_rows, HEAD_DIM_Q)), which the dk/dv kernel's
+    atomic adds then fill (DQ_ATOMIC), so that no separate fill runs: dq_rows N_q, or the Hopper backward's
+    hopper.bwd_dq_rows (its padding rows too, which the grid's last block covers)."""
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -57,12 +56,11 @@ def _attn_bwd_preprocess_kernel(
     tl.store(delta_ptr + head * stat_stride + offs_m, delta, mask=offs_m < stat_stride)
     tl.store(lse2_ptr + head * stat_stride + offs_m, lse2, mask=offs_m < stat_stride)
     if ZERO_DQ:
-        acc_rows = tl.cdiv(seq_len_q, BLOCK_M) * BLOCK_M if DQ_FLAT else seq_len_q
-        row_off = head * acc_rows + offs_m
+        row_off = head * dq_rows + offs_m
         offs_q = tl.arange(0, HEAD_DIM_Q_PAD)
         tl.store(dq_acc_ptr + row_off[:, None] * HEAD_DIM_Q + offs_q[None, :],
                  tl.zeros([BLOCK_M, HEAD_DIM_Q_PAD], dtype=tl.float32),
-                 mask=(offs_m < acc_rows)[:, None] & (offs_q < HEAD_DIM_Q)[None, :])
+                 mask=(offs_m < dq_rows)[:, None] & (offs_q < HEAD_DIM_Q)[None, :])
 
 
 @triton.jit
@@ -117,13 +115,13 @@ def _dq_flat_offset(r, d, HEAD_DIM: tl.constexpr):
 def _attn_bwd_dq_convert_kernel(
     dq_acc_ptr, dq_ptr,
     stride_dqz, stride_dqh, stride_dqm, stride_dqd,
-    num_heads, seq_len_q, scale, qk_scale,
+    num_heads, seq_len_q, dq_rows, scale, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr, FLAT: tl.constexpr,
     UNPRESCALE: tl.constexpr,
 ):
-    """dq of BLOCK_M query rows of one head from the fp32 accumulator the dk/dv kernel's atomic adds
-    filled (contiguous (Z, H, N_q, HEAD_DIM)), or FLAT the Hopper backward's TMA reduces (N_q rounded up to
-    BLOCK_M = 64 rows a head, each 64-row tile in _dq_flat_offset's order): times the natural scale, in dq's
+    """dq of BLOCK_M query rows of one head from the fp32 accumulator (contiguous (Z, H, dq_rows, HEAD_DIM))
+    the dk/dv kernel's atomic adds filled (dq_rows N_q), or FLAT the Hopper backward's TMA reduces (dq_rows:
+    hopper.bwd_dq_rows, each 64-row tile in _dq_flat_offset's order, BLOCK_M = 64): times the natural scale, in dq's
     dtype and strides. UNPRESCALE (the Hopper backward, which adds ds . k with k prescaled by qk_scale's
     power of two, semantics._prescaled, k of dq's dtype): times that power's inverse too, exact, so the same
     bits as scaling each tile before its add. Grid (row blocks, heads, batch), as the preprocess kernel's."""
@@ -134,10 +132,11 @@ def _attn_bwd_dq_convert_kernel(
     mask = (offs_m < seq_len_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
     head = (off_z * num_heads + off_h).to(tl.int64)
     if FLAT:
-        tile = (head * tl.cdiv(seq_len_q, BLOCK_M) + tl.program_id(0)) * BLOCK_M * HEAD_DIM
+        tl.static_assert(BLOCK_M == 64, "the flat accumulator's tiles are 64 rows (_dq_flat_offset)")
+        tile = (head * dq_rows + tl.program_id(0) * BLOCK_M) * HEAD_DIM
         at = tile + _dq_flat_offset(tl.arange(0, BLOCK_M)[:, None], offs_d[None, :], HEAD_DIM=HEAD_DIM)
     else:
-        at = (head * seq_len_q + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
+        at = (head * dq_rows + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
     dq = tl.load(dq_acc_ptr + at, mask=mask, other=0.0)
     if UNPRESCALE:
         scale = scale * _unprescale(qk_scale, DTYPE=dq_ptr.dtype.element_ty)

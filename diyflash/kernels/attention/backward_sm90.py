@@ -132,11 +132,11 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
 
 
 @gluon.jit
-def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads, acc_rows,
+def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads, dq_rows,
             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr, BY_ROW: gl.constexpr):
     """Each step's dq tile added into the fp32 accumulator by the TMA unit; a buffer is free again once the
     unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
-    of the (Z, H, acc_rows, D) accumulator (acc_rows: N_q rounded up to 64), reduced as soon as it is in (a
+    of the (Z, H, dq_rows, D) accumulator (dq_rows: hopper.bwd_dq_rows), reduced as soon as it is in (a
     128-row step's half: two chunks, one a 64-row tile).
     Else the tile's panels of the (Z, H, N_q, D) accumulator once both halves are in. DQ_BUFS buffers (a
     warpgroup's, or a tile's) in turns. A tile's rows past the sequence hold zeros (their p is masked): for
@@ -149,7 +149,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
         head_z = z_in * num_heads
         for t in range(total):
             start_m, off_h = _step(t, n_blk, lo, head0, heads, BLOCK_M=BLOCK_M, BY_ROW=BY_ROW)
-            row = (((head_z + off_h).to(gl.int64) * acc_rows + start_m) * HEAD_DIM // 256).to(gl.int32)
+            row = (((head_z + off_h).to(gl.int64) * dq_rows + start_m) * HEAD_DIM // 256).to(gl.int32)
             b = t % DQ_BUFS
             for w in gl.static_range(2):
                 mbarrier.wait(dq_full.index(b * 2 + w), (t // DQ_BUFS) & 1)
@@ -356,7 +356,7 @@ def _hopper_bwd_kernel(
     seq_lens_ptr, cu_k_ptr,
     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
-    num_heads, seq_len_q, seq_len_k, qk_scale, scale, head_group, kv_group, parts, stat_stride,
+    num_heads, seq_len_q, seq_len_k, qk_scale, scale, head_group, kv_group, parts, stat_stride, dq_rows,
     win_left, win_right, cap2,
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
@@ -369,9 +369,9 @@ def _hopper_bwd_kernel(
     q_desc, do_desc: (1, 1, BLOCK_M, D) blocks of (Z, H, N_q, D); lse_desc, delta_desc: BLOCK_M blocks of the
     flat (Z * H * stat_stride) base-2 lse and delta (stat_stride >= N_q rows a head, a multiple of 4: TMA
     coordinates 16-byte aligned); dq_desc: the fp32 accumulator, zeroed before (the preprocess) and scaled
-    after (the convert pass): (CHUNK, 256) blocks of its floats in rows of 256, (Z, H, N_q rounded up to
-    64, D) in _store_dq's order, or, VARLEN, (1, 1, BLOCK_M, PANEL) blocks of (Z, H, N_q, D)
-    (hopper.bwd_descriptors); lse_ptr, delta_ptr: that
+    after (the convert pass): (CHUNK, 256) blocks of its floats in rows of 256, (Z, H, dq_rows, D) in
+    _store_dq's order (dq_rows: hopper.bwd_dq_rows, N_q rounded up to its tile), or, VARLEN, (1, 1, BLOCK_M,
+    PANEL) blocks of (Z, H, N_q, D) (hopper.bwd_descriptors); lse_ptr, delta_ptr: that
     flat base-2 lse and delta (VARLEN reads them through these). HAS_SEQ_LENS, VARLEN: seq_lens_ptr and cu_k_ptr
     as semantics._sequence takes them; packed sequences are the (1, H, T, D) views, a grid slice a sequence."""
     dtype: gl.constexpr = q_desc.dtype
@@ -446,5 +446,5 @@ def _hopper_bwd_kernel(
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),
         (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads,
-                   gl.cdiv(seq_len_q, 64) * 64, HEAD_DIM, BLOCK_M, FLAT, BY_ROW)),
+                   dq_rows, HEAD_DIM, BLOCK_M, FLAT, BY_ROW)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

@@ -311,14 +311,16 @@ def _stat_rows(q: torch.Tensor, packed: Packed | None, device=None) -> tuple[tor
 
 
 def _preprocess_launch(row_grid: tuple, pre_args: tuple, stat_stride: int, d: int, d_pad: int, dv: int,
-                       dv_pad: int, has_dlse: bool, zero_dq: bool, dq_flat: bool = False) -> Launch:
+                       dv_pad: int, has_dlse: bool, zero_dq: bool, dq_rows: int) -> Launch:
     """The backward's preprocess (backward_rows.py): delta and lse2 with stat_stride rows a head, and (zero_dq)
-    the zeros of dq's fp32 accumulator (dq_flat: the Hopper backward's, hopper.bwd_dq_rows rows a head).
-    pre_args: its strides, heads and N_q, as attention_bwd builds them."""
+    the zeros of dq's fp32 accumulator, dq_rows rows a head (N_q, or the Hopper backward's hopper.bwd_dq_rows,
+    which row_grid's PRE_BLOCK-row blocks cover). pre_args: its strides, heads and N_q, as attention_bwd builds
+    them."""
+    assert not zero_dq or cdiv(dq_rows, PRE_BLOCK) <= row_grid[0], (dq_rows, row_grid)
     return Launch(_BWD_PRE, row_grid, ("out", "dout", "lse", "dlse", "delta", "lse2", "dq_acc"),
-                  (*pre_args, stat_stride), dict(HEAD_DIM=dv, HEAD_DIM_PAD=dv_pad, BLOCK_M=PRE_BLOCK,
-                                                 HAS_DLSE=has_dlse, ZERO_DQ=zero_dq, HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d_pad,
-                                                 DQ_FLAT=dq_flat))
+                  (*pre_args, stat_stride, dq_rows), dict(HEAD_DIM=dv, HEAD_DIM_PAD=dv_pad, BLOCK_M=PRE_BLOCK,
+                                                          HAS_DLSE=has_dlse, ZERO_DQ=zero_dq, HEAD_DIM_Q=d,
+                                                          HEAD_DIM_Q_PAD=d_pad))
 
 
 def _split_scratch(z: int, h_kv: int, parts: int, len_k: int, d: int, dv: int) -> tuple[tuple, tuple[str, str]]:
@@ -342,12 +344,14 @@ def _group_sum_launch(dk4: torch.Tensor, dv4: torch.Tensor, parts: int, grid_z: 
                        num_warps=4))
 
 
-def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float, flat: bool = False,
+def _dq_convert_launch(dq4: torch.Tensor, row_grid: tuple, scale: float, dq_rows: int, flat: bool = False,
                        unprescale: bool = False) -> Launch:
-    """dq from its fp32 accumulator (flat: the Hopper backward's order, hopper.bwd_dq_rows), times the scale
-    (unprescale: the Hopper backward's, also k's prescale undone), in dq's dtype and strides."""
+    """dq from its fp32 accumulator of dq_rows rows a head (flat: the Hopper backward's order and
+    hopper.bwd_dq_rows), times the scale (unprescale: the Hopper backward's, also k's prescale undone), in dq's
+    dtype and strides."""
     h, len_q, d = dq4.shape[1:]
-    return Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"), (*kernel_strides(dq4), h, len_q, scale, scale * LOG2E),
+    return Launch(_BWD_DQ_CONVERT, row_grid, ("dq_acc", "dq"),
+                  (*kernel_strides(dq4), h, len_q, dq_rows, scale, scale * LOG2E),
                   dict(HEAD_DIM=d, HEAD_DIM_PAD=head_dim_pad(d), BLOCK_M=PRE_BLOCK, FLAT=flat, UNPRESCALE=unprescale))
 
 
@@ -372,9 +376,10 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
                        max_heads=(hopper.BWD_GROUP_HEADS if var.causal and not var.window
                                   and n_q >= hopper.BWD_GROUP_MIN_ROWS else None))
     split_scratch, kv_out = _split_scratch(z, h_kv, parts, len_k, d, d)
-    flat = not varlen  # dq's accumulator in the kernel's order (hopper.bwd_dq_rows)
+    flat = not varlen  # dq's accumulator in the kernel's order
+    dq_rows = hopper.bwd_dq_rows(len_q, varlen)  # its rows a head: the preprocess, the kernel, the convert
     scratch = (("delta", (z, h, rows), torch.float32), ("lse2", (z, h, rows), torch.float32),
-               ("dq_acc", (z, h, hopper.bwd_dq_rows(len_q, varlen), d), torch.float32), *split_scratch)
+               ("dq_acc", (z, h, dq_rows, d), torch.float32), *split_scratch)
     env.update(scratch_buffers(scratch, dq4.device))  # (meta with compile_only, as dq is)
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     wide = hopper.bwd_wide(d, causal=var.causal, window=var.window, softcap=var.softcap, packed=varlen)
@@ -386,12 +391,12 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
         row_grid = (cdiv(len_q, PRE_BLOCK), h, z_rows)
         args = (*kernel_strides(dk_out, dv_out), h, len_q, len_k, scale * LOG2E, scale,
                 head_group(var.causal, key_blocks, zc * h_kv * parts, q4.device), var.kv_group, parts, rows,
-                var.left, var.right, var.cap2)
-        return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True, dq_flat=flat),
+                dq_rows, var.left, var.right, var.cap2)
+        return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True, dq_rows),
                 Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc),
                        hopper.BWD_POINTERS + ("lse2", "delta", *kv_out, "seq_lens", "cu_k"), args, kernel_meta),
                 *([_group_sum_launch(dk4, dv4, parts, z_rows)] if parts > 1 else []),
-                _dq_convert_launch(dq4, row_grid, scale, flat=flat, unprescale=True)]
+                _dq_convert_launch(dq4, row_grid, scale, dq_rows, flat=flat, unprescale=True)]
 
     descs = hopper.bwd_descriptors(d, packed=varlen, wide=wide)
     if varlen:  # packed q, k, v, dout: descriptors of their (1, H, T, D) views
@@ -576,13 +581,13 @@ def attention_bwd(
     def launches(zc: int) -> list[Launch]:
         rows = (cdiv(len_q, PRE_BLOCK), h, z_pre if packed is not None else zc)  # the row passes' grid
         return [
-            _preprocess_launch(rows, pre_args, len_q, d, d_pad, dv_, dv_pad, dlse3 is not None, atomic),
+            _preprocess_launch(rows, pre_args, len_q, d, d_pad, dv_, dv_pad, dlse3 is not None, atomic, len_q),
             *(Launch(_BWD_DKDV, (cdiv(n_k, kv_cfg.block_n), h_kv * parts, zc),
                       ("q", "k", "v", "dout", "lse2", "delta", *kv_out, "dq_acc", "seq_lens", "cu_k", "alibi"), kv_args,
                       kv_meta)
               for kv_cfg, kv_args, kv_meta in kv_launches),
             *([_group_sum_launch(dk4, dv4, parts, z_pre if packed is not None else zc)] if parts > 1 else []),
-            _dq_convert_launch(dq4, rows, scale) if atomic else
+            _dq_convert_launch(dq4, rows, scale, len_q) if atomic else
             Launch(_BWD_DQ, (cdiv(n_q, q_cfg.block_m), h, zc),
                     ("q", "k", "v", "dout", "lse2", "delta", "dq", "seq_lens", "cu_k", "alibi"), q_args, q_meta),
         ]
