@@ -3,6 +3,8 @@ in diyflash.utils.validation, shared with `python -m diyflash`."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import diyflash
@@ -317,3 +319,17 @@ def check_varlen(q, k, v, lens_q, lens_k, causal=False, scale=None, window=(-1, 
     for g, t in zip(grads, inputs):
         assert g.shape == t.shape and g.dtype == t.dtype
     return out, grads
+
+
+def child_env(**set_vars: str | None) -> dict[str, str]:
+    """The environment of a child Python process a test starts on a script file: this checkout's root first on
+    PYTHONPATH (so that it imports the diyflash under test, installed or not: a script's own folder, not the
+    working directory, starts its sys.path), and set_vars set (None: removed)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    for name, value in set_vars.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env

@@ -1,7 +1,6 @@
 """diyflash.flash_attention / reference_attention: every row of the seed's error table (type and
 phrase, naming the bad values) and the seed's examples as written (device adapted)."""
 
-import os
 import subprocess
 import sys
 
@@ -10,7 +9,7 @@ import torch
 
 import diyflash
 from diyflash import flash_attention, reference_attention
-from helpers import ON_GPU, make_qkv
+from helpers import ON_GPU, child_env, make_qkv
 
 
 def qkv(device, shape=(2, 2, 16, 32), dtype=torch.float16):
@@ -132,7 +131,7 @@ def test_triton_required(tmp_path):
         "    assert 'triton is required' in str(e), e\n"
         "    print('OK')\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    env = child_env(TRITON_INTERPRET="0")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr
 
@@ -155,7 +154,7 @@ def test_triton_installed_but_a_dependency_missing(tmp_path):
         "except ModuleNotFoundError as e:\n"
         "    print(e.name, '|', e)\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = child_env(TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("numpy |"), done.stdout

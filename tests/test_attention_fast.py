@@ -9,7 +9,7 @@ import torch
 import diyflash
 import diyflash.api as api
 from diyflash.kernels import value_checks
-from helpers import ON_GPU, make_qkv
+from helpers import ON_GPU, child_env, make_qkv
 
 CASES = [  # (b, h, h_kv, n_q, n_k, d, d_v, dtype, layout, kwargs)
     (2, 4, 4, 128, 128, 64, 64, torch.float16, "bhnd", dict()),
@@ -265,7 +265,6 @@ _BAD_ON_THE_FAST_PATH = {  # (the call's setup, the bad value written after two 
 def test_kv_fast_path_keeps_the_value_check(tmp_path, bad):
     """validate=True on the fast path still queues the device-side check (its bound launch): a bad length
     or page stops the program (in a child process: the assert ends its CUDA context)."""
-    import os
     import subprocess
     import sys
 
@@ -283,7 +282,7 @@ def test_kv_fast_path_keeps_the_value_check(tmp_path, bad):
         "    torch.cuda.synchronize()\n"
         "except RuntimeError as e:\n"
         "    print('RAISED', str(e).splitlines()[0])\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env(TRITON_INTERPRET=None)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert "RAISED" in done.stdout and "device-side assert" in done.stdout, done.stdout + done.stderr[-2000:]
     assert rule in done.stderr, done.stderr[-2000:]

@@ -4,7 +4,6 @@ GPU (the GPU suite counts syncs), and a bad value on CUDA stops the program with
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,7 @@ import torch
 import diyflash
 from diyflash.api import _check_seq_lens
 from diyflash.ops.checks import cu_seqlens_error, kvcache_values_error
-from helpers import ON_GPU, make_qkv
+from helpers import ON_GPU, child_env, make_qkv
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -191,7 +190,7 @@ def test_bad_values_stop_the_program_on_the_device(tmp_path, name):
         except RuntimeError as e:
             print("RAISED", str(e).splitlines()[0], flush=True)
     """))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = child_env(TRITON_INTERPRET=None)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert "RAISED" in done.stdout and "device-side assert" in done.stdout, done.stdout + done.stderr[-3000:]
     assert message in done.stderr, done.stderr[-3000:]
