@@ -1,7 +1,6 @@
 """torch.export with a symbolic sequence length: diyflash.attention stays in the graph, and a saved
 program reloads in a fresh process that imports diyflash (and fails clearly in one that does not)."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -9,6 +8,7 @@ import textwrap
 import torch
 from torch.export import Dim
 
+from helpers import child_env
 from test_compile import AttentionBlock
 
 LOADER = textwrap.dedent(
@@ -47,7 +47,7 @@ def _run_loader(tmp_path, imports: str, pt2, x_path, out_path):
     script.write_text(LOADER.format(imports=imports))
     return subprocess.run(
         [sys.executable, str(script), str(pt2), str(x_path), str(out_path)],
-        capture_output=True, text=True, env=os.environ.copy(), timeout=600,
+        capture_output=True, text=True, env=child_env(), timeout=600,
     )
 
 

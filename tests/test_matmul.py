@@ -1,7 +1,6 @@
 """diyflash::matmul / triton_matmul: numerics against float64 (2x plain PyTorch + band), layouts read
 in place, manual tiles, autograd (and what it saves), opcheck, gradcheck, compile, export, errors."""
 
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from torch.export import Dim
 import diyflash
 from diyflash import triton_matmul
 from diyflash.utils.validation import matmul_error_reports
-from helpers import ON_GPU, copies_of
+from helpers import ON_GPU, child_env, copies_of
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -214,7 +213,7 @@ def test_export_and_reload(device, tmp_path):
         torch.save(ep.module()(torch.load(sys.argv[2])), sys.argv[3])
     """))
     done = subprocess.run([sys.executable, str(script), str(pt2), str(x_path), str(out_path)],
-                          capture_output=True, text=True, env=os.environ.copy(), timeout=600)
+                          capture_output=True, text=True, env=child_env(), timeout=600)
     assert done.returncode == 0, done.stderr
     with torch.no_grad():
         torch.testing.assert_close(torch.load(out_path), model(x), rtol=1e-5, atol=1e-5)
