@@ -21,7 +21,7 @@ except ImportError:  # the PyTorch path's CPU run
     triton = None
 
 if triton is not None:
-    from diyflash.kernels.attention.semantics import _tile_at, _turn, _turns
+    from diyflash.kernels.attention.semantics import _tile_at, _turn, _turns, _work, _work_turns
 
     @triton.jit
     def _record_turns(out_ptr, num_tiles, num_heads, num_bh, head_group, MAX_TURNS: tl.constexpr, DEAL: tl.constexpr):
@@ -32,6 +32,18 @@ if triton is not None:
             at = out_ptr + (p * MAX_TURNS + i) * 2
             tl.store(at, tl.where(live, (batch * num_heads + head) * num_tiles + tile, -1))
             tl.store(at + 1, tl.where(live, tile + 1, 0))  # the key blocks it sees (causal)
+
+    @triton.jit
+    def _record_work(out_ptr, num_tiles, num_bh, blocks, split_blocks, max_pieces, MAX_TURNS: tl.constexpr):
+        p = tl.program_id(0)
+        for i in range(_work_turns(num_tiles, num_bh, 1, split_blocks, DEAL=False, SPLIT=True)):
+            lin, live, first, end, piece = _work(i, num_tiles, num_bh, 1, blocks, split_blocks, max_pieces,
+                                                 DEAL=False, SPLIT=True)
+            at = out_ptr + (p * MAX_TURNS + i) * 4
+            tl.store(at, tl.where(live, lin, -1))
+            tl.store(at + 1, first)
+            tl.store(at + 2, end)
+            tl.store(at + 3, piece)
 
 
 @pytest.mark.parametrize("n_q,n_k", [(256, 256), (128, 256), (256, 128)])
@@ -248,6 +260,61 @@ def test_persistent_turns_take_every_tile_once(device):
             work = out[..., 1].clamp(min=0).sum(1).double()
             assert work.max() - work.mean() <= num_tiles, work  # at most a tile's keys above the mean
             assert work.max() <= 1.02 * work.mean() or num_tiles * heads * batch < 10 * programs, work
+
+
+def test_split_last_round_takes_every_key_block_once(device):
+    """The Hopper forward's last round cut into runs of key blocks (hopper.split, semantics._work): every key
+    block of every tile computed by exactly one program, the whole rounds' tiles whole; each piece numbered
+    r * max_pieces + its rank, as the merge (merge.py) reads them: a tile's pieces the ranks 0.. of the runs
+    that fall in it; every program's blocks at most the whole rounds' and a run; no split where the tiles
+    fill the rounds, for banded calls, or where the run saves less than SPLIT_MIN_GAIN."""
+    if triton is None:
+        pytest.skip("triton is not installed")
+    from diyflash.kernels.attention import hopper
+
+    assert hopper.split(64, 32, 64, 132, banded=False)[:2] == (33, 3)  # MHA D128 full B2 H16 N8192
+    assert hopper.split(43, 32, 64, 132, banded=False)[:2] == (28, 4)  # D64's 192-row tiles
+    assert hopper.split(64, 32, 64, 132, banded=True) is None
+    assert hopper.split(66, 2, 64, 132, banded=False) is None  # the rounds are full
+    assert hopper.split(131, 1, 64, 132, banded=False) is None  # less than a round: schedule's programs
+    assert hopper.split(133, 1, 64, 132, banded=False)[:2] == (10, 7)  # one tile over: at most 8 pieces
+    assert hopper.split(265, 1, 2, 132, banded=False) is None  # a piece costs more than it saves
+    for num_tiles, num_bh, blocks, programs in [(64, 32, 64, 132), (43, 32, 64, 132), (5, 3, 7, 4), (7, 1, 3, 5),
+                                                (9, 2, 2, 4), (4, 5, 9, 6)]:
+        cut = hopper.split(num_tiles, num_bh, blocks, programs, banded=False)
+        cut = cut or hopper.Split(*_forced_split(num_tiles * num_bh, blocks, programs))
+        max_turns = num_tiles * num_bh // programs + 2
+        out = torch.full((programs, max_turns, 4), -9, dtype=torch.int32, device=device)
+        _record_work[(programs,)](out, num_tiles, num_bh, blocks, cut.split_blocks, cut.max_pieces,
+                                  MAX_TURNS=max_turns)
+        out = out.cpu()
+        seen = torch.zeros(num_tiles * num_bh, blocks, dtype=torch.int32)
+        pieces: dict = {}
+        for p in range(programs):
+            work = 0
+            for lin, first, end, piece in out[p].tolist():
+                if lin < 0:
+                    continue
+                seen[lin, first:end] += 1
+                work += end - first
+                if lin < cut.first_lin:
+                    assert (first, end, piece) == (0, blocks, -1)
+                else:
+                    pieces.setdefault(lin - cut.first_lin, []).append(piece)
+            assert work <= (cut.first_lin // programs) * blocks + cut.split_blocks
+        assert (seen == 1).all(), (num_tiles, num_bh, blocks, programs)
+        assert sorted(pieces) == list(range(cut.rest))
+        for r, got in pieces.items():
+            count = ((r + 1) * blocks - 1) // cut.split_blocks - (r * blocks) // cut.split_blocks + 1
+            assert sorted(got) == [r * cut.max_pieces + i for i in range(count)] and count <= cut.max_pieces
+
+
+def _forced_split(total: int, blocks: int, programs: int) -> tuple[int, int, int, int]:
+    """hopper.split's cut whatever it saves (its rule aside): (split_blocks, max_pieces, first_lin, rest)."""
+    whole, rest = divmod(total, programs)
+    run = -(-rest * blocks // programs)
+    pieces = max(((r + 1) * blocks - 1) // run - (r * blocks) // run + 1 for r in range(rest))
+    return run, pieces, whole * programs, rest
 
 
 def test_head_group_rule():

@@ -63,7 +63,7 @@ def build(d, causal, window, softcap, dtype, pass_):
     descs = [host_descriptor(q, r, d, gluon=True) for r in (hopper.CONSUMER_ROWS, tiles.block_n, tiles.block_n,
                                                             hopper.CONSUMER_ROWS)]
     fn = hopper.kernel_module()._hopper_fwd_kernel
-    values = [*descs, lse, *lse.stride()[:2], 1000, 1000, 0.1, 8, 4, 8, 3, 2, 7, 0, 0.5]
+    values = [*descs, lse, lse, lse, *lse.stride()[:2], 1000, 1000, 0.1, 8, 4, 8, 3, 2, 7, 0, 0.5, 3, 2]
     consts = dict(HEAD_DIM=d, HEAD_DIM_V=d, CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, PASS=pass_, FMA=not softcap,
                   **tiles.meta(1000, banded=causal or window))
     sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else mangle_type(v)
@@ -353,7 +353,8 @@ def test_both_backends_within_2x(backend, case, dtype):
 def test_persistent_programs_take_every_tile(fresh_caches, monkeypatch, case):
     """The persistent grid: one, three or five programs, each taking several tiles in turns (their rows, key
     blocks and slots' phases carried from tile to tile; causal tiles of unequal work, windows, rows that see
-    no key, GQA), give the full grid's out and lse bit for bit, with head groups of one and of every head."""
+    no key, GQA), give the full grid's out and lse bit for bit, with head groups of one and of every head (the
+    last round's tiles whole: a split one adds its pieces in another order, test_split_last_round_within_2x)."""
     b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
     q = make_qkv(b, h, n_q, n_q, d, torch.bfloat16, seed=3)[0]
     k, v = make_qkv(b, h_kv, n_k, n_k, d, torch.bfloat16, seed=4)[1:]
@@ -367,10 +368,81 @@ def test_persistent_programs_take_every_tile(fresh_caches, monkeypatch, case):
             for group in (1, 3, b * h):  # 3: a short last group where it does not divide the heads
                 monkeypatch.setattr(hopper, "schedule", lambda tiles, bh, causal, device, n=programs, g=group: (
                     min(tiles * bh, n), min(g, bh) if causal else 1))
+                monkeypatch.setattr(hopper, "split", lambda *args: None)  # whole tiles (split: the test below)
                 diyflash.clear_caches()  # the plans bound the grid and groups of before
                 grids.append(diyflash.flash_attention(q, k, v, **kw))
         for out, lse in grids:
             assert torch.equal(out, full[0]) and torch.equal(lse, full[1])
+    finally:
+        hopper.use("auto")
+
+
+SPLIT_CASES = [c for c in CASES if not c[6] and c[7] == (-1, -1) and c[3] > 1] + [
+    (1, 3, 1, 777, 1000, 128, False, (-1, -1), 0.0),  # GQA 3, N_q != N_k, a partial key block
+    (2, 3, 3, 500, 900, 64, False, (-1, -1), 0.0),  # D64's three consumers in turns, a partial key block
+]
+
+
+def _force_split(monkeypatch, programs: int) -> None:
+    """`programs` persistent programs, and the last round split whatever it saves (hopper.split's rule aside)."""
+    monkeypatch.setattr(hopper, "schedule", lambda tiles, bh, causal, device: (min(tiles * bh, programs), 1))
+    monkeypatch.setattr(hopper, "SPLIT_MIN_GAIN", -100.0)
+    diyflash.clear_caches()  # the plans bound the grid of before
+
+
+@needs_hopper
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_split_last_round_within_2x(fresh_caches, monkeypatch, case):
+    """The last round of tiles cut into runs of key blocks (hopper.split, semantics._work) whose pieces the
+    merge launch adds up (merge.py): on three counts of programs, out and lse within the 2x rule of float64 and
+    within fp32 rounding of the whole tiles' grid; the merge ran; the kept plan's replays, through the API's
+    fast path (its C++ call included), give the first call's bits."""
+    b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
+    q = make_qkv(b, h, n_q, n_q, d, torch.bfloat16, seed=7)[0]
+    k, v = make_qkv(b, h_kv, n_k, n_k, d, torch.bfloat16, seed=8)[1:]
+    kw = dict(causal=causal, window_size=window, softcap=softcap, return_lse=True)
+    ref, ref_lse = attention_ref(q, k, v, causal=causal, window_size=window, softcap=softcap)
+    plain, plain_lse = attention_ref(q, k, v, upcast=False, causal=causal, window_size=window, softcap=softcap)
+    hopper.use("hopper")
+    try:
+        whole = diyflash.flash_attention(q, k, v, **kw)
+        tiles = hopper.head_dim_tiles(d, False)
+        total = -(-n_q // tiles.block_m) * b * h
+        for programs in [p for p in (3, 5, 7, 11, 13) if total % p][:3]:  # a last round part full
+            _force_split(monkeypatch, programs)
+            assert hopper.split(-(-n_q // tiles.block_m), b * h, -(-n_k // tiles.block_n), programs, False)
+            assert kernels_run(lambda: diyflash.flash_attention(q, k, v, **kw), "_hopper_fwd_kernel",
+                               "_attn_merge_pieces_kernel") == {"hopper", "portable"}
+            out, lse = diyflash.flash_attention(q, k, v, **kw)
+            for report in (error_report("out", out, ref, plain), error_report("lse", lse, ref_lse, plain_lse)):
+                assert report.ok, f"{programs} programs: {report}"
+            torch.testing.assert_close(out, whole[0], atol=2**-7, rtol=0)  # one bf16 rounding apart at most
+            torch.testing.assert_close(lse, whole[1], atol=1e-5, rtol=1e-5)
+            for _ in range(3):  # the plan, then the fast path's kept call
+                again = diyflash.flash_attention(q, k, v, **kw)
+                assert torch.equal(again[0], out) and torch.equal(again[1], lse)
+    finally:
+        hopper.use("auto")
+
+
+@needs_hopper
+def test_split_pieces_keep_the_marks(fresh_caches, monkeypatch):
+    """A row the Hopper forward marks (a NaN lse: semantics._fma_marked) in one piece of a split tile stays marked
+    through the merge (semantics._merge_rows' MARKS), so the second pass computes it again: rows 300-309 see key 5
+    far above the rest, out = v[5] exactly, every row finite."""
+    q, k, v = make_qkv(1, 2, 1000, 1000, 128, torch.float16, seed=5)
+    q[:, :, 300:310] = 2e4
+    k[:, :, 5] = 2e4
+    hopper.use("hopper")
+    try:
+        _force_split(monkeypatch, 3)
+        assert kernels_run(lambda: diyflash.flash_attention(q, k, v), "_hopper_fwd_kernel",
+                           "_attn_merge_pieces_kernel") == {"hopper", "portable"}
+        out, lse = diyflash.flash_attention(q, k, v, return_lse=True)
+        assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+        torch.testing.assert_close(out[:, :, 300:310].float(), v[:, :, 5:6].float().expand(1, 2, 10, 128), atol=0,
+                                   rtol=0)
+        torch.testing.assert_close(out.double(), attention_ref(q, k, v)[0], atol=3e-2, rtol=0)
     finally:
         hopper.use("auto")
 

@@ -19,8 +19,8 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import (LN2, SINK_CAP2, _decode_keys, _from_start, _inv, _normalize, _online_softmax,  # noqa: E402
-                        _prescaled, _scores, _sink_lse, _sink_start, _slope, _subtrahend, _visible)
+from .semantics import (_decode_keys, _from_start, _inv, _merge_rows, _normalize, _online_softmax,  # noqa: E402
+                        _prescaled, _scores, _sink_lse, _sink_start, _slope, _visible)
 from .tiles import _load  # noqa: E402
 from ..value_checks import kvcache_row_check  # noqa: E402
 
@@ -232,49 +232,13 @@ def _attn_decode_kernel(
                     out_ptr + b.to(tl.int64) * stride_oz + mh.to(tl.int64) * stride_oh + mi.to(tl.int64) * stride_om,
                     lse_ptr + b.to(tl.int64) * stride_lz + mh.to(tl.int64) * stride_lh + mi.to(tl.int64) * stride_lm,
                     ok, m_sink, num_splits, stride_os, stride_ls, offs_dv, dv_mask, SINKS=SINKS,
-                    SPLITS_PAD=MERGE_SPLITS_PAD,
+                    SPLITS_PAD=MERGE_SPLITS_PAD, MARKS=False,
                 )
                 tl.store(fin_out_ptr + b.to(tl.int64) * stride_fz + mh.to(tl.int64)[:, None] * stride_fh
                          + mi.to(tl.int64)[:, None] * stride_fm + offs_dv[None, :] * stride_fd,
                          m_out.to(fin_out_ptr.dtype.element_ty), mask=ok[:, None] & dv_mask[None, :])
                 tl.store(fin_lse_ptr + b.to(tl.int64) * stride_flz + mh.to(tl.int64) * stride_flh
                          + mi.to(tl.int64) * stride_flm, m_lse, mask=ok)
-
-
-@triton.jit
-def _merge_rows(part_out, part_lse, row_ok, sink, num_splits, stride_os, stride_ls, offs_dv, dv_mask,
-                SINKS: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    """Merge the splits of some query rows (part_out / part_lse: [ROWS] pointers to each row's split 0, fp32,
-    a partial's columns contiguous): out = sum_s exp(lse_s - lse) out_s, lse = log(sum_s exp(lse_s)
-    [+ exp(sink)]), a row no split saw 0 with lse -inf (the sink's with SINKS). The splits are added one
-    after another in split order (a static unroll: every load in flight at once), so the bits depend on the
-    values alone: MERGE in the decode launch and the combine kernel give the same. Loads bypass L1 (.cg:
-    other programs wrote the partials)."""
-    m = tl.full(row_ok.shape, float("-inf"), dtype=tl.float32)
-    none = tl.zeros(row_ok.shape, dtype=tl.int32)  # (a split's index as a tensor: one mask type everywhere)
-    for s in tl.static_range(SPLITS_PAD):
-        m = tl.maximum(m, tl.load(part_lse + s * stride_ls, mask=row_ok & (none + s < num_splits),
-                                  other=float("-inf"), cache_modifier=".cg"))
-    if SINKS:  # natural units here: the sink capped as _sink_start caps it (SINK_CAP2 * ln 2)
-        sink_c = tl.minimum(sink, SINK_CAP2 * LN2)
-        m = tl.maximum(m, sink_c)
-    m_sub = _subtrahend(m, MASKED=True)
-    total = tl.zeros(row_ok.shape, dtype=tl.float32)
-    acc = tl.zeros([row_ok.shape[0], offs_dv.shape[0]], dtype=tl.float32)
-    for s in tl.static_range(SPLITS_PAD):
-        ok = row_ok & (none + s < num_splits)
-        w = tl.exp(tl.load(part_lse + s * stride_ls, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_sub)
-        total += w
-        acc += tl.load(part_out[:, None] + s * stride_os + offs_dv[None, :], mask=ok[:, None] & dv_mask[None, :],
-                       other=0.0, cache_modifier=".cg") * w[:, None]
-    if SINKS:
-        total += tl.exp(sink_c - m_sub)
-    live = total > 0
-    total = tl.where(live, total, 1.0)
-    lse = tl.where(live, m_sub + tl.log(total), float("-inf"))
-    if SINKS:
-        lse = _sink_lse(lse, sink)
-    return acc / total[:, None], lse
 
 
 @triton.jit
@@ -300,7 +264,8 @@ def _attn_decode_combine_kernel(
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
     dv_mask = offs_dv < HEAD_DIM_V
     out, lse = _merge_rows(part_out_ptr + r * num_splits * HEAD_DIM_V, part_lse_ptr + r * num_splits, row_ok, sink,
-                           num_splits, HEAD_DIM_V, 1, offs_dv, dv_mask, SINKS=SINKS, SPLITS_PAD=SPLITS_PAD)
+                           num_splits, HEAD_DIM_V, 1, offs_dv, dv_mask, SINKS=SINKS, SPLITS_PAD=SPLITS_PAD,
+                           MARKS=False)
     tl.store(out_ptr + (b * stride_oz + off_h * stride_oh + i * stride_om)[:, None] + offs_dv[None, :] * stride_od,
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dv_mask[None, :])
     tl.store(lse_ptr + b * stride_lz + off_h * stride_lh + i * stride_lm, lse, mask=row_ok)

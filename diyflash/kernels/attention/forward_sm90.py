@@ -13,7 +13,9 @@ by side:
   A finished tile's rows wait in registers until the next tile's first q.k^T is issued; then the consumer
   puts them into the query slot they came in by and hands them to the TMA unit, under that matmul
   (1.019-1.028x the kernel that stored them before the next tile began, on four of six D128 cells, H200,
-  bench/results/attention_sm90.jsonl, run "held rows"). Where hopper.TILES says (head_dim 64 without causal
+  bench/results/attention_sm90.jsonl, run "held rows"). Without masks, where the tiles leave the last round
+  part full, that round comes in runs of key blocks, one a program, and a second launch merges each tile's
+  pieces (hopper.split). Where hopper.TILES says (head_dim 64 without causal
   or window masks), the consumers issue each block's pair of matmuls in turns, a ring of named barriers
   (FA3's ping-pong), so that one's softmax runs under the others' matmuls: 1.026-1.061x on five such cells,
   0.97-1.00x on the causal and head_dim-128 ones (runs "consumers in turns, first look" and "consumers in
@@ -29,8 +31,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .semantics import (_band, _fma_marked, _inv, _normalize, _online_softmax, _online_softmax_fma, _prescaled,
-                        _scores, _tile_at, _turn, _turns, _visible)
+from .semantics import (_band, _fma_marked, _inv, _normalize, _online_softmax, _online_softmax_fma, _piece_keys,
+                        _prescaled, _scores, _tile_at, _visible, _work, _work_turns)
 
 # TMA loads and stores: Triton 3.6 names them async_copy_global_to_shared and async_copy_shared_to_global,
 # later versions async_load and async_store
@@ -66,19 +68,22 @@ def _pass_turn(WHICH: gl.constexpr, CONSUMERS: gl.constexpr, TURNS: gl.constexpr
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty,
             seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads, num_bh, head_group,
-            kv_group, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-            EVEN_N: gl.constexpr):
-    """The loader partition: for each of the program's tiles (_turn's order), the consumers' query rows into
+            kv_group, split_blocks, max_pieces, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+            WINDOW: gl.constexpr, EVEN_N: gl.constexpr):
+    """The loader partition: for each of the program's tiles (_work's order), the consumers' query rows into
     the tile's query slots (tile n's: n % 2) once the consumers have stored tile n - 2's rows out of them,
-    then the key and value blocks of _band into the slots, in the consumers' order (i counts the blocks over
-    every tile: slot and phase)."""
+    then the key and value blocks of _band (a piece's of them: _piece_keys) into the slots, in the consumers'
+    order (i counts the blocks over every tile: slot and phase)."""
     STAGES: gl.constexpr = k_bufs.shape[0]
     CONSUMERS: gl.constexpr = q_bufs.shape[0] // 2
     SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
+    SPLIT: gl.constexpr = not (CAUSAL or WINDOW)
+    blocks = gl.cdiv(seq_len_k, BLOCK_N)
     i = 0
     n = 0
-    for t in range(_turns(num_tiles, num_bh, head_group, DEAL=CAUSAL)):
-        lin, live = _turn(t, num_tiles, num_bh, head_group, DEAL=CAUSAL)
+    for t in range(_work_turns(num_tiles, num_bh, head_group, split_blocks, DEAL=CAUSAL, SPLIT=SPLIT)):
+        lin, live, first, end, _piece = _work(t, num_tiles, num_bh, head_group, blocks, split_blocks, max_pieces,
+                                              DEAL=CAUSAL, SPLIT=SPLIT)
         if live:
             pid_m, off_h, off_z = _tile_at(lin, num_tiles, num_heads, num_bh, head_group, DEAL=CAUSAL,
                                            REVERSE=CAUSAL)
@@ -86,6 +91,8 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_
             lo, _fl, _fh, hi = _band(start_m, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
                                      BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
                                      EVEN_N=EVEN_N, WINDOW=WINDOW)
+            if SPLIT:
+                lo, hi = _piece_keys(lo, hi, first, end, BLOCK_N=BLOCK_N)
             off_hk = off_h // kv_group
             a = n % 2  # the tile's query slots: the consumers store the tile before's rows from the others
             mbarrier.wait(q_empty.index(a), ((n // 2) & 1) ^ 1)
@@ -267,19 +274,45 @@ def _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n, WHICH: gl.constexpr, 
 
 
 @gluon.jit
+def _store_piece(out, lse, piece, part_row, part_o_ptr, part_lse_ptr, BLOCK_M: gl.constexpr):
+    """A piece's rows (_work; piece >= 0, else nothing) in fp32 at row part_row of its slot of the merge's
+    buffers: part_o (pieces, BLOCK_M, D_v), part_lse (pieces, BLOCK_M)."""
+    row_o: gl.constexpr = gl.SliceLayout(1, out.type.layout)
+    DV: gl.constexpr = out.shape[1]
+    rows = part_row + gl.arange(0, out.shape[0], layout=row_o)
+    cols = gl.arange(0, DV, layout=gl.SliceLayout(0, out.type.layout))
+    at = piece.to(gl.int64) * BLOCK_M + rows
+    mine = (rows * 0 + piece) >= 0  # a whole tile (piece -1) stores nothing here
+    gl.store(part_o_ptr + at[:, None] * DV + cols[None, :], out, mask=mine[:, None])
+    gl.store(part_lse_ptr + at, lse, mask=mine)
+
+
+@gluon.jit
 def _store_rows(acc, m_i, l_i, top, row0, off_h, off_z, o_desc, o_buf, q_empty, lse_ptr, stride_lz, stride_lh,
-                seq_len_q, FMA: gl.constexpr):
+                seq_len_q, piece, part_row, part_o_ptr, part_lse_ptr, FMA: gl.constexpr, BLOCK_M: gl.constexpr,
+                SPLIT: gl.constexpr):
     """A finished tile's rows row0 onward of head (off_z, off_h): out (_normalize) into o_buf, the query slot
     the tile read (no q.k^T reads it any more), handed to the TMA unit (rows past N clipped by the
-    descriptor), lse by pointer; the slot goes back to the loader (q_empty) once the copy has read it."""
-    SUB_M: gl.constexpr = acc.shape[0]
+    descriptor), lse by pointer; the slot goes back to the loader (q_empty) once the copy has read it.
+    A piece of a tile (SPLIT, piece >= 0: _work) goes to the merge's buffers too (_store_piece)."""
     row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     m_o = gl.convert_layout(m_i, row_o)
     l_o = gl.convert_layout(l_i, row_o)
     out, lse = _normalize(acc, m_o, l_o, l_o > 0)
     if FMA:
         lse = _fma_marked(lse, gl.convert_layout(top, row_o))
-    o_buf.reshape([SUB_M, acc.shape[1]]).store(out.to(o_desc.dtype))
+    if SPLIT:  # (masked, not branched: a branch here made Triton 3.6's ptxas wait for the next tile's first
+        # q.k^T before the held rows' first use, C7517; a piece's rows also go to out, which the merge overwrites)
+        _store_piece(out, lse, piece, part_row, part_o_ptr, part_lse_ptr, BLOCK_M=BLOCK_M)
+    _store_tile(out, lse, row0, off_h, off_z, o_desc, o_buf, q_empty, lse_ptr, stride_lz, stride_lh, seq_len_q)
+
+
+@gluon.jit
+def _store_tile(out, lse, row0, off_h, off_z, o_desc, o_buf, q_empty, lse_ptr, stride_lz, stride_lh, seq_len_q):
+    """_store_rows' rows through the TMA unit."""
+    SUB_M: gl.constexpr = out.shape[0]
+    row_o: gl.constexpr = gl.SliceLayout(1, out.type.layout)
+    o_buf.reshape([SUB_M, out.shape[1]]).store(out.to(o_desc.dtype))
     fence_async_shared()
     _barrier()  # every row in before the copy reads them
     _tma_store(o_desc, [off_z, off_h, row0, 0], o_buf)
@@ -294,7 +327,7 @@ def _store_rows(acc, m_i, l_i, top, row0, off_h, off_z, o_desc, o_buf, q_empty, 
 @gluon.jit
 def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
               lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale, num_tiles, num_heads,
-              num_bh, head_group, win_left, win_right, cap2,
+              num_bh, head_group, win_left, win_right, cap2, split_blocks, max_pieces, part_o_ptr, part_lse_ptr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
               PASS: gl.constexpr, FMA: gl.constexpr, TURNS: gl.constexpr, WHICH: gl.constexpr):
@@ -305,8 +338,12 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
     tile's first q.k^T is issued, so the tensor cores work through the epilogue; the query slots alternate by
     tile, and each tile's rows go out through the slot its queries came in by. FMA: the softmax in
     _online_softmax_fma's form, and a row that reached FMA_MAX_ROW gets a NaN lse (_fma_marked), which the
-    portable kernel's second pass takes as its mark to compute the row's block again in the exact form."""
+    portable kernel's second pass takes as its mark to compute the row's block again in the exact form.
+    Without causal or window masks (SPLIT), the last round of tiles may come in pieces (_work: split_blocks > 0),
+    whose rows go to part_o_ptr / part_lse_ptr for the merge launch (merge.py)."""
     CONSUMERS: gl.constexpr = q_bufs.shape[0] // 2
+    SPLIT: gl.constexpr = not (CAUSAL or WINDOW)
+    blocks = gl.cdiv(seq_len_k, BLOCK_N)
     SUB_M: gl.constexpr = BLOCK_M // CONSUMERS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
@@ -323,8 +360,10 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
     held_row0 = 0
     held_h = 0
     held_z = 0
-    for t in range(_turns(num_tiles, num_bh, head_group, DEAL=CAUSAL)):
-        lin, live = _turn(t, num_tiles, num_bh, head_group, DEAL=CAUSAL)
+    held_piece = -1
+    for t in range(_work_turns(num_tiles, num_bh, head_group, split_blocks, DEAL=CAUSAL, SPLIT=SPLIT)):
+        lin, live, first, end, piece = _work(t, num_tiles, num_bh, head_group, blocks, split_blocks, max_pieces,
+                                             DEAL=CAUSAL, SPLIT=SPLIT)
         if live:
             pid_m, off_h, off_z = _tile_at(lin, num_tiles, num_heads, num_bh, head_group, DEAL=CAUSAL,
                                            REVERSE=CAUSAL)
@@ -350,10 +389,15 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             lo, full_lo, full_hi, hi = _band(row0, seq_len_q, seq_len_k, causal_offset, win_left, win_right,
                                              BLOCK_M=SUB_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
                                              EVEN_N=EVEN_N, WINDOW=WINDOW)
-            n_before = n_tile
-            if lo < hi:
-                n_before = (lo - tile_lo) // BLOCK_N
-            n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
+            if SPLIT:  # no masks: the consumer's rows see every block the loader streams (a piece's of them)
+                lo, hi = _piece_keys(lo, hi, first, end, BLOCK_N=BLOCK_N)
+                n_before = 0
+                n_after = 0
+            else:
+                n_before = n_tile
+                if lo < hi:
+                    n_before = (lo - tile_lo) // BLOCK_N
+                n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
             i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before, WHICH=WHICH, CONSUMERS=CONSUMERS,
                              TURNS=TURNS)
             if lo < hi:
@@ -361,7 +405,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                                   CONSUMERS=CONSUMERS, TURNS=TURNS)
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
-                                q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
+                                q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, held_piece,
+                                WHICH * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA, BLOCK_M=BLOCK_M, SPLIT=SPLIT)
                 acc, m_i, l_i, top, i = _consume(
                     q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi,
                     offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
@@ -371,7 +416,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             else:  # its rows see no key: zeros and lse -inf
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
-                                q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, FMA=FMA)
+                                q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, held_piece,
+                                WHICH * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA, BLOCK_M=BLOCK_M, SPLIT=SPLIT)
                 acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
             i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_after, WHICH=WHICH, CONSUMERS=CONSUMERS,
                              TURNS=TURNS)
@@ -379,17 +425,20 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             held_row0 = row0
             held_h = off_h
             held_z = off_z
+            held_piece = piece
             n += 1
     if held:
         _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc,
                     q_bufs.index(((n - 1) % 2) * CONSUMERS + WHICH), q_empty.index((n - 1) % 2), lse_ptr, stride_lz,
-                    stride_lh, seq_len_q, FMA=FMA)
+                    stride_lh, seq_len_q, held_piece, WHICH * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA,
+                    BLOCK_M=BLOCK_M, SPLIT=SPLIT)
 
 
-@gluon.jit(do_not_specialize=["num_tiles", "num_bh", "head_group"])
+@gluon.jit(do_not_specialize=["num_tiles", "num_bh", "head_group", "split_blocks", "max_pieces"])
 def _hopper_fwd_kernel(
-    q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lz, stride_lh,
+    q_desc, k_desc, v_desc, o_desc, lse_ptr, part_o_ptr, part_lse_ptr, stride_lz, stride_lh,
     seq_len_q, seq_len_k, qk_scale, num_tiles, num_heads, num_bh, head_group, kv_group, win_left, win_right, cap2,
+    split_blocks, max_pieces,
     # semantics: what is computed
     HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
     SOFTCAP: gl.constexpr, PASS: gl.constexpr, FMA: gl.constexpr,
@@ -411,7 +460,9 @@ def _hopper_fwd_kernel(
     Persistent: the grid's programs (hopper.schedule) take the num_tiles x num_bh tiles (num_tiles of BLOCK_M
     rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over
     head groups back and forth), so the loader fetches a tile's first blocks while the consumers finish the
-    one before."""
+    one before. Without causal or window masks, split_blocks > 0 (hopper.split) cuts the last round into runs of
+    that many key blocks, one a program (semantics._work), whose pieces go to part_o_ptr and part_lse_ptr (at
+    most max_pieces a tile) for the merge launch (merge.py); split_blocks 0: whole tiles only."""
     causal_offset = seq_len_k - seq_len_q
     # two query slots a consumer, by tile (the tile before's rows go out by its slot: o_desc's blocks are q's)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
@@ -436,31 +487,38 @@ def _hopper_fwd_kernel(
         gl.warp_specialize([
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
-                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
+                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
+                         max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
-                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
+                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
+                         max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 1)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
-                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
+                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
+                         max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 2)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
-                       num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
+                       num_bh, head_group, kv_group, split_blocks, max_pieces, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                       EVEN_N)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
-                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
+                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
+                         max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
-                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, BLOCK_M, BLOCK_N,
+                         num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
+                         max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
                          HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
-                       num_bh, head_group, kv_group, BLOCK_M, BLOCK_N, CAUSAL, WINDOW, EVEN_N)),
+                       num_bh, head_group, kv_group, split_blocks, max_pieces, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
+                       EVEN_N)),
         ], [4, 1], [CONSUMER_REGS, LOADER_REGS])

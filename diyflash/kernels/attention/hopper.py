@@ -123,6 +123,41 @@ def schedule(num_tiles: int, num_bh: int, causal: bool, device: torch.device) ->
     return programs, group
 
 
+class Split(NamedTuple):
+    """How the forward's last round of tiles is cut (semantics._work): split_blocks key blocks a program, tiles
+    of the last round (rest, from the tile first_lin on) in at most max_pieces pieces each."""
+
+    split_blocks: int
+    max_pieces: int
+    first_lin: int
+    rest: int
+
+
+# A split's cost beside its runs of key blocks, counted in key blocks a program: a piece's start (its rows
+# loaded, the pipeline filled) and end (its fp32 rows stored), and the merge launch
+SPLIT_PIECE_BLOCKS = 2
+SPLIT_MIN_GAIN = 0.01  # the least share of the call's time a split must save, by that count
+SPLIT_MAX_PIECES = 8  # the most pieces a tile is cut into (the merge adds them in a static unroll)
+
+
+def split(num_tiles: int, num_bh: int, blocks: int, programs: int, banded: bool) -> Split | None:
+    """Whether a persistent forward of num_tiles x num_bh tiles of `blocks` key blocks each (tiles of equal work:
+    not banded, causal or windowed) on `programs` programs cuts its last round into runs of key blocks, one a
+    program (semantics._work), and how; None where the whole tiles take about as long. Tiles in turns leave a
+    last round of rest < programs tiles, whose time the idle programs then wait out; its rest x blocks key
+    blocks in programs runs take a program ceil(rest x blocks / programs) blocks (runs long enough that no tile
+    falls in more than SPLIT_MAX_PIECES) and SPLIT_PIECE_BLOCKS."""
+    total = num_tiles * num_bh
+    whole, rest = divmod(total, programs)
+    if banded or rest == 0 or whole == 0 or blocks < 2:
+        return None
+    run = max(-(-rest * blocks // programs), -(-blocks // (SPLIT_MAX_PIECES - 1)))
+    if (whole * blocks + run + SPLIT_PIECE_BLOCKS) > (1 - SPLIT_MIN_GAIN) * (whole + 1) * blocks:
+        return None
+    pieces = max(((r + 1) * blocks - 1) // run - (r * blocks) // run + 1 for r in range(rest))
+    return Split(run, pieces, whole * programs, rest)
+
+
 def use(backend: str) -> None:
     """Choose the attention forward's backend in this process ("auto", "hopper", "portable"), as
     DIYFLASH_ATTENTION_BACKEND does at import. Forgets the kept launch plans, which bound the other's kernels,
@@ -227,7 +262,10 @@ def descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
     return TensorDescriptor(t, shape, strides, block, _smem_layout(block[2], block[3], t.dtype))
 
 
-POINTERS = ("gluon_q", "gluon_k", "gluon_v", "gluon_out", "lse")  # the launch's leading arguments, by env name
+# the launch's leading arguments, by env name: the merge's buffers (split_o, split_lse) where the call is split
+# (split), else lse in their place (never read)
+POINTERS = ("gluon_q", "gluon_k", "gluon_v", "gluon_out", "lse", "split_o", "split_lse")
+UNSPLIT_POINTERS = ("gluon_q", "gluon_k", "gluon_v", "gluon_out", "lse", "lse", "lse")
 
 
 def descriptors(block_n: int, d: int) -> tuple:

@@ -20,6 +20,7 @@ from .backward_rows import (_attn_bwd_dq_convert_kernel, _attn_bwd_group_sum_ker
                             _attn_bwd_preprocess_kernel)
 from . import hopper, kvcache  # noqa: E402  (the decode route; kvcache shares launch_args and plans, not this module)
 from .forward import _attn_fwd_kernel  # noqa: E402
+from .merge import _attn_merge_pieces_kernel  # noqa: E402
 from .launch_args import INTERPRETED, alibi_stride, dot_precision, upcast, v_pad, variant_meta  # noqa: E402
 from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
 from .grids import head_group, head_split  # noqa: E402
@@ -41,10 +42,11 @@ _BWD_DKDV = DirectLauncher(_attn_bwd_dkdv_kernel)
 _BWD_DQ = DirectLauncher(_attn_bwd_dq_kernel)
 _BWD_SUM = DirectLauncher(_attn_bwd_group_sum_kernel)
 _BWD_DQ_CONVERT = DirectLauncher(_attn_bwd_dq_convert_kernel)
+_MERGE = DirectLauncher(_attn_merge_pieces_kernel)
 assert INTERPRETED == _FWD.interpreted  # launch_args decides it as Triton decorated these kernels
 
 
-_LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM, _BWD_DQ_CONVERT)
+_LAUNCHERS = (_FWD, _BWD_PRE, _BWD_DKDV, _BWD_DQ, _BWD_SUM, _BWD_DQ_CONVERT, _MERGE)
 
 
 def _attention_kernels() -> list:
@@ -153,6 +155,7 @@ _RESCUE_META = dict(num_warps=4, num_stages=1, WS=False, LAZY=False, VOTE_ROWS=0
 # The second pass after the Hopper forward (semantics._fma_marked) mostly reads its rows' lse and returns: small
 # tiles, whose build is short (64 x 32: 1.1-1.5 s against 4.2 s for 128 x 128; results/marked_pass_compile_sm90.txt)
 MARKED_PASS_TILES = AttnConfig(64, 32, 4, 1)
+MERGE_ROWS = 32  # rows a program of the split forward's merge (merge.py): 32 x 128 fp32 of each piece at once
 
 
 def decode_route(q, k, seq_lens, packed, config, group) -> bool:
@@ -218,6 +221,8 @@ def attention_fwd(
     key = plan_key("fwd", (q, k, v, seq_lens, cu_k, alibi_slopes, sinks), var, scale, (config, group, *extra))
     plan = PLANS.get(key) if key is not None else None
     if plan is not None and aligned(out, lse):
+        if plan.scratch:  # (the split Hopper forward's pieces)
+            env.update(scratch_buffers(plan.scratch, q.device))
         replay(plan, env)
         return out, lse
     if (compile_backward is not None and compile_ahead_on() and not INTERPRETED and q.is_cuda
@@ -281,15 +286,33 @@ def attention_fwd(
                          **sm90.meta(n_k, banded=causal or var.window), num_warps=4)
         rescue = dict(meta, PASS=2, **_RESCUE_META)  # MARKED_PASS_TILES: pointer loads, no descriptors
 
-        def sm90_launch(zc: int) -> Launch:  # its programs take the chunk's tiles in turns (hopper.schedule)
-            programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
-            sm90_args = (*kernel_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h,
-                         group, var.kv_group, var.left, var.right, var.cap2)
-            return Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS, sm90_args, sm90_meta)
+        blocks = cdiv(n_k, sm90.block_n)
+        scratch = ()
 
-        launch_chunks([(env_, [sm90_launch(zc)] + ([portable(zc, rescue)] if fma else []))
-                       for zc, env_ in _z_chunks(z, env)],
-                      key if aligned(out, lse) else None, False, hopper.descriptors(sm90.block_n, d), plans=PLANS)
+        def sm90_launches(zc: int) -> list[Launch]:  # its programs take the chunk's tiles in turns (hopper.schedule)
+            nonlocal scratch
+            programs, group = hopper.schedule(sm90_tiles, zc * h, causal, q.device)
+            # the last round cut into runs of key blocks (a batch launched in slices is not)
+            cut = hopper.split(sm90_tiles, zc * h, blocks, programs, causal or var.window) if zc == z else None
+            sm90_args = (*kernel_strides(lse3)[:2], len_q, len_k, scale * LOG2E, sm90_tiles, h, zc * h,
+                         group, var.kv_group, var.left, var.right, var.cap2, *(cut[:2] if cut else (0, 1)))
+            launches = [Launch(hopper.launcher(), (programs, 1, 1), hopper.POINTERS if cut else hopper.UNSPLIT_POINTERS,
+                               sm90_args, sm90_meta)]
+            if cut:  # the pieces merged into out and lse (merge.py), before the second pass reads lse's marks
+                rows = cut.rest * cut.max_pieces * sm90.block_m
+                scratch = (("split_o", (rows, dv), torch.float32), ("split_lse", (rows,), torch.float32))
+                launches.append(Launch(_MERGE, (cut.rest, sm90.block_m // MERGE_ROWS, 1),
+                                       ("split_o", "split_lse", "out", "lse"),
+                                       (*o4.stride(), *kernel_strides(lse3)[:2], len_q, sm90_tiles, h, cut.first_lin,
+                                        blocks, *cut[:2]),
+                                       dict(BLOCK_M=sm90.block_m, HEAD_DIM_V=dv, ROWS=MERGE_ROWS,
+                                            PIECES_PAD=1 << (cut.max_pieces - 1).bit_length(), num_warps=4)))
+            return launches + ([portable(zc, rescue)] if fma else [])
+
+        chunks = [(env_, sm90_launches(zc)) for zc, env_ in _z_chunks(z, env)]
+        env.update(scratch_buffers(scratch, q.device))  # (one chunk where there is scratch: env is its tensors)
+        launch_chunks(chunks, key if aligned(out, lse) else None, False, hopper.descriptors(sm90.block_n, d),
+                      scratch=scratch, plans=PLANS)
         return out, lse
     passes = [dict(meta, PASS=p, **(_RESCUE_META if p == 2 else {}))
               for p in overflow_passes(q.dtype, work)]

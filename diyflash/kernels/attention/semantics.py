@@ -138,6 +138,53 @@ def _turn(i, num_tiles, num_bh, head_group, DEAL: tl.constexpr):
 
 
 @triton.jit
+def _work_turns(num_tiles, num_bh, head_group, split_blocks, DEAL: tl.constexpr, SPLIT: tl.constexpr):
+    """_turns, where with SPLIT a split_blocks > 0 cuts the last round (_work): the whole rounds, then two."""
+    if SPLIT:
+        whole = num_tiles * num_bh // tl.num_programs(0)
+        return tl.where(split_blocks > 0, whole + 2, _turns(num_tiles, num_bh, head_group, DEAL=DEAL))
+    else:
+        return _turns(num_tiles, num_bh, head_group, DEAL=DEAL)
+
+
+@triton.jit
+def _work(i, num_tiles, num_bh, head_group, blocks, split_blocks, max_pieces, DEAL: tl.constexpr,
+          SPLIT: tl.constexpr):
+    """(lin, live, first, end, piece) of this program's i-th turn: _turn's tile, whose key blocks [first, end)
+    of its `blocks` it computes, and piece -1 (the whole tile, blocks [0, blocks)). With SPLIT (tiles of equal
+    work: not DEAL) and split_blocks > 0, the turns after the whole rounds split the last round's R tiles:
+    their R x blocks key blocks, tile after tile, are cut into runs of split_blocks (<= blocks), program p
+    taking run p, which falls in at most two tiles (its turns whole and whole + 1); a piece of a tile is
+    numbered r * max_pieces + its rank among the tile's runs (r: the tile's place in the last round), where
+    its partial rows go for the merge (merge.py), max_pieces being the most runs any tile falls in."""
+    lin, live = _turn(i, num_tiles, num_bh, head_group, DEAL=DEAL)
+    first = lin * 0  # (tensors from the start: the branch below assigns them)
+    end = first + blocks
+    piece = first - 1
+    if SPLIT:
+        programs = tl.num_programs(0)
+        p = tl.program_id(0)
+        total = num_tiles * num_bh
+        whole = total // programs
+        if (split_blocks > 0) & (i >= whole):
+            start = p * split_blocks
+            stop = tl.minimum(start + split_blocks, (total - whole * programs) * blocks)
+            r = start // blocks + (i - whole)
+            first = tl.maximum(start - r * blocks, 0)
+            end = tl.minimum(stop - r * blocks, blocks)
+            lin = whole * programs + r
+            live = first < end
+            piece = r * max_pieces + p - (r * blocks) // split_blocks
+    return lin, live, first, end, piece
+
+
+@triton.jit
+def _piece_keys(lo, hi, first, end, BLOCK_N: tl.constexpr):
+    """A tile's key range [lo, hi) (_band's) cut to its blocks [first, end) (_work's)."""
+    return lo + first * BLOCK_N, tl.minimum(hi, lo + end * BLOCK_N)
+
+
+@triton.jit
 def _key_range(start_m, q_len, kv_len, causal_offset,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                HAS_SEQ_LENS: tl.constexpr, EVEN_N: tl.constexpr):
@@ -486,6 +533,49 @@ def _normalize(acc, m_i, l_i, live):
     l_safe = tl.where(live, l_i, 1.0)
     lse = tl.where(live, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
     return acc / l_safe[:, None], lse
+
+
+@triton.jit
+def _merge_rows(part_out, part_lse, row_ok, sink, num_splits, stride_os, stride_ls, offs_dv, dv_mask,
+                SINKS: tl.constexpr, SPLITS_PAD: tl.constexpr, MARKS: tl.constexpr):
+    """Merge the splits of some query rows (part_out / part_lse: [ROWS] pointers to each row's split 0, fp32,
+    a partial's columns contiguous): out = sum_s exp(lse_s - lse) out_s, lse = log(sum_s exp(lse_s)
+    [+ exp(sink)]), a row no split saw 0 with lse -inf (the sink's with SINKS). The splits are added one
+    after another in split order (a static unroll: every load in flight at once), so the bits depend on the
+    values alone: MERGE in the decode launch and the combine kernel give the same. Loads bypass L1 (.cg:
+    other programs wrote the partials). MARKS: a split's NaN lse (_fma_marked: the row is computed again by
+    the second pass) makes the row's lse NaN (the max below skips a NaN, which would then read as no key)."""
+    m = tl.full(row_ok.shape, float("-inf"), dtype=tl.float32)
+    none = tl.zeros(row_ok.shape, dtype=tl.int32)  # (a split's index as a tensor: one mask type everywhere)
+    marked = none
+    for s in tl.static_range(SPLITS_PAD):
+        lse_s = tl.load(part_lse + s * stride_ls, mask=row_ok & (none + s < num_splits), other=float("-inf"),
+                        cache_modifier=".cg")
+        m = tl.maximum(m, lse_s)
+        if MARKS:
+            marked = tl.maximum(marked, (lse_s != lse_s).to(tl.int32))
+    if SINKS:  # natural units here: the sink capped as _sink_start caps it (SINK_CAP2 * ln 2)
+        sink_c = tl.minimum(sink, SINK_CAP2 * LN2)
+        m = tl.maximum(m, sink_c)
+    m_sub = _subtrahend(m, MASKED=True)
+    total = tl.zeros(row_ok.shape, dtype=tl.float32)
+    acc = tl.zeros([row_ok.shape[0], offs_dv.shape[0]], dtype=tl.float32)
+    for s in tl.static_range(SPLITS_PAD):
+        ok = row_ok & (none + s < num_splits)
+        w = tl.exp(tl.load(part_lse + s * stride_ls, mask=ok, other=float("-inf"), cache_modifier=".cg") - m_sub)
+        total += w
+        acc += tl.load(part_out[:, None] + s * stride_os + offs_dv[None, :], mask=ok[:, None] & dv_mask[None, :],
+                       other=0.0, cache_modifier=".cg") * w[:, None]
+    if SINKS:
+        total += tl.exp(sink_c - m_sub)
+    live = total > 0
+    total = tl.where(live, total, 1.0)
+    lse = tl.where(live, m_sub + tl.log(total), float("-inf"))
+    if SINKS:
+        lse = _sink_lse(lse, sink)
+    if MARKS:
+        lse = tl.where(marked > 0, float("nan"), lse)
+    return acc / total[:, None], lse
 
 
 @triton.jit
