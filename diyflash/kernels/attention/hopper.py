@@ -134,7 +134,11 @@ class Split(NamedTuple):
 
 
 # A split's cost beside its runs of key blocks, counted in key blocks a program: a piece's start (its rows
-# loaded, the pipeline filled) and end (its fp32 rows stored), and the merge launch
+# loaded, the pipeline filled) and end (its fp32 rows stored), and the merge launch. The split measured 1.006x
+# the kernel before on MHA D128 full fp16 B2 H16 N8192 (2048 tiles, 15.52 rounds; 1.039-1.044x -> 1.051-1.053x cuDNN)
+# and 1.036x on D64 (10.42 rounds) on the H200 (bench/results/attention_sm90.jsonl, run "split last round"): less
+# than the 2.9 % and 4.8 % this count predicts (not profiled: a last round on fewer SMs may run at a higher
+# clock under the power cap).
 SPLIT_PIECE_BLOCKS = 2
 SPLIT_MIN_GAIN = 0.01  # the least share of the call's time a split must save, by that count
 SPLIT_MAX_PIECES = 8  # the most pieces a tile is cut into (the merge adds them in a static unroll)
