@@ -105,8 +105,6 @@ class FastForward:
             return None
         env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": None, "cu_k": None, "alibi": None,
                "sinks": None}
-        if self.plan.scratch:  # (the split Hopper forward's pieces)
-            env.update(scratch_buffers(self.plan.scratch, q.device))
         replay(self.plan, env)
         if program is None:  # (out in empty_out's other layouts, where D_v != D: no C++ call)
             self.program = (program_of(self.plan, env, ("q", "k", "v"), _FORWARD_ALLOCS, ("out", "lse"))

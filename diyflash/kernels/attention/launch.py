@@ -221,8 +221,6 @@ def attention_fwd(
     key = plan_key("fwd", (q, k, v, seq_lens, cu_k, alibi_slopes, sinks), var, scale, (config, group, *extra))
     plan = PLANS.get(key) if key is not None else None
     if plan is not None and aligned(out, lse):
-        if plan.scratch:  # (the split Hopper forward's pieces)
-            env.update(scratch_buffers(plan.scratch, q.device))
         replay(plan, env)
         return out, lse
     if (compile_backward is not None and compile_ahead_on() and not INTERPRETED and q.is_cuda

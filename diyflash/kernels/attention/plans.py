@@ -123,8 +123,12 @@ def replayable_here(device: int, runtime: tuple) -> bool:
 
 
 def replay(plan: Plan, env: dict) -> None:
+    """Run a plan's launches on env's tensors, its scratch buffers allocated where env has none (a caller that
+    checks their alignment first allocates them itself: scratch_buffers)."""
     if plan.tma:
         ensure_scratch_allocator()  # per thread: autograd's backward thread starts without one
+    if plan.scratch and plan.scratch[0][0] not in env:
+        env = {**env, **scratch_buffers(plan.scratch, env["q"].device)}  # (every attention call's env has q)
     if plan.descs:
         env = _with_descriptors(env, plan.descs)
     run_bound(plan.launches, env, seq=plan.seq)
