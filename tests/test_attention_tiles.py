@@ -262,7 +262,7 @@ def test_persistent_turns_take_every_tile_once(device):
             assert work.max() <= 1.02 * work.mean() or num_tiles * heads * batch < 10 * programs, work
 
 
-def test_split_last_round_takes_every_key_block_once(device):
+def test_split_last_round_takes_every_key_block_once(device, monkeypatch):
     """The Hopper forward's last round cut into runs of key blocks (hopper.split, semantics._work): every key
     block of every tile computed by exactly one program, the whole rounds' tiles whole; each piece numbered
     r * max_pieces + its rank, as the merge (merge.py) reads them: a tile's pieces the ranks 0.. of the runs
@@ -279,10 +279,10 @@ def test_split_last_round_takes_every_key_block_once(device):
     assert hopper.split(131, 1, 64, 132, banded=False) is None  # less than a round: schedule's programs
     assert hopper.split(133, 1, 64, 132, banded=False)[:2] == (10, 7)  # one tile over: at most 8 pieces
     assert hopper.split(265, 1, 2, 132, banded=False) is None  # a piece costs more than it saves
+    monkeypatch.setattr(hopper, "SPLIT_MIN_GAIN", -100.0)  # the small grids below split whatever they save
     for num_tiles, num_bh, blocks, programs in [(64, 32, 64, 132), (43, 32, 64, 132), (5, 3, 7, 4), (7, 1, 3, 5),
                                                 (9, 2, 2, 4), (4, 5, 9, 6)]:
         cut = hopper.split(num_tiles, num_bh, blocks, programs, banded=False)
-        cut = cut or hopper.Split(*_forced_split(num_tiles * num_bh, blocks, programs))
         max_turns = num_tiles * num_bh // programs + 2
         out = torch.full((programs, max_turns, 4), -9, dtype=torch.int32, device=device)
         _record_work[(programs,)](out, num_tiles, num_bh, blocks, cut.split_blocks, cut.max_pieces,
@@ -307,14 +307,6 @@ def test_split_last_round_takes_every_key_block_once(device):
         for r, got in pieces.items():
             count = ((r + 1) * blocks - 1) // cut.split_blocks - (r * blocks) // cut.split_blocks + 1
             assert sorted(got) == [r * cut.max_pieces + i for i in range(count)] and count <= cut.max_pieces
-
-
-def _forced_split(total: int, blocks: int, programs: int) -> tuple[int, int, int, int]:
-    """hopper.split's cut whatever it saves (its rule aside): (split_blocks, max_pieces, first_lin, rest)."""
-    whole, rest = divmod(total, programs)
-    run = -(-rest * blocks // programs)
-    pieces = max(((r + 1) * blocks - 1) // run - (r * blocks) // run + 1 for r in range(rest))
-    return run, pieces, whole * programs, rest
 
 
 def test_head_group_rule():

@@ -269,7 +269,7 @@ def descriptor(t: torch.Tensor, shape: list, strides: list, block: list):
 # the launch's leading arguments, by env name: the merge's buffers (split_o, split_lse) where the call is split
 # (split), else lse in their place (never read)
 POINTERS = ("gluon_q", "gluon_k", "gluon_v", "gluon_out", "lse", "split_o", "split_lse")
-UNSPLIT_POINTERS = ("gluon_q", "gluon_k", "gluon_v", "gluon_out", "lse", "lse", "lse")
+UNSPLIT_POINTERS = POINTERS[:5] + ("lse", "lse")
 
 
 def descriptors(block_n: int, d: int) -> tuple:
