@@ -41,11 +41,11 @@ ONE_PASS_LENGTHS = [(1, 1), (17, 113), (113, 17), (1, 113), (1023, 1023),
 @pytest.mark.parametrize("n_q,n_k", ONE_PASS_LENGTHS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_one_pass_lengths(device, dtype, n_q, n_k, monkeypatch, fresh_caches):
-    """The one-pass backward (launch.ONE_PASS forced on every call) under the 2x rule across the length
+    """The one-pass backward (launch_bwd.ONE_PASS forced on every call) under the 2x rule across the length
     classes, causal (the masked first and tail loops; test_one_pass_backward_variants has the rest)."""
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import launch_bwd
 
-    monkeypatch.setattr(ka, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})
+    monkeypatch.setattr(launch_bwd, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})
     d = 16 if n_q == 1023 else 32
     q, k, v = make_qkv(1, 2 if n_q < 1000 else 1, n_q, n_k, d, dtype, device, requires_grad=True)
     check_attention(q, k, v, True)
@@ -164,7 +164,7 @@ class _Spy:
 
 
 def _spy_dq_launchers(monkeypatch) -> list:
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import launch_bwd as ka
 
     log = []
     for name in ("_BWD_DQ", "_BWD_DQ_CONVERT"):
@@ -177,10 +177,10 @@ def _spy_dq_launchers(monkeypatch) -> list:
 def test_backward_is_deterministic(device, causal, how, monkeypatch, fresh_caches):
     """deterministic=True, or torch.use_deterministic_algorithms(True) with the argument left at None: the
     two-kernel backward (its dq kernel, no atomic adds) even where the one-pass one is the default
-    (launch.ONE_PASS), gradients bitwise equal call after call."""
-    from diyflash.kernels.attention import launch as ka
+    (launch_bwd.ONE_PASS), gradients bitwise equal call after call."""
+    from diyflash.kernels.attention import launch_bwd
 
-    monkeypatch.setattr(ka, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
+    monkeypatch.setattr(launch_bwd, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
     launched = _spy_dq_launchers(monkeypatch)
     q, k, v = make_qkv(2, 2, 77, 90, 32, torch.float16, device, requires_grad=True)
     g = random_like(q)
@@ -200,10 +200,10 @@ def test_backward_is_deterministic(device, causal, how, monkeypatch, fresh_cache
 @pytest.mark.parametrize("causal", [False, True])
 def test_one_pass_backward(device, causal, monkeypatch, fresh_caches):
     """The one-pass backward (the dk/dv kernel adds dq up in fp32, a row pass converts it; no dq kernel),
-    where launch.ONE_PASS makes it the default of calls that allow it: dk and dv bitwise equal to the
+    where launch_bwd.ONE_PASS makes it the default of calls that allow it: dk and dv bitwise equal to the
     two-kernel backward's (the same dots), dq within a few ulps of its dq. Not with deterministic=True, nor
     above head_dim 128 (ValueError where asked for)."""
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import launch as ka, launch_bwd
 
     launched = _spy_dq_launchers(monkeypatch)
     q, k, v = make_qkv(2, 2, 77, 90, 32, torch.float16, device, requires_grad=True)
@@ -211,7 +211,7 @@ def test_one_pass_backward(device, causal, monkeypatch, fresh_caches):
     det = torch.autograd.grad(torch.ops.diyflash.attention(q, k, v, causal=causal), (q, k, v), g)
     assert set(launched) == {"_BWD_DQ"}  # D32 and 90 keys: not a ONE_PASS cell, the two-kernel backward runs
     launched.clear()
-    monkeypatch.setattr(ka, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
+    monkeypatch.setattr(launch_bwd, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
     out = torch.ops.diyflash.attention(q, k, v, causal=causal)
     first = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
     second = torch.autograd.grad(out, (q, k, v), g)

@@ -120,14 +120,14 @@ def test_tile_flags_that_cannot_work_are_refused():
 def test_row64_tiles_keep_64_bit_row_offsets():
     """row64 tiles launch with ROW32 off even where the launcher's check allows 32 bits; other tiles
     follow the check."""
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention.launch_args import tile_meta
     from diyflash.kernels.attention_configs import AttnConfig
 
     rowoff = AttnConfig(64, 64, 4, 3, rowoff=True)
     row64 = AttnConfig(64, 64, 4, 3, rowoff=True, row64=True)
-    assert ka._tile_meta(rowoff, False, None, 128, 128, True)["ROW32"] is True
-    assert ka._tile_meta(row64, False, None, 128, 128, True)["ROW32"] is False
-    assert ka._tile_meta(rowoff, False, None, 128, 128, False)["ROW32"] is False
+    assert tile_meta(rowoff, False, None, 128, 128, True)["ROW32"] is True
+    assert tile_meta(row64, False, None, 128, 128, True)["ROW32"] is False
+    assert tile_meta(rowoff, False, None, 128, 128, False)["ROW32"] is False
 
 
 def test_rows_fit_int32_bounds():
@@ -157,7 +157,7 @@ def test_int32_row_offsets_give_the_same_bits(device, causal, monkeypatch, fresh
     layout."""
     from dataclasses import replace
 
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import launch as ka, launch_bwd
     from diyflash.kernels.attention_configs import INTERPRETER_CONFIG, AttnConfig, BwdConfig
 
     tiles = INTERPRETER_CONFIG if ka.INTERPRETED else AttnConfig(64, 64, 4, 3)
@@ -170,7 +170,8 @@ def test_int32_row_offsets_give_the_same_bits(device, causal, monkeypatch, fresh
             for cfg in cfgs:
                 for fits in (True, False):
                     diyflash.clear_caches()  # a replayed plan would keep the first call's ROW32
-                    monkeypatch.setattr(ka, "rows_fit_int32", lambda *tensors, fits=fits: fits)
+                    for module in (ka, launch_bwd):  # the forward's launcher and the backward's
+                        monkeypatch.setattr(module, "rows_fit_int32", lambda *tensors, fits=fits: fits)
                     out, lse = ka.attention_fwd(q, k, v, causal, scale, seq_lens, config=cfg)
                     grads = ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, seq_lens,
                                              config=BwdConfig(cfg, cfg))
@@ -630,9 +631,9 @@ def test_64bit_offsets(device):
 
 def test_grid_z_chunking_path(device, monkeypatch):
     """The sliced launches behind the 65535 grid limit, exercised with a limit of 2 (batch 5, 3-D)."""
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import plans
 
-    monkeypatch.setattr(ka, "MAX_GRID_Z", 2)
+    monkeypatch.setattr(plans, "MAX_GRID_Z", 2)
     q, k, v = make_qkv(5, 1, 19, 23, 16, torch.float16, device, layout="3d", requires_grad=True)
     check_attention(q, k, v, causal=True, seq_lens=torch.tensor([19, 3, 23, 1, 9], dtype=torch.int32, device=device))
 

@@ -273,11 +273,11 @@ def test_gqa_gradients_are_deterministic_and_not_copied(device):
     (2, 2, 2, 64, 100, 32, 32, True, (-1, -1), 0.0, True, False, (100, 17)),  # ALiBi, seq_lens
 ])
 def test_one_pass_backward_variants(device, case, monkeypatch, fresh_caches):
-    """The one-pass backward (launch.ONE_PASS; dq added up with atomics) under the 2x rule with the
+    """The one-pass backward (launch_bwd.ONE_PASS; dq added up with atomics) under the 2x rule with the
     variants, as the two-kernel backward is in every other test of this file."""
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import launch_bwd
 
-    monkeypatch.setattr(ka, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
+    monkeypatch.setattr(launch_bwd, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
     b, h, h_kv, n_q, n_k, d, dv, causal, window, softcap, alibi, sinks, seq_lens = case
     q, k, v = make(b, h, h_kv, n_q, n_k, d, dv, device=device)
     lens = None if seq_lens is None else torch.tensor(seq_lens, dtype=torch.int32, device=device)
@@ -291,14 +291,14 @@ def test_one_pass_backward_variants(device, case, monkeypatch, fresh_caches):
     (1, 8, 1, 70, 113, 32, False, (20, 5), 5.0, "bhnd"),  # MQA group 8, window and softcap
 ])
 def test_gqa_backward_split_over_programs(device, monkeypatch, parts, case, fresh_caches):
-    """The dk/dv kernel with each kv head's query group split over `parts` programs (launch.head_split does
+    """The dk/dv kernel with each kv head's query group split over `parts` programs (grids.head_split, as launch_bwd calls it, does
     so for GQA grids too small to fill the GPU; it never splits on CPU, so it is forced here), their fp32
     partial sums added by _attn_bwd_group_sum_kernel: every gradient under the 2x rule, bitwise the same
     on the next calls (on the GPU a replayed plan with fresh scratch), and no copy of k or v."""
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import launch_bwd
 
     calls = []
-    monkeypatch.setattr(ka, "head_split", lambda group, *_, **__: calls.append(group) or parts)
+    monkeypatch.setattr(launch_bwd, "head_split", lambda group, *_, **__: calls.append(group) or parts)
     diyflash.clear_caches()  # a plan's split follows from its key, except under this patch
     b, h, h_kv, n_q, n_k, d, causal, window, softcap, layout = case
     q, k, v = make(b, h, h_kv, n_q, n_k, d, device=device, layout=layout)

@@ -69,9 +69,9 @@ def test_varlen_equals_dense_per_sequence(device):
 
 
 def test_varlen_gradients_are_deterministic(device, monkeypatch, fresh_caches):
-    """deterministic=True: bitwise equal gradients call after call; the one-pass backward (launch.ONE_PASS):
+    """deterministic=True: bitwise equal gradients call after call; the one-pass backward (launch_bwd.ONE_PASS):
     dk and dv the same bits, dq within a few ulps of them."""
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import launch_bwd
 
     q, k, v = packed(SELF, SELF, 8, 2, 16, device=device)
     cu_q = cu(SELF, device)
@@ -85,7 +85,7 @@ def test_varlen_gradients_are_deterministic(device, monkeypatch, fresh_caches):
 
     first = grads(True)
     assert all(torch.equal(a, b) for a, b in zip(first, grads(True)))
-    monkeypatch.setattr(ka, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
+    monkeypatch.setattr(launch_bwd, "ONE_PASS", {pad: (0, None) for pad in (16, 32, 64, 128)})  # every call
     default = grads(None)
     torch.testing.assert_close(default[0], first[0], rtol=2e-3, atol=2e-3)
     assert torch.equal(default[1], first[1]) and torch.equal(default[2], first[2])
@@ -96,9 +96,9 @@ def test_varlen_gqa_backward_split_over_programs(device, monkeypatch, parts, fre
     """Packed sequences through the split dk/dv kernel (see test_attention_variants'
     test_gqa_backward_split_over_programs): each sequence's programs write only their keys' partial
     sums, and the sum launch covers every packed key, lengths 0 and 1 included."""
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import launch_bwd
 
-    monkeypatch.setattr(ka, "head_split", lambda *_, **__: parts)
+    monkeypatch.setattr(launch_bwd, "head_split", lambda *_, **__: parts)
     diyflash.clear_caches()  # a plan's split follows from its key, except under this patch
     q, k, v = packed(*CROSS, 8, 2, 16, device=device)
     check_varlen(q, k, v, *CROSS, True, window=(9, -1))

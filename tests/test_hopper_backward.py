@@ -136,12 +136,12 @@ def test_flat_dq_accumulator_reads_back(device, d, dtype, unprescale, power):
     padding rows hold values that must not reach dq), into a strided dq, times the scale; with unprescale
     (the Hopper backward's, whose adds hold ds . k with k times qk_scale's power of two p2) also times 1 / p2:
     qk_scale = 0.5 log2(e) = 0.72 lies in [1/2, 1), so p2 = 1/2 and the factor is 2 (1 for fp16: not prescaled)."""
-    from diyflash.kernels.attention import launch
+    from diyflash.kernels.attention import launch_bwd
     from diyflash.kernels.attention.backward_rows import _attn_bwd_dq_convert_kernel
     from diyflash.kernels.attention.semantics import LOG2E
 
     # the row passes' blocks are the accumulator's 64-row tiles (their padding and order assume it)
-    assert launch.PRE_BLOCK == 64
+    assert launch_bwd.PRE_BLOCK == 64
     z, h, n = 2, 3, 100
     rows = hopper.bwd_dq_rows(n, packed=False)
     assert rows == 128 and hopper.bwd_dq_rows(n, packed=True) == n
@@ -269,11 +269,11 @@ def test_compiled_and_replayed(fresh_caches):
 @needs_hopper
 @pytest.mark.parametrize("parts", [1, 2, 4])
 def test_query_head_group_split(fresh_caches, monkeypatch, parts):
-    """A small GQA grid splits each kv head's query heads over `parts` programs (launch.head_split), whose fp32
+    """A small GQA grid splits each kv head's query heads over `parts` programs (grids.head_split), whose fp32
     partial dk and dv a last launch adds up: within the 2x rule for every split, causal and windowed."""
-    from diyflash.kernels.attention import launch
+    from diyflash.kernels.attention import launch_bwd
 
-    monkeypatch.setattr(launch, "head_split", lambda kv_group, programs, work, device, **_: parts)
+    monkeypatch.setattr(launch_bwd, "head_split", lambda kv_group, programs, work, device, **_: parts)
     hopper.use("hopper")
     try:
         q = make_qkv(1, 8, 700, 700, 128, torch.bfloat16, seed=11)[0]
@@ -294,12 +294,12 @@ def test_causal_gqa_programs_walk_few_query_heads(fresh_caches, monkeypatch):
     2048); a window and a non-causal call keep whole groups where the grid is full. Checked call by call: the
     Hopper launch passes max_heads (None for whole groups); an ask without it (the portable backward's split)
     is not the Hopper launch's and is left out."""
-    from diyflash.kernels.attention import launch
+    from diyflash.kernels.attention import launch_bwd
 
     monkeypatch.setattr(hopper, "BWD_GROUP_MIN_ROWS", 2048)
     asked = []
-    real = launch.head_split
-    monkeypatch.setattr(launch, "head_split",
+    real = launch_bwd.head_split
+    monkeypatch.setattr(launch_bwd, "head_split",
                         lambda *args, **kw: asked.append(kw.get("max_heads", "not passed")) or real(*args, **kw))
     hopper.use("hopper")
     hopper_asks = {}

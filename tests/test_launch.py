@@ -305,13 +305,13 @@ def test_first_launch_leaves_tritons_launcher_unbuilt_where_the_c_launcher_runs(
 
 @gpu
 def test_attention_direct_launches_match():
-    from diyflash.kernels.attention import launch as ka
+    from diyflash.kernels.attention import launch as ka, launch_bwd as kb
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 3, 113, 80, device="cuda", dtype=torch.float16, generator=gen).requires_grad_()
                for _ in range(3))
     grad = torch.randn(2, 3, 113, 80, device="cuda", dtype=torch.float16, generator=gen)
-    launchers = (ka._FWD, ka._BWD_PRE, ka._BWD_DKDV, ka._BWD_DQ)
+    launchers = (ka._FWD, kb._BWD_PRE, kb._BWD_DKDV, kb._BWD_DQ)
     results = []
     for _ in range(2):
         before = [x.direct_launches for x in launchers]
@@ -399,9 +399,9 @@ def test_attention_plans_keep_explicit_tiles_apart():
 
 
 def test_one_pass_rule():
-    """Which calls the one-pass backward serves (launch.ONE_PASS: D64, 4096 rows or more, fp16/bf16, a GPU
+    """Which calls the one-pass backward serves (launch_bwd.ONE_PASS: D64, 4096 rows or more, fp16/bf16, a GPU
     with TMA) where the call allows it, and what one_pass=True refuses."""
-    from diyflash.kernels.attention.launch import one_pass_backward
+    from diyflash.kernels.attention.launch_bwd import one_pass_backward
 
     f16, bf16 = torch.float16, torch.bfloat16
     assert one_pass_backward(False, None, 64, 4096, f16) and one_pass_backward(False, None, 64, 8192, bf16)

@@ -36,9 +36,9 @@ Package layout (each file one part of the structure; the kernels know nothing of
 - grids.py: how a grid is shaped (head groups of causal tiles, the GQA backward's head split);
 - launch_args.py: what every launcher derives from a call alike (the variant, dtype switches, widths);
 - views.py: how the launchers see a call's tensors ((Z, H, N, D) views, strides, TMA readability);
-- plans.py: the host-speed machinery (launches remembered as plans bound to compiled kernels, host TMA
-  descriptors);
-- launch.py: the launchers (attention_fwd, attention_bwd) and their plan keys; fast.py: their plans as the
+- plans.py: the host-speed machinery (launches remembered as plans bound to compiled kernels, their keys,
+  host TMA descriptors);
+- launch.py, launch_bwd.py: the launchers (attention_fwd; attention_bwd); fast.py: their plans as the
   API's fast path replays them (FastForward, FastBackward);
 - decode.py, kvcache.py: KV-cache attention (cache append, split-KV decode, combine) and its launcher.
 """
@@ -47,7 +47,8 @@ from ..attention_configs import MAX_BLOCK_ROWS
 from .kvcache import FastKV, attention_kvcache, fast_kvcache, num_splits_for
 from .fast import FastBackward, FastForward, fast_backward, fast_forward
 from .grids import GROUP_TILES_PER_SM, head_group
-from .launch import attention_bwd, attention_fwd, vote_rows
+from .launch import attention_fwd, vote_rows
+from .launch_bwd import attention_bwd
 from ..contract import LOG2E
 from .launch_args import INTERPRETED
 from .plans import HOST_DESC_MIN_WORK, MAX_GRID_Z, host_descriptor, host_descriptors_ok

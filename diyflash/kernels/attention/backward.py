@@ -5,7 +5,7 @@ group, then a sum of the parts) and either
 - a dq kernel (one program per query block): each output element is written by exactly one program in a
   fixed loop order, no atomics, so gradients are bitwise deterministic (7 dots a tile pair: the dq kernel
   recomputes the scores and dp); or
-- (DQ_ATOMIC: the one-pass backward, where launch.ONE_PASS runs it and the call allows it) dq from the dk/dv
+- (DQ_ATOMIC: the one-pass backward, where launch_bwd.ONE_PASS runs it and the call allows it) dq from the dk/dv
   kernel itself: each tile pair adds ds . k to an fp32 accumulator (atomic adds, or one TMA bulk reduce a
   tile; 5 dots a tile pair), and a row pass converts it (backward_rows.py). The order of the adds varies
   from run to run, so dq may differ by a few ulps."""

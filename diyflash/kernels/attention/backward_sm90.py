@@ -28,7 +28,7 @@ Partitions:
   turns), clipped by the TMA at the tensor's rows.
 Semantics are semantics.py's (_tile, _sequence, _query_band, _scores, _probs, _visible, _prescaled). dk and dv are
 written by the program that owns the keys (no atomics); dq's adds land in any order (not deterministic:
-launch.attention_bwd runs it only where determinism is not asked for). hopper.py decides where it runs."""
+launch_bwd.attention_bwd runs it only where determinism is not asked for). hopper.py decides where it runs."""
 
 from __future__ import annotations
 
@@ -364,7 +364,7 @@ def _hopper_bwd_kernel(
     MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
-    (launch.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
+    (grids.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
     (Z, H_kv * parts, N_k, D) that a last launch adds up. k_desc, v_desc: (1, 1, BLOCK_N, D) blocks of (Z, H_kv, N_k, D);
     q_desc, do_desc: (1, 1, BLOCK_M, D) blocks of (Z, H, N_q, D); lse_desc, delta_desc: BLOCK_M blocks of the
     flat (Z * H * stat_stride) base-2 lse and delta (stat_stride >= N_q rows a head, a multiple of 4: TMA

@@ -1,4 +1,4 @@
-"""The API's fast path into the launchers' plans: a dense call's plan (launch.PLANS), found once for a
+"""The API's fast path into the launchers' plans: a dense call's plan (plans.PLANS), found once for a
 call of a known layout and then replayed by the caller (ops/attention_fast.py) with nothing derived again."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from .._cplan import programs_on
 from .._launch import c_sequence_ok, current_stream, runtime_key
 from .._runtime import PLAIN, remember
 from ..contract import empty_out, variant
-from .launch import PLANS, decode_route, one_pass_of, plan_key
+from .launch import decode_route
+from .launch_bwd import one_pass_of
 from .views import heads_of
-from .plans import Plan, aligned, program_of, replay, replayable_here, scratch_buffers
+from .plans import PLANS, Plan, aligned, plan_key, program_of, replay, replayable_here, scratch_buffers
 
 
 # Row statistics that only the call's own launches read (an lse no caller reads: a call without autograd

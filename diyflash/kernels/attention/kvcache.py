@@ -148,7 +148,7 @@ def attention_kvcache(
     fewer; a call through the op never keeps them: torch.compile's CUDA-graph trees run the op in a warmup
     whose memory pool must hold nothing beyond the call (mode="reduce-overhead", transformers' static cache).
     A call with the layouts of an earlier one, the caches' strides and lengths of the same classes (_kv_key),
-    replays that call's bound launches with its own arguments (launch._replay_with: ~the launches' own host
+    replays that call's bound launches with its own arguments (plans.replay_with: ~the launches' own host
     cost).
     check: assert cache_seqlens' and the pages' values on the device (value_checks' KV-cache rules) inside
     the decode launch, where the API's eager call would queue the check kernel (validate=True): one launch

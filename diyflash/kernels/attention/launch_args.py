@@ -1,4 +1,4 @@
-"""What every attention launcher (launch.py, kvcache.py) derives from a call the same way: the dtype
+"""What every attention launcher (launch.py, launch_bwd.py, kvcache.py) derives from a call the same way: the dtype
 switches, the v tiles' width, the ALiBi stride and the variant's meta-parameters (the variant itself is
 kernels/contract.py's)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .._launch import compiled
-from ..attention_configs import head_dim_pad
+from ..attention_configs import AttnConfig, head_dim_pad
 from ..contract import Variant
 from .semantics import _valid_lengths
 
@@ -42,3 +42,14 @@ def alibi_stride(alibi: torch.Tensor | None) -> int:
     # (H,) slopes: the same row for every batch; (B, H): row z
     return 0 if alibi is None or alibi.dim() == 1 else alibi.stride(0)
 
+
+def tile_meta(cfg: AttnConfig, tma: bool, seq_lens: torch.Tensor | None, n_q: int, n_k: int, row32: bool) -> dict:
+    """A kernel's launch options from its tiles: blocks, warps, stages, TMA (where the inputs allow it,
+    `tma`), warp specialization (with TMA only) and EVEN_M / EVEN_N: every query / key block of these
+    tiles is full, so rows and keys need no masks (never with seq_lens, whose valid lengths are only
+    known on the device); ROWOFF (the tiles' rowoff) and ROW32 (`row32`: rows_fit_int32 of the launch's
+    tensors, so row offsets are computed in 32 bits, unless the tiles ask for 64: row64)."""
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                TMA=tma, WS=tma and cfg.ws, ROWOFF=cfg.rowoff, ROW32=row32 and not cfg.row64,
+                EVEN_M=seq_lens is None and n_q % cfg.block_m == 0,
+                EVEN_N=seq_lens is None and n_k % cfg.block_n == 0)

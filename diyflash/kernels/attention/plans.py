@@ -1,7 +1,7 @@
 """Host-speed machinery of the attention launchers: a call's launches (Launch), run through their
 DirectLaunchers and remembered as a plan (Plan: each launch bound to its compiled kernel, its pointers
 left open) that a later call of the same key replays with its own tensors; host-built TMA descriptors.
-launch.py keys dense calls' plans (plan_key), kvcache.py KV-cache calls' (_kv_key)."""
+The dense calls' plans (PLANS) are keyed by plan_key, kvcache.py's KV-cache calls' by kvcache._kv_key."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from typing import Callable, NamedTuple
 import torch
 
 from .._cplan import module as cplan_module, program as cplan_program, reason as cplan_reason
-from .._runtime import remember, require_triton
+from .._runtime import PLAIN, keep, remember, require_triton
+from ..contract import Variant
 
 require_triton()  # before anything imports triton: its absence is then the error table's "triton is required"
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from .._launch import (BoundLaunch, DirectLauncher, Sequence, ensure_scratch_allocator, run_bound,  # noqa: E402
                        runtime_key, sequence)
+from .launch_args import INTERPRETED  # noqa: E402
 
 
 MAX_GRID_Z = 65535  # CUDA's limit on gridDim.y and gridDim.z
@@ -42,9 +44,41 @@ class Plan(NamedTuple):
     seq: Sequence | None = None  # the launches as one C call (_launch.sequence), where each is packed for it
 
 
+PLANS: dict[tuple, Plan] = {}  # the dense calls' plans (launch.py's attention_fwd, launch_bwd.py's attention_bwd)
+keep("attention plans", lambda: (PLANS,))
+
+
 def layout_key(t: torch.Tensor | None):
     # everything a launch specializes on per tensor (Triton: dtype, alignment; ours: shape, strides)
     return None if t is None else (t.dtype, t.shape, t.stride(), t.data_ptr() % 16 == 0)
+
+
+def plan_key(kind: str, inputs: tuple, variant: Variant, scale: float,
+              overrides: tuple = (None, None)) -> tuple | None:
+    """The key of a call's plan, or None where there is no plan: under the interpreter (no compiled
+    kernels) and for batches that need more than one grid (MAX_GRID_Z). `overrides`: the call's
+    explicit (config, group), so that a benchmark of given tiles replays a plan as users' calls do and
+    times the kernels, not the host path that picks tiles. (kvcache.py keys its plans on classes of the
+    caches' lengths instead: kvcache._kv_key.)"""
+    if PLAIN or INTERPRETED or not inputs[0].is_cuda or inputs[0].shape[0] > MAX_GRID_Z:
+        return None
+    return (kind, variant, scale, inputs[0].device, torch.cuda.current_device(), *runtime_key(), *map(layout_key, inputs),
+            *overrides)
+
+
+def z_chunks(z: int, env: dict) -> list[tuple[int, dict]]:
+    """CUDA caps a grid's z dimension at 65535: launch larger batches in slices along dim 0 (views,
+    no copy). Returns [(z_count, tensors by name, sliced), ...]; a single chunk keeps the tensors."""
+    if z <= MAX_GRID_Z:
+        return [(z, env)]
+    return [(min(z, z0 + MAX_GRID_Z) - z0,
+             {name: t[z0:z0 + MAX_GRID_Z] if _per_batch(name, t) else t for name, t in env.items()})
+            for z0 in range(0, z, MAX_GRID_Z)]
+
+
+def _per_batch(name: str, t: torch.Tensor | None) -> bool:
+    # per-head tensors (sinks (H,), ALiBi slopes (H,)) are the same for every slice of the batch
+    return t is not None and not (name in ("sinks", "alibi") and t.dim() == 1)
 
 
 def aligned(*outputs: torch.Tensor) -> bool:

@@ -1,6 +1,6 @@
 """How the launchers see a call's tensors: (Z, H, N, D) views of any input layout (3-D, packed sequences), their
 strides as the kernels take them, the row statistics' shapes, and whether 32-bit row offsets or TMA can read
-them in place (launch.py's attention_fwd and attention_bwd)."""
+them in place (launch.attention_fwd, launch_bwd.attention_bwd)."""
 
 from __future__ import annotations
 
