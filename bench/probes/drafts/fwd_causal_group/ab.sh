@@ -6,8 +6,12 @@
 # at 0.975x the busiest one's work (ncu's SM balance bounded the gain at 2.8 %: results/fwd_sm_balance_h200.txt),
 # 0.991x with 16 or 32 heads a group; D128 causal (64 tiles of 128 rows) 0.9995x at every group, here the
 # control: what a larger group costs in L2. Processes g0 (the rule), g16, g32, g0, g16, g32; forward only.
+# Second run (GROUPS="4 2"): smaller groups than the rule's on the causal D128 cells and D64 causal, where the
+# count has 2 or 4 heads a group (D128) as balanced as 8 across the launch's groups dealt in alternate directions.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-C=("MHA D64 causal fp16 B2 H16 N8192" "MHA D128 causal fp16 B2 H16 N8192")
+read -ra G <<< "${GROUPS:-16 32}"
+if [ -n "${CELLS:-}" ]; then IFS=";" read -ra C <<< "$CELLS"; else
+C=("MHA D64 causal fp16 B2 H16 N8192" "MHA D128 causal fp16 B2 H16 N8192"); fi
 one() {
   timeout 100 python -c "
 import sys, runpy
@@ -21,9 +25,7 @@ sys.argv = ['bench.cells'] + sys.argv[2:]
 runpy.run_module('bench.cells', run_name='__main__')" $2 --modes fwd --cells "${C[@]}" --run "$1" --out $OUT/ab.jsonl > $OUT/$1.txt 2>&1
   echo "== $1 rc=$?"; grep '^| [GMw]' $OUT/$1.txt | cut -d"|" -f2,3,5,6 | sort -u
 }
-one g0-1 0
-one g16-1 16
-one g32-1 32
-one g0-2 0
-one g16-2 16
-one g32-2 32
+for r in 1 2; do
+  one g0-$r 0
+  for g in "${G[@]}"; do one g$g-$r $g; done
+done
