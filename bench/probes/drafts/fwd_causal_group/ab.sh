@@ -6,10 +6,10 @@
 # at 0.975x the busiest one's work (ncu's SM balance bounded the gain at 2.8 %: results/fwd_sm_balance_h200.txt),
 # 0.991x with 16 or 32 heads a group; D128 causal (64 tiles of 128 rows) 0.9995x at every group, here the
 # control: what a larger group costs in L2. Processes g0 (the rule), g16, g32, g0, g16, g32; forward only.
-# Second run (GROUPS="4 2"): smaller groups than the rule's on the causal D128 cells and D64 causal, where the
+# Second run (HEADS="4 2"): smaller groups than the rule's on the causal D128 cells and D64 causal, where the
 # count has 2 or 4 heads a group (D128) as balanced as 8 across the launch's groups dealt in alternate directions.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-read -ra G <<< "${GROUPS:-16 32}"
+read -ra G <<< "${HEADS:-16 32}"
 if [ -n "${CELLS:-}" ]; then IFS=";" read -ra C <<< "$CELLS"; else
 C=("MHA D64 causal fp16 B2 H16 N8192" "MHA D128 causal fp16 B2 H16 N8192"); fi
 one() {
