@@ -24,7 +24,7 @@ from .lazy import RESCALE_N, VOTE_PACKS  # noqa: E402
 from .grids import head_group  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, PLANS, aligned, host_descriptors_ok, launch_chunks, Launch,  # noqa: E402
                     plan_key, replay, scratch_buffers, z_chunks)
-from .views import Packed, as_4d, heads_of, kernel_strides, rows_fit_int32, stats_3d, stats_shape, tma_ok  # noqa: E402
+from .views import Packed, as_4d, call_dims, kernel_strides, rows_fit_int32, stats_3d, stats_shape, tma_ok  # noqa: E402
 
 
 # Each kernel launches through its DirectLauncher: the JIT's binding once per call signature, then
@@ -157,11 +157,7 @@ def attention_fwd(
     lse = torch.empty(stats_shape(q, packed), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    if packed is None:
-        n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], heads_of(q), heads_of(k), None, ()
-    else:
-        n_q, n_k, h_q, h_k, cu_k, extra = packed.max_q, packed.max_k, q.shape[1], k.shape[1], packed.cu_k, (
-            packed.max_q, packed.max_k)
+    n_q, n_k, h_q, h_k, cu_k, extra = call_dims(q, k, packed)
     var = variant(causal, window, softcap, n_q, n_k, h_q, h_k, offset)
     causal = var.causal
     env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "seq_lens": seq_lens, "cu_k": cu_k,

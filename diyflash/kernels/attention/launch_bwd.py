@@ -23,7 +23,7 @@ from .launch_args import INTERPRETED, alibi_stride, dot_precision, tile_meta, up
 from .grids import head_group, head_split  # noqa: E402
 from .plans import (HOST_DESC_MIN_WORK, PLANS, aligned, host_descriptors_ok, launch_chunks, Launch,  # noqa: E402
                     packed_host_descriptor, plan_key, replay, scratch_buffers, z_chunks)
-from .views import Packed, as_4d, heads_of, kernel_strides, rows_fit_int32, stats_3d, stats_shape, tma_ok  # noqa: E402
+from .views import Packed, as_4d, call_dims, kernel_strides, rows_fit_int32, stats_3d, stats_shape, tma_ok  # noqa: E402
 
 
 # Each kernel launches through its DirectLauncher (launch.py says why)
@@ -217,11 +217,7 @@ def attention_bwd(
     meta tensors (the kernels specialize on their dtypes and alignment only) and no plan is kept."""
     where = "meta" if compile_only else q.device  # the outputs' and scratch buffers' device
     dq, dk, dv = (torch.empty_like(t, device=where) for t in (q, k, v))
-    if packed is None:
-        n_q, n_k, h_q, h_k, cu_k, extra = q.shape[-2], k.shape[-2], heads_of(q), heads_of(k), None, ()
-    else:
-        n_q, n_k, h_q, h_k, cu_k, extra = packed.max_q, packed.max_k, q.shape[1], k.shape[1], packed.cu_k, (
-            packed.max_q, packed.max_k)
+    n_q, n_k, h_q, h_k, cu_k, extra = call_dims(q, k, packed)
     if n_q == 0 or n_k == 0 or q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     var = variant(causal, window, softcap, n_q, n_k, h_q, h_k, offset)

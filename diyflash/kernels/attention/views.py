@@ -47,6 +47,14 @@ def heads_of(t: torch.Tensor) -> int:
     return t.shape[1] if t.dim() == 4 else 1
 
 
+def call_dims(q: torch.Tensor, k: torch.Tensor, packed: Packed | None) -> tuple:
+    """A dense call's (N_q, N_k, H_q, H_kv, cu_k, extra): the longest sequences' rows where packed, with cu_seqlens_k
+    and (max_q, max_k) as the plan key's extra; else the tensors' rows, None and ()."""
+    if packed is None:
+        return q.shape[-2], k.shape[-2], heads_of(q), heads_of(k), None, ()
+    return packed.max_q, packed.max_k, q.shape[1], k.shape[1], packed.cu_k, (packed.max_q, packed.max_k)
+
+
 def kernel_strides(*tensors: torch.Tensor) -> tuple[int, ...]:
     """The (Z, H, N, D) views' strides as the kernels take them, one view after the other; a single batch's z
     stride is 0 (never used by a dense call; packed sequences index rows, not batches, and reach z up to B)."""
