@@ -1,7 +1,7 @@
 """The Hopper backward (kernels/attention/backward_sm90.py, a one-pass warp-specialized Gluon kernel): that it
 computes the portable kernels' gradients, where it runs, and that everything else falls back to them.
 
-CPU (CI): it compiles for sm_90a (tests/test_hopper.py's compile test builds it beside the forward), and
+CPU (CI): it compiles for sm_90a (tests/test_hopper_builds.py builds it beside the forward), and
 which calls take it (the call rule, with the device's answers mocked). GPU (an
 H100/H200): gradients of every case on both backends under the 2x rule against the float64 oracle, which
 kernels each backward ran, determinism, strided views, sinks, compile."""
