@@ -164,11 +164,11 @@ class _Spy:
 
 
 def _spy_dq_launchers(monkeypatch) -> list:
-    from diyflash.kernels.attention import launch_bwd as ka
+    from diyflash.kernels.attention import launch_bwd
 
     log = []
     for name in ("_BWD_DQ", "_BWD_DQ_CONVERT"):
-        monkeypatch.setattr(ka, name, _Spy(getattr(ka, name), name, log))
+        monkeypatch.setattr(launch_bwd, name, _Spy(getattr(launch_bwd, name), name, log))
     return log
 
 

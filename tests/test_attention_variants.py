@@ -291,10 +291,11 @@ def test_one_pass_backward_variants(device, case, monkeypatch, fresh_caches):
     (1, 8, 1, 70, 113, 32, False, (20, 5), 5.0, "bhnd"),  # MQA group 8, window and softcap
 ])
 def test_gqa_backward_split_over_programs(device, monkeypatch, parts, case, fresh_caches):
-    """The dk/dv kernel with each kv head's query group split over `parts` programs (grids.head_split, as launch_bwd calls it, does
-    so for GQA grids too small to fill the GPU; it never splits on CPU, so it is forced here), their fp32
-    partial sums added by _attn_bwd_group_sum_kernel: every gradient under the 2x rule, bitwise the same
-    on the next calls (on the GPU a replayed plan with fresh scratch), and no copy of k or v."""
+    """The dk/dv kernel with each kv head's query group split over `parts` programs (grids.head_split, as
+    launch_bwd calls it, does so for GQA grids too small to fill the GPU; it never splits on CPU, so it is
+    forced here), their fp32 partial sums added by _attn_bwd_group_sum_kernel: every gradient under the 2x
+    rule, bitwise the same on the next calls (on the GPU a replayed plan with fresh scratch), and no copy of
+    k or v."""
     from diyflash.kernels.attention import launch_bwd
 
     calls = []
