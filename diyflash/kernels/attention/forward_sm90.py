@@ -331,9 +331,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
               PASS: gl.constexpr, FMA: gl.constexpr, TURNS: gl.constexpr, WHICH: gl.constexpr):
-    """A consumer partition: for each of the program's tiles, the rows of one of its CONSUMERS row chunks (SUB_M
-    rows each; the n-th tile's chunk (WHICH + n) % CONSUMERS, so that each consumer takes every chunk in turn)
-    over the key blocks of their own _band (masks where forward.py has them); the loader streams the tile's band, whose other
+    """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
+    blocks of their own _band (masks where forward.py has them); the loader streams the tile's band, whose other
     blocks this consumer passes (_pass_blocks: at D64 and causal 1.02-1.04x on three of four cells, H200,
     bench/results/attention_sm90.jsonl, run "own band"). A tile's rows are stored (_store_rows) once the next
     tile's first q.k^T is issued, so the tensor cores work through the epilogue; the query slots alternate by
@@ -359,7 +358,6 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
     held = 0
     acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
     held_row0 = 0
-    held_ch = 0
     held_h = 0
     held_z = 0
     held_piece = -1
@@ -374,14 +372,11 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                                                BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL, HAS_SEQ_LENS=False,
                                                EVEN_N=EVEN_N, WINDOW=WINDOW)
             n_tile = gl.cdiv(gl.maximum(tile_hi - tile_lo, 0), BLOCK_N)  # the loader's blocks of the tile
-            # the chunks in turn: a causal tile's last chunk sees the most key blocks (192-row tiles over 128-key
-            # blocks: one more than the first), and a consumer that kept it would leave the others waiting
-            ch = (WHICH + n) % CONSUMERS
-            row0 = start_m + ch * SUB_M
+            row0 = start_m + WHICH * SUB_M
             offs_m = row0 + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, s_layout))
             a = n % 2
-            q = q_bufs.index(a * CONSUMERS + ch).reshape([SUB_M, HEAD_DIM])
-            held_buf = q_bufs.index((1 - a) * CONSUMERS + held_ch)  # the tile before's slot: its rows go out by it
+            q = q_bufs.index(a * CONSUMERS + WHICH).reshape([SUB_M, HEAD_DIM])
+            held_buf = q_bufs.index((1 - a) * CONSUMERS + WHICH)  # the tile before's slot: its rows go out by it
             mbarrier.wait(q_ready.index(a), (n // 2) & 1)
             score_scale = qk_scale
             if PASS == 3:  # q times the power of two of the scale, in place: no raw dot leaves fp32's range
@@ -411,7 +406,7 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, held_piece,
-                                held_ch * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA, BLOCK_M=BLOCK_M, SPLIT=SPLIT)
+                                WHICH * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA, BLOCK_M=BLOCK_M, SPLIT=SPLIT)
                 acc, m_i, l_i, top, i = _consume(
                     q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi,
                     offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
@@ -422,21 +417,20 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, held_piece,
-                                held_ch * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA, BLOCK_M=BLOCK_M, SPLIT=SPLIT)
+                                WHICH * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA, BLOCK_M=BLOCK_M, SPLIT=SPLIT)
                 acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
             i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_after, WHICH=WHICH, CONSUMERS=CONSUMERS,
                              TURNS=TURNS)
             held = 1
             held_row0 = row0
-            held_ch = ch
             held_h = off_h
             held_z = off_z
             held_piece = piece
             n += 1
     if held:
         _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc,
-                    q_bufs.index(((n - 1) % 2) * CONSUMERS + held_ch), q_empty.index((n - 1) % 2), lse_ptr,
-                    stride_lz, stride_lh, seq_len_q, held_piece, held_ch * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA,
+                    q_bufs.index(((n - 1) % 2) * CONSUMERS + WHICH), q_empty.index((n - 1) % 2), lse_ptr, stride_lz,
+                    stride_lh, seq_len_q, held_piece, WHICH * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA,
                     BLOCK_M=BLOCK_M, SPLIT=SPLIT)
 
 
