@@ -8,20 +8,22 @@
 #               diagonal masked whole), no turns; the same outputs
 #   whole_turns that, in turns: every consumer the same blocks, each its own diagonal's masks; the same outputs
 #   bound       whole_turns without any mask (PROBE_NOMASK): wrong outputs, the rhythm's bound
+#   tile_turns  whole_turns with the tile's masked blocks for every consumer (PROBE_WHOLE=2: every consumer masks
+#               the blocks any of the tile's rows needs masked); tile: the same without turns; the same outputs
 # First each correct variant's outputs against base's (bitwise), then the timings.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 D=bench/probes/drafts/fwd_causal_turns_bound
 PRE="
 import os, sys, importlib.util
 v = sys.argv[1]
-os.environ['PROBE_WHOLE'] = '1' if v in ('whole', 'whole_turns', 'bound') else '0'
+os.environ['PROBE_WHOLE'] = '2' if v.startswith('tile') else '1' if v in ('whole', 'whole_turns', 'bound') else '0'
 os.environ['PROBE_NOMASK'] = '1' if v == 'bound' else '0'
 spec = importlib.util.spec_from_file_location('diyflash.kernels.attention.forward_sm90', '$D/probe_forward_sm90.py')
 mod = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = mod
 spec.loader.exec_module(mod)
 import diyflash.kernels.attention.hopper as h
-if v in ('turns', 'whole_turns', 'bound'):
+if v in ('turns', 'whole_turns', 'bound', 'tile_turns'):
     meta = h.Tiles.meta
     def forced(self, n_k, banded):
         m = meta(self, n_k, banded)
@@ -29,7 +31,7 @@ if v in ('turns', 'whole_turns', 'bound'):
         return m
     h.Tiles.meta = forced
 "
-for v in base turns whole whole_turns; do
+for v in ${BITS:-base turns whole whole_turns}; do
   DIYFLASH_ATTENTION_BACKEND=hopper timeout 200 python -c "$PRE
 import torch, diyflash
 out = {}
@@ -45,7 +47,7 @@ done
 python -c "
 import torch
 a = torch.load('$OUT/bits_base.pt')
-for v in ('turns', 'whole', 'whole_turns'):
+for v in '${BITS:-base turns whole whole_turns}'.split()[1:]:
     b = torch.load('$OUT/bits_' + v + '.pt')
     print(v, all(torch.equal(a[k][0], b[k][0]) and torch.equal(a[k][1], b[k][1]) for k in a))"
 one() {
@@ -56,4 +58,4 @@ runpy.run_module('bench.cells', run_name='__main__')" $2 --modes fwd --cells "MH
   echo "== $1 rc=$?"; grep '^| [GMw]' $OUT/$1.txt | cut -d"|" -f2,3,5,6 | sort -u
 }
 i=0
-for v in base turns whole whole_turns bound base bound whole_turns whole turns; do i=$((i+1)); one $v-$i $v; done
+for v in ${RUNS:-base turns whole whole_turns bound base bound whole_turns whole turns}; do i=$((i+1)); one $v-$i $v; done

@@ -402,6 +402,9 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
             elif PROBE_WHOLE:
                 lo = tile_lo
                 hi = tile_hi
+                if PROBE_WHOLE == 2:  # the tile's masked blocks for every consumer: the same rhythm
+                    full_lo = _fl
+                    full_hi = _fh
                 n_before = 0
                 n_after = 0
             else:
