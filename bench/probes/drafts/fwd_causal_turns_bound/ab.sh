@@ -8,6 +8,8 @@
 #               diagonal masked whole), no turns; the same outputs
 #   whole_turns that, in turns: every consumer the same blocks, each its own diagonal's masks; the same outputs
 #   bound       whole_turns without any mask (PROBE_NOMASK): wrong outputs, the rhythm's bound
+#   nomask      the kernel without any mask (PROBE_NOMASK; wrong outputs); never: the masked path compiled in but
+#               never taken (PROBE_NEVER; wrong outputs): whether the masks cost by running or by being there
 #   tile_turns  whole_turns with the tile's masked blocks for every consumer (PROBE_WHOLE=2: every consumer masks
 #               the blocks any of the tile's rows needs masked); tile: the same without turns; the same outputs
 # First each correct variant's outputs against base's (bitwise), then the timings.
@@ -17,7 +19,8 @@ PRE="
 import os, sys, importlib.util
 v = sys.argv[1]
 os.environ['PROBE_WHOLE'] = '2' if v.startswith('tile') else '1' if v in ('whole', 'whole_turns', 'bound') else '0'
-os.environ['PROBE_NOMASK'] = '1' if v == 'bound' else '0'
+os.environ['PROBE_NOMASK'] = '1' if v in ('bound', 'nomask') else '0'
+os.environ['PROBE_NEVER'] = '1' if v == 'never' else '0'
 spec = importlib.util.spec_from_file_location('diyflash.kernels.attention.forward_sm90', '$D/probe_forward_sm90.py')
 mod = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = mod

@@ -47,6 +47,8 @@ _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # (its own rows' masks; no passed blocks); NOMASK, no block masked (wrong outputs: the rhythm's bound)
 PROBE_WHOLE = gl.constexpr(int(os.environ.get("PROBE_WHOLE", "0")))
 PROBE_NOMASK = gl.constexpr(int(os.environ.get("PROBE_NOMASK", "0")))
+# NEVER: the masked path compiled in (MASKED) but never taken (every block in [full_lo, full_hi)): wrong outputs
+PROBE_NEVER = gl.constexpr(int(os.environ.get("PROBE_NEVER", "0")))
 LOADER_REGS = gl.constexpr(24)  # the loader's registers a thread (setmaxnreg): the rest go to the consumers
 # the consumers' turn barriers (TURNS): hardware named barriers TURN_BARRIER + consumer; the partitions' own
 # barriers (thread_barrier) take the lowest ids (tests/test_hopper.py checks the builds' ids stay below)
@@ -414,6 +416,9 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
             i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before, WHICH=WHICH, CONSUMERS=CONSUMERS,
                              TURNS=TURNS)
+            if PROBE_NEVER:
+                full_lo = lo
+                full_hi = hi
             if lo < hi:
                 qk, k = _first_qk(q, k_bufs, k_ready, i, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, WHICH=WHICH,
                                   CONSUMERS=CONSUMERS, TURNS=TURNS)
