@@ -416,9 +416,9 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
             i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before, WHICH=WHICH, CONSUMERS=CONSUMERS,
                              TURNS=TURNS)
-            if PROBE_NEVER:
-                full_lo = lo
-                full_hi = hi
+            if PROBE_NEVER:  # (by num_tiles, a value the compiler cannot bound: it keeps the masked path)
+                full_lo = lo - num_tiles * BLOCK_N
+                full_hi = hi + num_tiles * BLOCK_N
             if lo < hi:
                 qk, k = _first_qk(q, k_bufs, k_ready, i, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, WHICH=WHICH,
                                   CONSUMERS=CONSUMERS, TURNS=TURNS)
