@@ -4,15 +4,18 @@
 # forward's masked path" had MHA D64 causal built without a masked path at 1.11x cuDNN, with one built in but never
 # taken 1.04x, the kernel 1.03x. Offline sm_90a (Triton 3.6): the D64 causal hot loop 973 -> 454 instructions a warp,
 # the masked loops 766-807 (28-30 spill instructions in two consumers' tails); D128 causal 1039-1044 -> 512.
+# loops.patch: the change against forward_sm90.py (apply.py writes the probe module from it).
 # Stages (PROBE_STAGES, default all): bits = the probe's outputs against the kernel's on odd shapes (the same
 # operations a block: bitwise); ab = processes base, loops, loops, base on every headline cell's forward beside cuDNN;
 # tests = tests/test_hopper.py and the attention files' GPU tests with the probe module in place of the kernel's.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 D=bench/probes/drafts/fwd_mask_loops
+M=$(mktemp -d)/probe_forward_sm90.py  # the kernel with loops.patch applied
+python $D/apply.py $M || exit 1
 PRE="
 import sys, importlib.util
 if sys.argv[1] == 'loops':
-    spec = importlib.util.spec_from_file_location('diyflash.kernels.attention.forward_sm90', '$D/probe_forward_sm90.py')
+    spec = importlib.util.spec_from_file_location('diyflash.kernels.attention.forward_sm90', '$M')
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
