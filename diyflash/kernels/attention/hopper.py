@@ -67,8 +67,8 @@ class Tiles(NamedTuple):
 # 3 slots won one run and lost the next (within noise), so the smaller 2 stay. D64 with three consumers (192
 # rows a program, as FA3 tiles D64; two consumers ran slower on the long cells, run "d64 fma"), in turns
 # without masks: 1.026-1.061x on five D64 cells, 0.98x causal, 0.97-1.00x at D128 (causal or not; runs
-# "consumers in turns, first look" and "consumers in turns at D64"; D128 full again on today's kernel 0.99x,
-# run "consumers in turns at D128, again").
+# "consumers in turns, first look" and "consumers in turns at D64"; D128 full again after the FMA form, held rows
+# and the split last round 0.99x, run "consumers in turns at D128, again").
 TILES = {64: Tiles(128, 3, 3, turns=True), 128: Tiles(128, 2)}
 # A sliding window's tiles where they differ, on windows whose rows see fewer than WINDOW_MAX_KEYS keys on
 # average (contract.mean_keys; D64: every window): 64-key blocks (a consumer's 64 rows and a w-key window span

@@ -7,7 +7,7 @@
 # loops.patch: the change against forward_sm90.py (apply.py writes the probe module from it).
 # Stages (PROBE_STAGES, default all): bits = the probe's outputs against the kernel's on odd shapes (the same
 # operations a block: bitwise); ab = processes base, loops, loops, base on every headline cell's forward beside cuDNN;
-# tests = tests/test_hopper.py and the attention files' GPU tests with the probe module in place of the kernel's.
+# tests = tests/test_hopper.py's GPU tests with the probe module in place of the kernel's.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 D=bench/probes/drafts/fwd_mask_loops
 M=$(mktemp -d)/probe_forward_sm90.py  # the kernel with loops.patch applied
