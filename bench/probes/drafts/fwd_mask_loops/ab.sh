@@ -4,6 +4,7 @@
 # forward's masked path" had MHA D64 causal built without a masked path at 1.11x cuDNN, with one built in but never
 # taken 1.04x, the kernel 1.03x. Offline sm_90a (Triton 3.6): the D64 causal hot loop 973 -> 454 instructions a warp,
 # the masked loops 766-807 (28-30 spill instructions in two consumers' tails); D128 causal 1039-1044 -> 512.
+# (The patch is the form that would land: one loop helper, _next_block, over three ranges; a head loop only with windows.)
 # loops.patch: the change against forward_sm90.py (apply.py writes the probe module from it).
 # Stages (PROBE_STAGES, default all): bits = the probe's outputs against the kernel's on odd shapes (the same
 # operations a block: bitwise); ab = processes base, loops, loops, base on every headline cell's forward beside cuDNN;
