@@ -48,6 +48,9 @@ _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # basic block with the exponentials) instead of after the paths join
 PROBE_SERIAL = gl.constexpr(int(os.environ.get("PROBE_SERIAL", "0")))
 PROBE_CVT = gl.constexpr(int(os.environ.get("PROBE_CVT", "0")))
+# JOIN: only the mask behind the block's branch (a select on the raw tile), the softmax after it for every block
+# (with MASKED's guard), so that the softmax, the rescale and p's conversion are one basic block
+PROBE_JOIN = gl.constexpr(int(os.environ.get("PROBE_JOIN", "0")))
 PROBE_D = gl.constexpr(int(os.environ.get("PROBE_D", "0")))  # 0: every head dim, else only this one
 # NOMASK: no block masked (wrong outputs: the bound a build without the masked path reaches)
 PROBE_NOMASK = gl.constexpr(int(os.environ.get("PROBE_NOMASK", "0")))
@@ -160,11 +163,29 @@ def _cvt(p, DTYPE: gl.constexpr, p_layout: gl.constexpr, CVT: gl.constexpr):
 def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale,
                    win_left, win_right, cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                    WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr,
-                   DTYPE: gl.constexpr = gl.float16, p_layout: gl.constexpr = None, CVT: gl.constexpr = False):
+                   DTYPE: gl.constexpr = gl.float16, p_layout: gl.constexpr = None, CVT: gl.constexpr = False,
+                   JOIN: gl.constexpr = False):
     """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
     masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
     causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90.jsonl)."""
-    if MASKED:
+    if JOIN and MASKED:
+        cols = start_n + offs_n
+        if FMA:
+            x = qk
+        else:
+            x, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
+                           SOFTCAP=SOFTCAP, ALIBI=False)
+        if (start_n < full_lo) | (start_n >= full_hi):
+            vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
+                           KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
+            x = gl.where(vis, x, float("-inf"))
+        if FMA:
+            p, alpha, m_new, l_new, reach = _online_softmax_fma(x, m_i, l_i, qk_scale, MASKED=True)
+            top = gl.maximum(top, reach)
+        else:
+            p, alpha, _grew, m_new, l_new = _online_softmax(x, m_i, l_i, MASKED=True, LAZY=False)
+        p = _cvt(p, DTYPE, p_layout, CVT)
+    elif MASKED:
         if (start_n < full_lo) | (start_n >= full_hi):
             p, alpha, m_new, l_new, top = _softmax_step(
                 qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
@@ -230,6 +251,7 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
     ON: gl.constexpr = (PROBE_D == 0) or (PROBE_D == HEAD_DIM)
     SERIAL: gl.constexpr = PROBE_SERIAL and ON
     CVT: gl.constexpr = PROBE_CVT and ON
+    JOIN: gl.constexpr = PROBE_JOIN and ON
     zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)
     acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
     s_idx = i % STAGES
@@ -240,7 +262,7 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
                                              causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
                                              MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
                                              KEY_MASK=KEY_MASK, FMA=FMA, DTYPE=v_bufs.dtype, p_layout=p_layout,
-                                             CVT=CVT)
+                                             CVT=CVT, JOIN=JOIN)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     if CVT:
         p16 = p
@@ -271,7 +293,7 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
                                                  kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
                                                  inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
                                                  SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA, DTYPE=v_bufs.dtype,
-                                                 p_layout=p_layout, CVT=CVT)
+                                                 p_layout=p_layout, CVT=CVT, JOIN=JOIN)
         if not SERIAL:
             acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
             mbarrier.arrive(v_empty.index(prev), count=1)
