@@ -54,6 +54,10 @@ PROBE_JOIN = gl.constexpr(int(os.environ.get("PROBE_JOIN", "0")))
 PROBE_D = gl.constexpr(int(os.environ.get("PROBE_D", "0")))  # 0: every head dim, else only this one
 # NOMASK: no block masked (wrong outputs: the bound a build without the masked path reaches)
 PROBE_NOMASK = gl.constexpr(int(os.environ.get("PROBE_NOMASK", "0")))
+# KEEP: without masks (full, even N), the masked path built in but never taken (its range's bounds from a value the
+# compiler cannot bound), so the branch splits the softmax from p's conversion as in the causal builds: whether
+# ptxas then keeps the wait for p @ v after the softmax (the full D128 build waits before it)
+PROBE_KEEP = gl.constexpr(int(os.environ.get("PROBE_KEEP", "0")))
 
 LOADER_REGS = gl.constexpr(24)  # the loader's registers a thread (setmaxnreg): the rest go to the consumers
 # the consumers' turn barriers (TURNS): hardware named barriers TURN_BARRIER + consumer; the partitions' own
@@ -462,6 +466,10 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 n_after = n_tile - n_before - gl.cdiv(gl.maximum(hi - lo, 0), BLOCK_N)
             i = _pass_blocks(k_ready, k_empty, v_ready, v_empty, i, n_before, WHICH=WHICH, CONSUMERS=CONSUMERS,
                              TURNS=TURNS)
+            KEPT: gl.constexpr = PROBE_KEEP and not (CAUSAL or WINDOW or not EVEN_N)
+            if KEPT:
+                full_lo = lo - num_tiles * BLOCK_N
+                full_hi = hi + num_tiles * BLOCK_N
             if lo < hi:
                 qk, k = _first_qk(q, k_bufs, k_ready, i, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, WHICH=WHICH,
                                   CONSUMERS=CONSUMERS, TURNS=TURNS)
@@ -472,8 +480,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                 acc, m_i, l_i, top, i = _consume(
                     q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi,
                     offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
-                    BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=(CAUSAL or WINDOW or not EVEN_N) and not PROBE_NOMASK,
-                    CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA, WHICH=WHICH,
+                    BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=((CAUSAL or WINDOW or not EVEN_N) and not PROBE_NOMASK) or KEPT,
+                    CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=(not EVEN_N) or KEPT, FMA=FMA, WHICH=WHICH,
                     CONSUMERS=CONSUMERS, TURNS=TURNS)
             else:  # its rows see no key: zeros and lse -inf
                 if held:
