@@ -44,10 +44,8 @@ _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_globa
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 # probe switches (bench/probes/drafts/fwd_serial_softmax): SERIAL, a block's q.k^T and the p @ v before it waited
-# for together (no softmax under p @ v); CVT, p converted to the matmul's type in each path of _softmax_block (one
-# basic block with the exponentials) instead of after the paths join
+# for together (no softmax under p @ v)
 PROBE_SERIAL = gl.constexpr(int(os.environ.get("PROBE_SERIAL", "0")))
-PROBE_CVT = gl.constexpr(int(os.environ.get("PROBE_CVT", "0")))
 # JOIN: only the mask behind the block's branch (a select on the raw tile), the softmax after it for every block
 # (with MASKED's guard), so that the softmax, the rescale and p's conversion are one basic block
 PROBE_JOIN = gl.constexpr(int(os.environ.get("PROBE_JOIN", "0")))
@@ -156,18 +154,9 @@ def _softmax_step(qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_off
 
 
 @gluon.jit
-def _cvt(p, DTYPE: gl.constexpr, p_layout: gl.constexpr, CVT: gl.constexpr):
-    if CVT:
-        return gl.convert_layout(p.to(DTYPE), p_layout)
-    else:
-        return p
-
-
-@gluon.jit
 def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale,
                    win_left, win_right, cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                    WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr,
-                   DTYPE: gl.constexpr = gl.float16, p_layout: gl.constexpr = None, CVT: gl.constexpr = False,
                    JOIN: gl.constexpr = False):
     """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
     masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
@@ -188,25 +177,21 @@ def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
             top = gl.maximum(top, reach)
         else:
             p, alpha, _grew, m_new, l_new = _online_softmax(x, m_i, l_i, MASKED=True, LAZY=False)
-        p = _cvt(p, DTYPE, p_layout, CVT)
     elif MASKED:
         if (start_n < full_lo) | (start_n >= full_hi):
             p, alpha, m_new, l_new, top = _softmax_step(
                 qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
                 cap2, inv_cap2, MASKED=True, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK,
                 FMA=FMA)
-            p = _cvt(p, DTYPE, p_layout, CVT)
         else:
             p, alpha, m_new, l_new, top = _softmax_step(
                 qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
                 cap2, inv_cap2, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False,
                 FMA=FMA)
-            p = _cvt(p, DTYPE, p_layout, CVT)
     else:
         p, alpha, m_new, l_new, top = _softmax_step(
             qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
             inv_cap2, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False, FMA=FMA)
-        p = _cvt(p, DTYPE, p_layout, CVT)
     return p, alpha, m_new, l_new, top
 
 
@@ -254,7 +239,6 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
     SUB_M: gl.constexpr = q.shape[0]
     ON: gl.constexpr = (PROBE_D == 0) or (PROBE_D == HEAD_DIM)
     SERIAL: gl.constexpr = PROBE_SERIAL and ON
-    CVT: gl.constexpr = PROBE_CVT and ON
     JOIN: gl.constexpr = PROBE_JOIN and ON
     zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)
     acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
@@ -265,13 +249,9 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
     p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, lo, full_lo, full_hi, offs_m, offs_n, kv_len,
                                              causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
                                              MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-                                             KEY_MASK=KEY_MASK, FMA=FMA, DTYPE=v_bufs.dtype, p_layout=p_layout,
-                                             CVT=CVT, JOIN=JOIN)
+                                             KEY_MASK=KEY_MASK, FMA=FMA, JOIN=JOIN)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    if CVT:
-        p16 = p
-    else:
-        p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
     prev = s_idx
     prev_ph = ph
     i += 1
@@ -296,16 +276,12 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
         p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
                                                  kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
                                                  inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
-                                                 SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA, DTYPE=v_bufs.dtype,
-                                                 p_layout=p_layout, CVT=CVT, JOIN=JOIN)
+                                                 SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA, JOIN=JOIN)
         if not SERIAL:
             acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
             mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        if CVT:
-            p16 = p
-        else:
-            p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+        p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
         prev = s_idx
         prev_ph = ph
         i += 1
