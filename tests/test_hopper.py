@@ -335,6 +335,33 @@ def test_consumers_in_turns_change_no_bit(fresh_caches, monkeypatch, case):
 
 
 @needs_hopper
+@pytest.mark.parametrize("case", [c for c in CASES if c[6] or c[7] != (-1, -1)])
+def test_serial_softmax_changes_no_bit(fresh_caches, monkeypatch, case):
+    """The kernel's SERIAL (a block's softmax after its p @ v as well, only the mask behind the block's branch:
+    hopper.Tiles.serial) orders the consumers' work, not what they compute: every banded case with it forced on
+    and off, at both head dims, softcap included (its product rounded on its own: semantics._softcap), gives
+    the same out and lse bit for bit."""
+    b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
+    q = make_qkv(b, h, n_q, n_q, d, torch.bfloat16, seed=5)[0]
+    k, v = make_qkv(b, h_kv, n_k, n_k, d, torch.bfloat16, seed=6)[1:]
+    kw = dict(causal=causal, window_size=window, softcap=softcap, return_lse=True)
+    meta = hopper.Tiles.meta
+    hopper.use("hopper")
+    try:
+        runs = []
+        for serial in (False, True):
+            monkeypatch.setattr(hopper.Tiles, "meta", lambda self, n_k, banded, s=serial: dict(meta(self, n_k, banded),
+                                                                                               SERIAL=s))
+            diyflash.clear_caches()  # the plans bound the kernel of before
+            assert "hopper" in _kernels_run(lambda: diyflash.flash_attention(q, k, v, **kw))
+            runs.append(diyflash.flash_attention(q, k, v, **kw))
+        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    finally:
+        monkeypatch.undo()
+        hopper.use("auto")
+
+
+@needs_hopper
 def test_bnhd_and_sliced_views(fresh_caches):
     """Strided views read in place through the host descriptors, bitwise as contiguous copies; a tensor TMA
     cannot read (its base not 16-byte aligned) takes the portable kernel."""

@@ -1,7 +1,7 @@
 """The Hopper kernels' sm_90a builds, offline (no GPU needed): each compiles with this Triton (Gluon's API moves
 between releases: a release that moves it shows here, in CI, before a user's GPU meets it), and ptxas's report of
 each build holds no serialized wgmma, no injected wait in the backward's step, named barriers where the forward's
-consumers take turns. Also in the GPU suite, whose Triton (3.6 on the H200 machine) is another."""
+consumers take turns, a softmax after both matmuls where the consumers run serial. Also in the GPU suite, whose Triton (3.6 on the H200 machine) is another."""
 
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ def build(d, causal, window, softcap, dtype, pass_):
     ptx = kernel.asm["ptx"]
     return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "consumers": tiles.consumers,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in ptx, "turns": consts["TURNS"],
+            "serial": consts["SERIAL"], "waits_one": "wgmma.wait_group.sync.aligned 1;" in ptx,
             "turn_syncs": len(re.findall(r"bar\.(?:sync|arrive)\s+%r\d+, 256;", ptx)),  # the turns' barriers
             "barrier_ids": sorted({int(i) for i in re.findall(r"bar\.(?:sync|arrive)\s+(\d+),", ptx)}),
             "case": [d, causal, window, softcap, str(dtype), pass_], "ptxas": ptxas}
@@ -101,7 +102,8 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
 print(json.dumps([build(*case) for case in [
     (128, True, False, False, torch.bfloat16, 3), (128, False, False, False, torch.float16, 0),
     (128, True, True, False, torch.bfloat16, 3),  # a short window's 64-key blocks (hopper.WINDOW_TILES)
-    (64, False, True, True, torch.float16, 0), (64, False, False, False, torch.bfloat16, 3)]] + [
+    (64, False, True, True, torch.float16, 0), (64, False, False, False, torch.bfloat16, 3),
+    (64, True, False, False, torch.float16, 0)]] + [
     build_bwd(*case) for case in [
     (128, True, False, False, torch.bfloat16), (128, False, False, False, torch.float16),
     (128, True, True, True, torch.float16), (64, False, True, True, torch.bfloat16),
@@ -145,7 +147,11 @@ def test_kernel_compiles_for_sm90():
     # the forward's consumers in turns (head_dim 64 without masks: hopper.TILES) through named barriers of
     # their own: ids from TURN_BARRIER on, above those the partitions' own barriers take
     forward = [k for k in kernels if k["case"][0] != "bwd"]
-    assert [k["turns"] for k in forward] == [False, False, False, False, True], forward
+    assert [k["turns"] for k in forward] == [False, False, False, False, True, False], forward
+    # the forward's softmax after both matmuls (SERIAL: head_dim 64 with masks, hopper.TILES and WINDOW_TILES):
+    # then no wait for the q.k^T alone (wait_group 1), which every other build's key loop has
+    assert [k["serial"] for k in forward] == [False, False, False, True, False, True], forward
+    assert all(k["waits_one"] != k["serial"] for k in forward), forward
     first = hopper.kernel_module().TURN_BARRIER.value
     for kernel in forward:
         assert (kernel["turn_syncs"] > 0) == kernel["turns"], kernel["case"]

@@ -140,11 +140,32 @@ def _softmax_step(qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_off
 @gluon.jit
 def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n, kv_len, causal_offset, qk_scale,
                    win_left, win_right, cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr):
+                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr,
+                   SERIAL: gl.constexpr):
     """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
     masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
-    causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90.jsonl)."""
-    if MASKED:
+    causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90.jsonl).
+    SERIAL (with MASKED): only the mask behind the block's branch (a select on the tile), the softmax after it
+    for every block with MASKED's guard, so that the softmax, the rescale and p's conversion that follow are one
+    basic block for ptxas to schedule (where the branch holds two softmaxes, the compiler moves the conversion
+    past their join)."""
+    if MASKED and SERIAL:
+        cols = start_n + offs_n
+        if FMA:
+            x = qk
+        else:
+            x, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
+                           SOFTCAP=SOFTCAP, ALIBI=False)
+        if (start_n < full_lo) | (start_n >= full_hi):
+            vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
+                           KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
+            x = gl.where(vis, x, float("-inf"))
+        if FMA:
+            p, alpha, m_new, l_new, reach = _online_softmax_fma(x, m_i, l_i, qk_scale, MASKED=True)
+            top = gl.maximum(top, reach)
+        else:
+            p, alpha, _grew, m_new, l_new = _online_softmax(x, m_i, l_i, MASKED=True, LAZY=False)
+    elif MASKED:
         if (start_n < full_lo) | (start_n >= full_hi):
             p, alpha, m_new, l_new, top = _softmax_step(
                 qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
@@ -192,13 +213,17 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
              KEY_MASK: gl.constexpr, FMA: gl.constexpr, WHICH: gl.constexpr, CONSUMERS: gl.constexpr,
-             TURNS: gl.constexpr):
+             TURNS: gl.constexpr, SERIAL: gl.constexpr):
     """A tile's key blocks [lo, hi) (lo < hi) of a consumer's rows, the first block's q.k^T issued by _first_qk
     (qk, k): the rows' (acc, m_i, l_i, top), and i (it counts the blocks of the program's tiles so far: slot and
     phase) past this tile's. Block j's q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)),
     so the softmax of block j overlaps that p @ v; the last p @ v is finished before returning. With TURNS
     the pair is issued in the consumer's turn (_wait_turn, _pass_turn: FA3's ping-pong), so that the
-    consumers' softmaxes fall under each other's matmuls."""
+    consumers' softmaxes fall under each other's matmuls. SERIAL: the pair is waited for together, the softmax
+    after both (in _softmax_block's SERIAL form), so that it runs under the other consumers' matmuls only: with
+    three consumers on causal D64, 1.023x -> 1.063x cuDNN, but 0.90-1.00x against 1.05-1.10x on every D128
+    cell (H200, bench/results/attention_sm90.jsonl, run "the softmax outside p @ v's wait"); hopper.Tiles.serial
+    says where."""
     STAGES: gl.constexpr = k_bufs.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
@@ -213,7 +238,7 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
     p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, lo, full_lo, full_hi, offs_m, offs_n, kv_len,
                                              causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
                                              MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-                                             KEY_MASK=KEY_MASK, FMA=FMA)
+                                             KEY_MASK=KEY_MASK, FMA=FMA, SERIAL=SERIAL)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
     prev = s_idx
@@ -230,14 +255,20 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
         qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
         acc = warpgroup_mma(p16, v, acc, is_async=True)
         _pass_turn(WHICH, CONSUMERS, TURNS=TURNS)
-        qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
-        mbarrier.arrive(k_empty.index(s_idx), count=1)
+        if SERIAL:
+            qk, acc, _q1, _k1, _v1, _p1 = warpgroup_mma_wait(0, deps=(qk, acc, q, k, v, p16))
+            mbarrier.arrive(k_empty.index(s_idx), count=1)
+            mbarrier.arrive(v_empty.index(prev), count=1)
+        else:
+            qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
+            mbarrier.arrive(k_empty.index(s_idx), count=1)
         p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
                                                  kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
                                                  inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
-                                                 SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA)
-        acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
-        mbarrier.arrive(v_empty.index(prev), count=1)
+                                                 SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA, SERIAL=SERIAL)
+        if not SERIAL:
+            acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
+            mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
         prev = s_idx
@@ -330,7 +361,8 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
               num_bh, head_group, win_left, win_right, cap2, split_blocks, max_pieces, part_o_ptr, part_lse_ptr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
-              PASS: gl.constexpr, FMA: gl.constexpr, TURNS: gl.constexpr, WHICH: gl.constexpr):
+              PASS: gl.constexpr, FMA: gl.constexpr, TURNS: gl.constexpr, SERIAL: gl.constexpr,
+              WHICH: gl.constexpr):
     """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
     blocks of their own _band (masks where forward.py has them); the loader streams the tile's band, whose other
     blocks this consumer passes (_pass_blocks: at D64 and causal 1.02-1.04x on three of four cells, H200,
@@ -412,7 +444,7 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_read
                     offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
                     BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
                     CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA, WHICH=WHICH,
-                    CONSUMERS=CONSUMERS, TURNS=TURNS)
+                    CONSUMERS=CONSUMERS, TURNS=TURNS, SERIAL=SERIAL)
             else:  # its rows see no key: zeros and lse -inf
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
@@ -444,7 +476,7 @@ def _hopper_fwd_kernel(
     SOFTCAP: gl.constexpr, PASS: gl.constexpr, FMA: gl.constexpr,
     # tiles: how
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
-    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TURNS: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TURNS: gl.constexpr, SERIAL: gl.constexpr,
 ):
     """q_desc, k_desc, v_desc, o_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D)
     and (1, 1, BLOCK_N, D) blocks (hopper.descriptor); lse by pointer and strides. The semantics are the
@@ -456,7 +488,8 @@ def _hopper_fwd_kernel(
     BLOCK_M // CONSUMERS rows each, CONSUMER_REGS registers a thread (hopper.TILES). TURNS: the consumers issue
     each block's matmuls in turns, a ring of named barriers (_wait_turn, _pass_turn; every consumer takes a turn
     for every block of the tile's band, those it passes included, so any call may take it: hopper.Tiles.turns
-    says where it does).
+    says where it does). SERIAL: with masks, each block's softmax after both its q.k^T and the p @ v before it
+    (_consume; hopper.Tiles.serial says where).
     Persistent: the grid's programs (hopper.schedule) take the num_tiles x num_bh tiles (num_tiles of BLOCK_M
     rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over
     head groups back and forth), so the loader fetches a tile's first blocks while the consumers finish the
@@ -489,17 +522,17 @@ def _hopper_fwd_kernel(
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 1)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 2)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 2)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, split_blocks, max_pieces, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
@@ -511,12 +544,12 @@ def _hopper_fwd_kernel(
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 0)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 0)),
             (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, split_blocks, max_pieces, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,

@@ -42,12 +42,14 @@ CONSUMER_ROWS = 64  # query rows a consumer warpgroup holds (one wgmma row tile)
 class Tiles(NamedTuple):
     """A head dim's tiles: BLOCK_N keys a block in STAGES shared-memory slots, CONSUMERS warpgroups of
     CONSUMER_ROWS query rows each (a program's BLOCK_M rows); turns: whether the consumers issue their matmuls
-    in turns (the kernel's TURNS) on calls without causal or window masks."""
+    in turns (the kernel's TURNS) on calls without causal or window masks; serial: whether, on calls with them,
+    a consumer's softmax waits for its p @ v too (the kernel's SERIAL: forward_sm90._consume)."""
 
     block_n: int
     stages: int
     consumers: int = 2
     turns: bool = False
+    serial: bool = False
 
     @property
     def block_m(self) -> int:
@@ -58,7 +60,7 @@ class Tiles(NamedTuple):
         register file (setmaxnreg; the loader warp keeps 24), 240 a thread for two, 160 for three."""
         return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages, EVEN_N=n_k % self.block_n == 0,
                     CONSUMERS=self.consumers, CONSUMER_REGS={2: 240, 3: 160}[self.consumers],
-                    TURNS=self.turns and not banded)
+                    TURNS=self.turns and not banded, SERIAL=self.serial and banded)
 
 
 # Tiles per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run, beside cuDNN):
@@ -69,7 +71,11 @@ class Tiles(NamedTuple):
 # without masks: 1.026-1.061x on five D64 cells, 0.98x causal, 0.97-1.00x at D128 (causal or not; runs
 # "consumers in turns, first look" and "consumers in turns at D64"; D128 full again after the FMA form, held rows
 # and the split last round 0.99x, run "consumers in turns at D128, again").
-TILES = {64: Tiles(128, 3, 3, turns=True), 128: Tiles(128, 2)}
+# D64 with masks: each block's softmax after its p @ v as well (serial), then its three consumers' softmaxes run
+# under each other's matmuls only: causal 1.023x -> 1.063x cuDNN, every D128 cell slower (0.90-1.00x against
+# 1.05-1.10x; run "the softmax outside p @ v's wait"); with only the mask behind the block's branch 1.075x (run
+# "the softmax outside p @ v's wait, D64", also a D64 causal window of 1024: 1.15x FlexAttention against 1.12x).
+TILES = {64: Tiles(128, 3, 3, turns=True, serial=True), 128: Tiles(128, 2)}
 # A sliding window's tiles where they differ, on windows whose rows see fewer than WINDOW_MAX_KEYS keys on
 # average (contract.mean_keys; D64: every window): 64-key blocks (a consumer's 64 rows and a w-key window span
 # 64 + w keys: fewer keys computed past the window's edges, and more blocks to pipeline over a short band). D64 in
@@ -78,7 +84,7 @@ TILES = {64: Tiles(128, 3, 3, turns=True), 128: Tiles(128, 2)}
 # 1.07x) (attention_sm90.jsonl, run "d64 window blocks"). D128 in 3 slots (4 ran the same), against its 128-key
 # blocks: window 256 1.17x, 512 1.06x, but 1024 0.95x, 2048 0.93x, 4096 (GQA) 0.87x (run "d128 window blocks"):
 # up to the middle of 512 and 1024.
-WINDOW_TILES = {64: Tiles(64, 6, 3), 128: Tiles(64, 3, 2)}
+WINDOW_TILES = {64: Tiles(64, 6, 3, serial=True), 128: Tiles(64, 3, 2)}
 WINDOW_MAX_KEYS = {128: 768}
 
 
