@@ -74,7 +74,8 @@ class Tiles(NamedTuple):
 # D64 with masks: each block's softmax after its p @ v as well (serial), then its three consumers' softmaxes run
 # under each other's matmuls only: causal 1.023x -> 1.063x cuDNN, every D128 cell slower (0.90-1.00x against
 # 1.05-1.10x; run "the softmax outside p @ v's wait"); with only the mask behind the block's branch 1.075x (run
-# "the softmax outside p @ v's wait, D64", also a D64 causal window of 1024: 1.15x FlexAttention against 1.12x).
+# "the softmax outside p @ v's wait, D64", also a D64 causal window of 1024: 1.15x FlexAttention against 1.12x;
+# GQA 32/8 causal bf16 N16384 1.015x -> 1.083x, run "Tiles.serial beyond the headline").
 TILES = {64: Tiles(128, 3, 3, turns=True, serial=True), 128: Tiles(128, 2)}
 # A sliding window's tiles where they differ, on windows whose rows see fewer than WINDOW_MAX_KEYS keys on
 # average (contract.mean_keys; D64: every window): 64-key blocks (a consumer's 64 rows and a w-key window span
