@@ -307,51 +307,31 @@ def test_split_pieces_keep_the_marks(fresh_caches, monkeypatch):
         hopper.use("auto")
 
 
+# The forward's schedule switches, each forced on and off: TURNS (hopper.Tiles.turns: the consumers issue their
+# matmuls in turns, FA3's ping-pong) on every case of more than one query row, banded ones included (there the
+# consumers pass blocks outside their own band and take those blocks' turns too, or the ring would hang); SERIAL
+# (hopper.Tiles.serial: a block's softmax after its p @ v as well, only the mask behind the block's branch) on
+# every banded case, softcap included (its product rounded on its own: semantics._softcap).
+SWITCH_CASES = ([("TURNS", torch.float16, c) for c in CASES if c[3] > 1]
+                + [("SERIAL", torch.bfloat16, c) for c in CASES if c[6] or c[7] != (-1, -1)])
+
+
 @needs_hopper
-@pytest.mark.parametrize("case", [c for c in CASES if c[3] > 1])
-def test_consumers_in_turns_change_no_bit(fresh_caches, monkeypatch, case):
-    """The consumers' turns (the kernel's TURNS, FA3's ping-pong) order when each issues its matmuls, not what
-    they compute: every case with turns forced on and with them off, at both head dims, gives the same out and
-    lse bit for bit. Banded calls included (hopper.Tiles.meta takes turns only without masks): their
-    consumers pass blocks outside their own band and take those blocks' turns too, or the ring would hang."""
+@pytest.mark.parametrize("switch, dtype, case", SWITCH_CASES)
+def test_schedule_switches_change_no_bit(fresh_caches, monkeypatch, switch, dtype, case):
+    """A schedule switch orders the consumers' work, not what they compute: the case with it forced off and on,
+    at both head dims, gives the same out and lse bit for bit."""
     b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
-    q = make_qkv(b, h, n_q, n_q, d, torch.float16, seed=5)[0]
-    k, v = make_qkv(b, h_kv, n_k, n_k, d, torch.float16, seed=6)[1:]
+    q = make_qkv(b, h, n_q, n_q, d, dtype, seed=5)[0]
+    k, v = make_qkv(b, h_kv, n_k, n_k, d, dtype, seed=6)[1:]
     kw = dict(causal=causal, window_size=window, softcap=softcap, return_lse=True)
     meta = hopper.Tiles.meta
     hopper.use("hopper")
     try:
         runs = []
-        for turns in (False, True):
-            monkeypatch.setattr(hopper.Tiles, "meta", lambda self, n_k, banded, t=turns: dict(meta(self, n_k, banded),
-                                                                                              TURNS=t))
-            diyflash.clear_caches()  # the plans bound the kernel of before
-            assert "hopper" in _kernels_run(lambda: diyflash.flash_attention(q, k, v, **kw))
-            runs.append(diyflash.flash_attention(q, k, v, **kw))
-        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
-    finally:
-        monkeypatch.undo()
-        hopper.use("auto")
-
-
-@needs_hopper
-@pytest.mark.parametrize("case", [c for c in CASES if c[6] or c[7] != (-1, -1)])
-def test_serial_softmax_changes_no_bit(fresh_caches, monkeypatch, case):
-    """The kernel's SERIAL (a block's softmax after its p @ v as well, only the mask behind the block's branch:
-    hopper.Tiles.serial) orders the consumers' work, not what they compute: every banded case with it forced on
-    and off, at both head dims, softcap included (its product rounded on its own: semantics._softcap), gives
-    the same out and lse bit for bit."""
-    b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
-    q = make_qkv(b, h, n_q, n_q, d, torch.bfloat16, seed=5)[0]
-    k, v = make_qkv(b, h_kv, n_k, n_k, d, torch.bfloat16, seed=6)[1:]
-    kw = dict(causal=causal, window_size=window, softcap=softcap, return_lse=True)
-    meta = hopper.Tiles.meta
-    hopper.use("hopper")
-    try:
-        runs = []
-        for serial in (False, True):
-            monkeypatch.setattr(hopper.Tiles, "meta", lambda self, n_k, banded, s=serial: dict(meta(self, n_k, banded),
-                                                                                               SERIAL=s))
+        for on in (False, True):
+            monkeypatch.setattr(hopper.Tiles, "meta",
+                                lambda self, n_k, banded, on=on: {**meta(self, n_k, banded), switch: on})
             diyflash.clear_caches()  # the plans bound the kernel of before
             assert "hopper" in _kernels_run(lambda: diyflash.flash_attention(q, k, v, **kw))
             runs.append(diyflash.flash_attention(q, k, v, **kw))

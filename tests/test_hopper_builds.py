@@ -1,7 +1,8 @@
 """The Hopper kernels' sm_90a builds, offline (no GPU needed): each compiles with this Triton (Gluon's API moves
 between releases: a release that moves it shows here, in CI, before a user's GPU meets it), and ptxas's report of
 each build holds no serialized wgmma, no injected wait in the backward's step, named barriers where the forward's
-consumers take turns, a softmax after both matmuls where the consumers run serial. Also in the GPU suite, whose Triton (3.6 on the H200 machine) is another."""
+consumers take turns, a softmax after both matmuls where the consumers run serial. Also in the GPU suite, whose
+Triton (3.6 on the H200 machine) is another."""
 
 from __future__ import annotations
 

@@ -297,9 +297,8 @@ def _tanh(x):
 def _softcap(s, cap2, inv_cap2):
     """Gemma 2's logit softcap on base-2 scores: cap2 * tanh(s / cap2), with cap2 = softcap * log2(e)
     (the same as softcap * tanh(s_nat / softcap) in natural units). Also returns t = tanh(.): the
-    backward's chain factor is 1 - t^2. The product rounded on its own (_mul_exact), as the scale is: left
-    to the compiler, it was contracted into the softmax's s - m where the two met in one basic block and not
-    where a mask's select stood between them, so two forms of a kernel differed in the last bit."""
+    backward's chain factor is 1 - t^2. The product rounded on its own, as the scale is: left to the compiler,
+    it met the softmax's s - m in an FMA in some forms of a kernel and not in others."""
     t = _tanh(s * inv_cap2)
     return _mul_exact(cap2, t), t
 
