@@ -114,26 +114,37 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_
 
 
 @gluon.jit
-def _softmax_step(qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
-                  cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                  SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr):
-    """One key block of the online softmax from its raw q.k^T tile (forward.py's loop body, same helpers).
-    FMA: the scale folded into exp2's argument (_online_softmax_fma; top keeps each row's largest |max|)."""
-    cols = start_n + offs_n
-    if MASKED:
-        vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
-                       KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
+def _block_scores(qk, start_n, offs_m, offs_n, causal_offset, qk_scale, cap2, inv_cap2, SOFTCAP: gl.constexpr,
+                  FMA: gl.constexpr):
+    """Key block start_n's scores as _block_softmax takes them, from its raw q.k^T tile (forward.py's loop body,
+    same helpers): with FMA the raw tile (the scale goes into exp2's argument), else _scores'."""
     if FMA:
-        if MASKED:
-            qk = gl.where(vis, qk, float("-inf"))
-        p, alpha, m_new, l_new, reach = _online_softmax_fma(qk, m_i, l_i, qk_scale, MASKED=MASKED)
+        x = qk
+    else:
+        x, _ = _scores(qk, offs_m[:, None], (start_n + offs_n)[None, :], causal_offset, qk_scale, cap2, inv_cap2,
+                       0.0, SOFTCAP=SOFTCAP, ALIBI=False)
+    return x
+
+
+@gluon.jit
+def _block_mask(x, start_n, offs_m, offs_n, kv_len, causal_offset, win_left, win_right, CAUSAL: gl.constexpr,
+                WINDOW: gl.constexpr, KEY_MASK: gl.constexpr):
+    """_block_scores' x with -inf where a key is not visible (_visible)."""
+    vis = _visible(offs_m[:, None], (start_n + offs_n)[None, :], kv_len, causal_offset, win_left, win_right,
+                   KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
+    return gl.where(vis, x, float("-inf"))
+
+
+@gluon.jit
+def _block_softmax(x, m_i, l_i, top, qk_scale, MASKED: gl.constexpr, FMA: gl.constexpr):
+    """One key block of the online softmax from its scores x (_block_scores, _block_mask): (p, alpha, m_new,
+    l_new, top). FMA: _online_softmax_fma (top keeps each row's largest |max|); MASKED: a row with no visible
+    key yet gets p = 0."""
+    if FMA:
+        p, alpha, m_new, l_new, reach = _online_softmax_fma(x, m_i, l_i, qk_scale, MASKED=MASKED)
         top = gl.maximum(top, reach)
     else:
-        s, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
-                       SOFTCAP=SOFTCAP, ALIBI=False)
-        if MASKED:
-            s = gl.where(vis, s, float("-inf"))
-        p, alpha, _grew, m_new, l_new = _online_softmax(s, m_i, l_i, MASKED=MASKED, LAZY=False)
+        p, alpha, _grew, m_new, l_new = _online_softmax(x, m_i, l_i, MASKED=MASKED, LAZY=False)
     return p, alpha, m_new, l_new, top
 
 
@@ -142,44 +153,28 @@ def _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
                    win_left, win_right, cap2, inv_cap2, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
                    WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, KEY_MASK: gl.constexpr, FMA: gl.constexpr,
                    SERIAL: gl.constexpr):
-    """_softmax_step of block start_n in one loop over all of _band's ranges: with MASKED (some block may need
-    masks), masked only outside [full_lo, full_hi). One loop keeps the pipeline full across the ranges: the
-    causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200, bench/results/attention_sm90.jsonl).
-    SERIAL (with MASKED): only the mask behind the block's branch (a select on the tile), the softmax after it
-    for every block with MASKED's guard, so that the softmax, the rescale and p's conversion that follow are one
-    basic block for ptxas to schedule (where the branch holds two softmaxes, the compiler moves the conversion
-    past their join)."""
+    """Block start_n's softmax in one loop over all of _band's ranges: with MASKED (some block may need masks),
+    masked only outside [full_lo, full_hi), both softmaxes behind the block's branch. One loop keeps the pipeline
+    full across the ranges: the causal D128 cells ran 0.90-0.96x -> 0.96-1.03x cuDNN (H200,
+    bench/results/attention_sm90.jsonl). SERIAL (with MASKED): only the mask behind the branch, the softmax
+    after it for every block with MASKED's guard, so that the softmax, the rescale and p's conversion that
+    follow are one basic block for ptxas to schedule (where the branch holds two softmaxes, the compiler moves
+    the conversion past their join)."""
+    x = _block_scores(qk, start_n, offs_m, offs_n, causal_offset, qk_scale, cap2, inv_cap2, SOFTCAP=SOFTCAP, FMA=FMA)
     if MASKED and SERIAL:
-        cols = start_n + offs_n
-        if FMA:
-            x = qk
-        else:
-            x, _ = _scores(qk, offs_m[:, None], cols[None, :], causal_offset, qk_scale, cap2, inv_cap2, 0.0,
-                           SOFTCAP=SOFTCAP, ALIBI=False)
         if (start_n < full_lo) | (start_n >= full_hi):
-            vis = _visible(offs_m[:, None], cols[None, :], kv_len, causal_offset, win_left, win_right,
-                           KEY_MASK=KEY_MASK, CAUSAL=CAUSAL, WINDOW=WINDOW)
-            x = gl.where(vis, x, float("-inf"))
-        if FMA:
-            p, alpha, m_new, l_new, reach = _online_softmax_fma(x, m_i, l_i, qk_scale, MASKED=True)
-            top = gl.maximum(top, reach)
-        else:
-            p, alpha, _grew, m_new, l_new = _online_softmax(x, m_i, l_i, MASKED=True, LAZY=False)
+            x = _block_mask(x, start_n, offs_m, offs_n, kv_len, causal_offset, win_left, win_right, CAUSAL=CAUSAL,
+                            WINDOW=WINDOW, KEY_MASK=KEY_MASK)
+        p, alpha, m_new, l_new, top = _block_softmax(x, m_i, l_i, top, qk_scale, MASKED=True, FMA=FMA)
     elif MASKED:
         if (start_n < full_lo) | (start_n >= full_hi):
-            p, alpha, m_new, l_new, top = _softmax_step(
-                qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
-                cap2, inv_cap2, MASKED=True, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK,
-                FMA=FMA)
+            x = _block_mask(x, start_n, offs_m, offs_n, kv_len, causal_offset, win_left, win_right, CAUSAL=CAUSAL,
+                            WINDOW=WINDOW, KEY_MASK=KEY_MASK)
+            p, alpha, m_new, l_new, top = _block_softmax(x, m_i, l_i, top, qk_scale, MASKED=True, FMA=FMA)
         else:
-            p, alpha, m_new, l_new, top = _softmax_step(
-                qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right,
-                cap2, inv_cap2, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False,
-                FMA=FMA)
+            p, alpha, m_new, l_new, top = _block_softmax(x, m_i, l_i, top, qk_scale, MASKED=False, FMA=FMA)
     else:
-        p, alpha, m_new, l_new, top = _softmax_step(
-            qk, m_i, l_i, top, start_n, offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
-            inv_cap2, MASKED=False, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=False, FMA=FMA)
+        p, alpha, m_new, l_new, top = _block_softmax(x, m_i, l_i, top, qk_scale, MASKED=False, FMA=FMA)
     return p, alpha, m_new, l_new, top
 
 
