@@ -188,9 +188,16 @@ CASES = [  # (B, H, H_kv, N_q, N_k, D, causal, window, softcap)
 ]
 
 
+def case_id(case) -> str:
+    """A case's test id, its shape spelled out (an index into a filtered list names nothing)."""
+    b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
+    return (f"B{b}H{h}kv{h_kv}-{n_q}x{n_k}-D{d}" + ("-causal" if causal else "")
+            + (f"-win{window[0]},{window[1]}" if window != (-1, -1) else "") + (f"-cap{softcap:g}" if softcap else ""))
+
+
 @needs_hopper
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_both_backends_within_2x(backend, case, dtype):
     b, h, h_kv, n_q, n_k, d, causal, window, softcap = case
     q = make_qkv(b, h, n_q, n_q, d, dtype, seed=1)[0]
@@ -209,7 +216,7 @@ def test_both_backends_within_2x(backend, case, dtype):
 
 
 @needs_hopper
-@pytest.mark.parametrize("case", [c for c in CASES if c[3] > 1])
+@pytest.mark.parametrize("case", [c for c in CASES if c[3] > 1], ids=case_id)
 def test_persistent_programs_take_every_tile(fresh_caches, monkeypatch, case):
     """The persistent grid: one, three or five programs, each taking several tiles in turns (their rows, key
     blocks and slots' phases carried from tile to tile; causal tiles of unequal work, windows, rows that see
@@ -251,7 +258,7 @@ def _force_split(monkeypatch, programs: int) -> None:
 
 
 @needs_hopper
-@pytest.mark.parametrize("case", SPLIT_CASES)
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=case_id)
 def test_split_last_round_within_2x(fresh_caches, monkeypatch, case):
     """The last round of tiles cut into runs of key blocks (hopper.split, semantics._work) whose pieces the
     merge launch adds up (merge.py): on three counts of programs, out and lse within the 2x rule of float64 and
@@ -317,7 +324,8 @@ SWITCH_CASES = ([("TURNS", torch.float16, c) for c in CASES if c[3] > 1]
 
 
 @needs_hopper
-@pytest.mark.parametrize("switch, dtype, case", SWITCH_CASES)
+@pytest.mark.parametrize("switch, dtype, case", SWITCH_CASES,
+                         ids=[f"{sw}-{case_id(c)}" for sw, _, c in SWITCH_CASES])
 def test_schedule_switches_change_no_bit(fresh_caches, monkeypatch, switch, dtype, case):
     """A schedule switch orders the consumers' work, not what they compute: the case with it forced off and on,
     at both head dims, gives the same out and lse bit for bit."""
