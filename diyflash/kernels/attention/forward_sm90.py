@@ -252,11 +252,11 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
         _pass_turn(WHICH, CONSUMERS, TURNS=TURNS)
         if SERIAL:
             qk, acc, _q1, _k1, _v1, _p1 = warpgroup_mma_wait(0, deps=(qk, acc, q, k, v, p16))
-            mbarrier.arrive(k_empty.index(s_idx), count=1)
-            mbarrier.arrive(v_empty.index(prev), count=1)
         else:
             qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
-            mbarrier.arrive(k_empty.index(s_idx), count=1)
+        mbarrier.arrive(k_empty.index(s_idx), count=1)
+        if SERIAL:
+            mbarrier.arrive(v_empty.index(prev), count=1)
         p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
                                                  kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
                                                  inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
