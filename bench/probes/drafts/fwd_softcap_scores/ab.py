@@ -1,0 +1,48 @@
+"""(issue 48) Whether forward_sm90's block-softmax helpers (41f0a94: a softcap build's scores computed once before
+the block's mask branch, 10488 SASS lines against 12776 in the D128 window build, offline sm_90a) changed the speed
+of the Hopper forward with a softcap: the kernel (`new`) against forward_sm90.py as it was before that commit
+(`before`, forward_sm90_before.py here, put in the kernel module's place), one process each, processes in turns.
+Each cell is bench.cells' with softcap=30 on diyflash's calls (its peer, cuDNN or FlexAttention, has none: the
+ratio only normalizes the machine between processes); a window-256 cell without softcap is the control (its
+build did not change).
+    python bench/probes/drafts/fwd_softcap_scores/ab.py new|before VARIANT-I OUT.jsonl"""
+
+import functools
+import importlib.util
+import os
+import sys
+
+import diyflash
+import diyflash.kernels.attention as attention_pkg
+import bench.cells as cells
+
+variant, run, out = sys.argv[1:4]
+if variant == "before":
+    name = "diyflash.kernels.attention.forward_sm90"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__),
+                                                                      "forward_sm90_before.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    attention_pkg.forward_sm90 = module
+plain = diyflash.flash_attention
+capped = functools.partial(plain, softcap=30.0)
+cells.CELLS.update({"window256 GQA32/8 D128 causal bf16 B1 N16384": (1, 32, 8, 16384, 128, True, "bf16", 256)})
+runs = [("softcap30 GQA32/8 D128 causal bf16 B4 N4096", "GQA32/8 D128 causal bf16 B4 N4096", capped),
+        ("softcap30 window256 GQA32/8 D128 causal bf16 B1 N16384", "window256 GQA32/8 D128 causal bf16 B1 N16384",
+         capped),
+        ("window256 GQA32/8 D128 causal bf16 B1 N16384", "window256 GQA32/8 D128 causal bf16 B1 N16384", plain)]
+import json
+
+from bench.common import provenance
+
+with open(out, "a") as f:
+    for label, cell, fn in runs:
+        diyflash.flash_attention = fn
+        for row in cells.measure(cell, ["fwd"]):
+            row.update(provenance())
+            row.update(cell=label, variant=variant, run=run)
+            f.write(json.dumps(row) + "\n")
+            if row["provider"] == "diyflash":
+                print(f"{variant:7s} {label:60s} {row['tflops']:6.1f} TFLOPS {row['vs_peer']:.3f}x {row['peer']}",
+                  flush=True)
