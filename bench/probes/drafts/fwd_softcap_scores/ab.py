@@ -5,7 +5,10 @@ of the Hopper forward with a softcap: the kernel (`new`) against forward_sm90.py
 Each cell is bench.cells' with softcap=30 on diyflash's calls (its peer, cuDNN or FlexAttention, has none: the
 ratio only normalizes the machine between processes); a window-256 cell without softcap is the control (its
 build did not change).
-    python bench/probes/drafts/fwd_softcap_scores/ab.py new|before VARIANT-I OUT.jsonl"""
+And (semantics._rcp_fast, 1 / (exp(2x) + 1) in the softcap's tanh by rcp.approx) the kernel against `divfull`:
+the same with that reciprocal as Triton's `/` (div.full, as the tanh had it before), patched into semantics.
+    CELLS=N python bench/probes/drafts/fwd_softcap_scores/ab.py new|before|divfull VARIANT-I OUT.jsonl
+(CELLS: the first N cells only)"""
 
 import functools
 import importlib.util
@@ -25,6 +28,16 @@ if variant == "before":
     sys.modules[name] = module
     spec.loader.exec_module(module)
     attention_pkg.forward_sm90 = module
+if variant == "divfull":  # tanh's 1 / (exp(2x) + 1) as Triton's `/` (div.full) instead of _rcp_fast (rcp.approx)
+    import triton
+
+    import diyflash.kernels.attention.semantics as semantics
+
+    @triton.jit
+    def _rcp_div(b):
+        return 1.0 / b
+
+    semantics._rcp_fast = _rcp_div
 plain = diyflash.flash_attention
 capped = functools.partial(plain, softcap=30.0)
 cells.CELLS.update({"window256 GQA32/8 D128 causal bf16 B1 N16384": (1, 32, 8, 16384, 128, True, "bf16", 256)})
@@ -32,6 +45,7 @@ runs = [("softcap30 GQA32/8 D128 causal bf16 B4 N4096", "GQA32/8 D128 causal bf1
         ("softcap30 window256 GQA32/8 D128 causal bf16 B1 N16384", "window256 GQA32/8 D128 causal bf16 B1 N16384",
          capped),
         ("window256 GQA32/8 D128 causal bf16 B1 N16384", "window256 GQA32/8 D128 causal bf16 B1 N16384", plain)]
+runs = runs[:int(os.environ.get("CELLS", len(runs)))]
 import json
 
 from bench.common import provenance

@@ -1,5 +1,5 @@
 #!/bin/bash
-# processes new, before, before, new (ab.py); rows to $OUT/ab.jsonl, a line each to stdout
+# processes new, before, before, new (or RUNS) (ab.py); rows to $OUT/ab.jsonl, a line each to stdout
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 i=0
 for v in ${RUNS:-new before before new}; do
