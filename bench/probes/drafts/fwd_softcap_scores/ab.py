@@ -7,8 +7,8 @@ ratio only normalizes the machine between processes); a window-256 cell without 
 build did not change).
 And (semantics._rcp_fast, 1 / (exp(2x) + 1) in the softcap's tanh by rcp.approx) the kernel against `divfull`:
 the same with that reciprocal as Triton's `/` (div.full, as the tanh had it before), patched into semantics.
-    CELLS=N python bench/probes/drafts/fwd_softcap_scores/ab.py new|before|divfull VARIANT-I OUT.jsonl
-(CELLS: the first N cells only)"""
+    CELLS=I,J MODES=fwd,bwd python bench/probes/drafts/fwd_softcap_scores/ab.py new|before|divfull VARIANT-I OUT.jsonl
+(CELLS: those of the list below, by index; MODES: fwd by default; the deterministic backward is left out)"""
 
 import functools
 import importlib.util
@@ -45,7 +45,19 @@ runs = [("softcap30 GQA32/8 D128 causal bf16 B4 N4096", "GQA32/8 D128 causal bf1
         ("softcap30 window256 GQA32/8 D128 causal bf16 B1 N16384", "window256 GQA32/8 D128 causal bf16 B1 N16384",
          capped),
         ("window256 GQA32/8 D128 causal bf16 B1 N16384", "window256 GQA32/8 D128 causal bf16 B1 N16384", plain)]
-runs = runs[:int(os.environ.get("CELLS", len(runs)))]
+cells.CELLS.update({"MHA D64 causal fp16 B2 H16 N8192": (2, 16, 16, 8192, 64, True, "fp16", None)})
+runs.append(("softcap30 MHA D64 causal fp16 B2 H16 N8192", "MHA D64 causal fp16 B2 H16 N8192", capped))
+runs = [runs[int(i)] for i in os.environ["CELLS"].split(",")] if "CELLS" in os.environ else runs
+modes = os.environ.get("MODES", "fwd").split(",")
+providers = cells.providers
+
+
+def without_det(name):  # the deterministic backward is not what changed
+    found, peer = providers(name)
+    return {p: fn for p, fn in found.items() if p != "diyflash-det"}, peer
+
+
+cells.providers = without_det
 import json
 
 from bench.common import provenance
@@ -53,10 +65,10 @@ from bench.common import provenance
 with open(out, "a") as f:
     for label, cell, fn in runs:
         diyflash.flash_attention = fn
-        for row in cells.measure(cell, ["fwd"]):
+        for row in cells.measure(cell, modes):
             row.update(provenance())
-            row.update(cell=label, variant=variant, run=run)
+            row.update(cell=f"{row['mode']} {label}", variant=variant, run=run)
             f.write(json.dumps(row) + "\n")
             if row["provider"] == "diyflash":
-                print(f"{variant:7s} {label:60s} {row['tflops']:6.1f} TFLOPS {row['vs_peer']:.3f}x {row['peer']}",
+                print(f"{variant:7s} {row['mode']} {label:56s} {row['tflops']:6.1f} TFLOPS {row['vs_peer']:.3f}x {row['peer']}",
                   flush=True)
