@@ -299,8 +299,9 @@ def _tanh(x):
     and a Taylor polynomial where that formula cancels (|x| < 0.125; error < 3e-10 relative there).
     Triton's interpreter has no libdevice, and both must compute the same thing. Compiled, 1 / (exp(2x) + 1)
     is _rcp_fast's (the divisor is in [1, inf]; past 2^126, where it gives 0, 1 - 0 is tanh's rounding anyway),
-    then 1 - 2r: where `2.0 / (...)` (div.full, with its range scaling) took 3 instructions more a score
-    (offline sm_90a)."""
+    then 1 - 2r: `2.0 / (...)` (div.full, with its range scaling) took 3 instructions more a score, and with
+    it the softcapped forward took 1.16-1.20x the time (H200, bench/results/attention_sm90.jsonl, run "softcap
+    tanh by rcp.approx")."""
     big = 1.0 - 2.0 * _rcp_fast(tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
     x2 = x * x
     small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
