@@ -293,28 +293,54 @@ def _rcp_fast(b):
         return 1.0 / b
 
 
-@triton.jit
-def _tanh(x):
-    """tanh in fp32 to a few ulps, by 1 - 2 / (exp(2x) + 1), which saturates to +-1 without overflow,
-    and a Taylor polynomial where that formula cancels (|x| < 0.125; error < 3e-10 relative there).
-    Triton's interpreter has no libdevice, and both must compute the same thing. Compiled, 1 / (exp(2x) + 1)
-    is _rcp_fast's (the divisor is in [1, inf]; past 2^126, where it gives 0, 1 - 0 is tanh's rounding anyway),
-    then 1 - 2r: `2.0 / (...)` (div.full, with its range scaling) took 3 instructions more a score, and with
-    it the softcapped forward took 1.16-1.20x the time (H200, bench/results/attention_sm90.jsonl, run "softcap
-    tanh by rcp.approx")."""
-    big = 1.0 - 2.0 * _rcp_fast(tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2 * log2(e)
-    x2 = x * x
-    small = x * (1.0 + x2 * (-0.3333333333333333 + x2 * (0.13333333333333333 + x2 * -0.05396825396825397)))
-    return tl.where(tl.abs(x) < 0.125, small, big)
+# _tanh_of's constants: tanh(x) = 1 - 2 / (exp2(k x) + 1) with k = 2 log2(e); the polynomial's bound 0.125 k
+# and tanh's Taylor coefficients in y = k x
+_K = 2.0 * contract.LOG2E
+TANH_ARG: tl.constexpr = tl.constexpr(_K)
+TANH_SMALL: tl.constexpr = tl.constexpr(0.125 * _K)
+TANH_C1: tl.constexpr = tl.constexpr(1.0 / _K)
+TANH_C3: tl.constexpr = tl.constexpr(-1.0 / (3.0 * _K**3))
+TANH_C5: tl.constexpr = tl.constexpr(2.0 / (15.0 * _K**5))
+TANH_C7: tl.constexpr = tl.constexpr(-17.0 / (315.0 * _K**7))
+FP32_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
-def _softcap(s, cap2, inv_cap2):
+def _tanh_of(y):
+    """tanh(x) in fp32 to a few ulps, from y = 2 log2(e) x (the softcap's scores arrive with that factor folded
+    into their scale: one multiply a score fewer), by 1 - 2 / (exp(2x) + 1) = 1 - 2 / (exp2(y) + 1), which
+    saturates to +-1 without overflow, and tanh's Taylor polynomial in y where that formula cancels (|x| <
+    0.125; error < 3e-10 relative there). Triton's interpreter has no libdevice, and both must compute the same
+    thing. Compiled, 1 / (exp2(y) + 1) is _rcp_fast's (the divisor is in [1, inf]; past 2^126, where it gives 0,
+    1 - 0 is tanh's rounding anyway), then 1 - 2r: `2.0 / (...)` (div.full, with its range scaling) took 3
+    instructions more a score, and with it the softcapped forward took 1.16-1.20x the time (H200,
+    bench/results/attention_sm90.jsonl, run "softcap tanh by rcp.approx")."""
+    big = 1.0 - 2.0 * _rcp_fast(tl.math.exp2(y) + 1.0)
+    y2 = y * y
+    # x (1 - x^2/3 + 2 x^4/15 - 17 x^6/315) with x = y / k, k = 2 log2(e): the coefficients are 1/k, -1/(3k^3),
+    # 2/(15k^5), -17/(315k^7)
+    small = y * (TANH_C1 + y2 * (TANH_C3 + y2 * (TANH_C5 + y2 * TANH_C7)))
+    return tl.where(tl.abs(y) < TANH_SMALL, small, big)
+
+
+@triton.jit
+def _softcap_arg(qk_scale, inv_cap2):
+    """The factor from a raw dot to _tanh_of's argument: qk_scale / cap2 * 2 log2(e), held within fp32's finite
+    range (a scale near fp32's largest with a small softcap would make it inf, and a dot of 0 then NaN; held at
+    the largest float, such a factor still takes any other dot past tanh's saturation, as the exact
+    product would)."""
+    arg = qk_scale * (inv_cap2 * TANH_ARG)
+    return tl.minimum(tl.maximum(arg, -FP32_MAX), FP32_MAX)
+
+
+@triton.jit
+def _softcap(qk, cap2, arg_scale):
     """Gemma 2's logit softcap on base-2 scores: cap2 * tanh(s / cap2), with cap2 = softcap * log2(e)
-    (the same as softcap * tanh(s_nat / softcap) in natural units). Also returns t = tanh(.): the
-    backward's chain factor is 1 - t^2. The product rounded on its own, as the scale is: left to the compiler,
-    it met the softmax's s - m in an FMA in some forms of a kernel and not in others."""
-    t = _tanh(s * inv_cap2)
+    (the same as softcap * tanh(s_nat / softcap) in natural units), from the raw dot qk and arg_scale =
+    _softcap_arg(scale, 1 / cap2): s / cap2 scaled for _tanh_of in one multiply. Also returns
+    t = tanh(.): the backward's chain factor is 1 - t^2. The product rounded on its own, as the scale is: left
+    to the compiler, it met the softmax's s - m in an FMA in some forms of a kernel and not in others."""
+    t = _tanh_of(qk * arg_scale)
     return _mul_exact(cap2, t), t
 
 
@@ -374,10 +400,11 @@ def _scores(qk, q_pos, k_pos, causal_offset, qk_scale, cap2, inv_cap2, slope2,
     """The base-2 scores of a raw q.k tile: scaled (rounded on its own: _mul_exact), softcapped,
     ALiBi-biased (in that order, before any mask). Returns (s, t), t the softcap's tanh for the backward
     (without SOFTCAP, s again: unused)."""
-    s = _mul_exact(qk, qk_scale)
-    t = s
-    if SOFTCAP:
-        s, t = _softcap(s, cap2, inv_cap2)
+    if SOFTCAP:  # s * scale is not needed on its own: the scale goes into tanh's argument
+        s, t = _softcap(qk, cap2, _softcap_arg(qk_scale, inv_cap2))
+    else:
+        s = _mul_exact(qk, qk_scale)
+        t = s
     if ALIBI:
         s = _alibi(s, q_pos, k_pos, causal_offset, slope2)
     return s, t
