@@ -19,7 +19,7 @@ except ImportError:  # the PyTorch path's CPU run
     triton = None
 
 if triton is not None:
-    from diyflash.kernels.attention.semantics import _tile_at, _turn, _turns, _work, _work_turns
+    from diyflash.kernels.attention.tile_order import _tile_at, _turn, _turns, _work, _work_turns
 
     @triton.jit
     def _record_turns(out_ptr, num_tiles, num_heads, num_bh, head_group, MAX_TURNS: tl.constexpr, DEAL: tl.constexpr):
@@ -46,7 +46,7 @@ if triton is not None:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_groups_deal_out_every_tile_once(device, causal):
-    """The order programs take their tiles in (kernels.attention.semantics._tile, dealt over groups of heads)
+    """The order programs take their tiles in (kernels.attention.tile_order._tile, dealt over groups of heads)
     changes nothing in the results: groups of 1, 3 (the last one short), 7 and every head give the same
     out, lse, dq, dk and dv bit for bit, and those match float64. 10 heads, tail blocks, n_q != n_k."""
     from diyflash.kernels.attention import launch as ka
@@ -68,7 +68,7 @@ def test_head_groups_deal_out_every_tile_once(device, causal):
 
 
 def test_persistent_turns_take_every_tile_once(device):
-    """A persistent kernel's turns (semantics._turns, _turn; the Hopper forward's): every tile of the grid
+    """A persistent kernel's turns (tile_order._turns, _turn; the Hopper forward's): every tile of the grid
     taken by exactly one program, and, for causal tiles dealt over head groups (hopper.schedule's group),
     every program's work (the key blocks its tiles see: heavy tiles first in a group, _tile_at) at most a
     tile above the mean, and within 2 % of it for long grids (plain turns, p, p + P, ..., left the busiest
@@ -97,7 +97,7 @@ def test_persistent_turns_take_every_tile_once(device):
 
 
 def test_split_last_round_takes_every_key_block_once(device, monkeypatch):
-    """The Hopper forward's last round cut into runs of key blocks (hopper.split, semantics._work): every key
+    """The Hopper forward's last round cut into runs of key blocks (hopper.split, tile_order._work): every key
     block of every tile computed by exactly one program, the whole rounds' tiles whole; each piece numbered
     r * max_pieces + its rank, as the merge (merge.py) reads them: a tile's pieces the ranks 0.. of the runs
     that fall in it; every program's blocks at most the whole rounds' and a run; no split where the tiles

@@ -260,7 +260,7 @@ def _force_split(monkeypatch, programs: int) -> None:
 @needs_hopper
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=case_id)
 def test_split_last_round_within_2x(fresh_caches, monkeypatch, case):
-    """The last round of tiles cut into runs of key blocks (hopper.split, semantics._work) whose pieces the
+    """The last round of tiles cut into runs of key blocks (hopper.split, tile_order._work) whose pieces the
     merge launch adds up (merge.py): on three counts of programs, out and lse within the 2x rule of float64 and
     within fp32 rounding of the whole tiles' grid; the merge ran; the kept plan's replays, through the API's
     fast path (its C++ call included), give the first call's bits."""

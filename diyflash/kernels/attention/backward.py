@@ -18,7 +18,8 @@ triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
 from .semantics import (_band, _inv, _prescaled, _probs, _query_band, _scores, _sequence, _slope,  # noqa: E402
-                        _tile, _unprescale, _visible)
+                        _unprescale, _visible)
+from .tile_order import _tile  # noqa: E402
 from .tiles import _desc_load, _load, _rows, _rows_desc, _stepped, _streamed  # noqa: E402
 
 

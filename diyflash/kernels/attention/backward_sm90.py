@@ -26,9 +26,10 @@ Partitions:
   whose 64-bit stores met 2-way bank conflicts (run "dq in register order"); DQ_BUFS buffers a warpgroup in
   turns (hopper.BWD_TILES). Packed sequences' tiles start at any row: they keep the panels (DQ_BUFS tiles in
   turns), clipped by the TMA at the tensor's rows.
-Semantics are semantics.py's (_tile, _sequence, _query_band, _scores, _probs, _visible, _prescaled). dk and dv are
-written by the program that owns the keys (no atomics); dq's adds land in any order (not deterministic:
-launch_bwd.attention_bwd runs it only where determinism is not asked for). hopper.py decides where it runs."""
+Semantics are semantics.py's (_sequence, _query_band, _scores, _probs, _visible, _prescaled), the tile order
+tile_order.py's (_tile). dk and dv are written by the program that owns the keys (no atomics); dq's adds land in
+any order (not deterministic: launch_bwd.attention_bwd runs it only where determinism is not asked for). hopper.py
+decides where it runs."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .semantics import _inv, _prescaled, _probs, _probs_shifted, _query_band, _scores, _sequence, _tile, _visible
+from .semantics import _inv, _prescaled, _probs, _probs_shifted, _query_band, _scores, _sequence, _visible
+from .tile_order import _tile
 
 # TMA loads: Triton 3.6 names them async_copy_global_to_shared, later versions async_load
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared

@@ -10,7 +10,8 @@ import triton.language as tl  # noqa: E402  (after the friendly import check abo
 
 from .lazy import _rescale  # noqa: E402
 from .semantics import (_band, _inv, _normalize, _online_softmax, _prescaled, _scores, _sequence, _sink_lse,  # noqa: E402
-                        _sink_start, _slope, _tile, _visible)
+                        _sink_start, _slope, _visible)
+from .tile_order import _tile  # noqa: E402
 from .tiles import _desc_load, _desc_load4, _load, _rows, _rows_desc, _stepped, _streamed  # noqa: E402
 
 

@@ -20,8 +20,8 @@ by side:
   (FA3's ping-pong), so that one's softmax runs under the others' matmuls: 1.026-1.061x on five such cells,
   0.97-1.00x on the causal and head_dim-128 ones (runs "consumers in turns, first look" and "consumers in
   turns at D64").
-The semantics are semantics.py's (_tile_at, _band, _scores, _visible, _online_softmax, _normalize), called
-from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
+The semantics are semantics.py's (_band, _scores, _visible, _online_softmax, _normalize), the tile order
+tile_order.py's (_tile_at, _work), called from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
 module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .semantics import (_band, _fma_marked, _inv, _normalize, _online_softmax, _online_softmax_fma, _piece_keys,
-                        _prescaled, _scores, _tile_at, _visible, _work, _work_turns)
+from .semantics import (_band, _fma_marked, _inv, _normalize, _online_softmax, _online_softmax_fma, _prescaled,
+                        _scores, _visible)
+from .tile_order import _piece_keys, _tile_at, _work, _work_turns
 
 # TMA loads and stores: Triton 3.6 names them async_copy_global_to_shared and async_copy_shared_to_global,
 # later versions async_load and async_store
@@ -489,7 +490,7 @@ def _hopper_fwd_kernel(
     rows per head, num_bh = batch x num_heads) in turns (_turn: causal tiles, of unequal work, dealt over
     head groups back and forth), so the loader fetches a tile's first blocks while the consumers finish the
     one before. Without causal or window masks, split_blocks > 0 (hopper.split) cuts the last round into runs of
-    that many key blocks, one a program (semantics._work), whose pieces go to part_o_ptr and part_lse_ptr (at
+    that many key blocks, one a program (tile_order._work), whose pieces go to part_o_ptr and part_lse_ptr (at
     most max_pieces a tile) for the merge launch (merge.py); split_blocks 0: whole tiles only."""
     causal_offset = seq_len_k - seq_len_q
     # two query slots a consumer, by tile (the tile before's rows go out by its slot: o_desc's blocks are q's)

@@ -1,4 +1,4 @@
-"""How a kernel's grid is shaped: the head groups causal tiles are dealt over (head_group, semantics._tile)
+"""How a kernel's grid is shaped: the head groups causal tiles are dealt over (head_group, tile_order._tile)
 and the split of a GQA backward's query-head group over programs (head_split)."""
 
 from __future__ import annotations

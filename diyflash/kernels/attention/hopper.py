@@ -119,7 +119,7 @@ AUTO_MIN_WINDOW_KEYS = {64: 120, 128: 0}
 def schedule(num_tiles: int, num_bh: int, causal: bool, device: torch.device) -> tuple[int, int]:
     """The persistent kernel's (programs, head group) for num_tiles tiles of each of num_bh (batch, head)
     pairs: a program per SM (one fits: its shared memory), fewer for fewer tiles. Causal tiles, of unequal
-    work, are dealt back and forth over a head group (semantics._turn): the fewest heads that divide num_bh
+    work, are dealt back and forth over a head group (tile_order._turn): the fewest heads that divide num_bh
     and hold two tiles per program, so every program takes a heavy and a light one of each group. (Taken in
     plain turns, one tile per program after the other, the heavy ones piled up on some programs: the MHA
     D128 causal B2 H16 N8192 forward 543 -> 462 TFLOPS, bench/results/attention_sm90.jsonl. More heads a group
@@ -133,7 +133,7 @@ def schedule(num_tiles: int, num_bh: int, causal: bool, device: torch.device) ->
 
 
 class Split(NamedTuple):
-    """How the forward's last round of tiles is cut (semantics._work): split_blocks key blocks a program, tiles
+    """How the forward's last round of tiles is cut (tile_order._work): split_blocks key blocks a program, tiles
     of the last round (rest, from the tile first_lin on) in at most max_pieces pieces each."""
 
     split_blocks: int
@@ -156,7 +156,7 @@ SPLIT_MAX_PIECES = 8  # the most pieces a tile is cut into (the merge adds them 
 def split(num_tiles: int, num_bh: int, blocks: int, programs: int, banded: bool) -> Split | None:
     """Whether a persistent forward of num_tiles x num_bh tiles of `blocks` key blocks each (tiles of equal work:
     not banded, causal or windowed) on `programs` programs cuts its last round into runs of key blocks, one a
-    program (semantics._work), and how; None where the whole tiles take about as long. Tiles in turns leave a
+    program (tile_order._work), and how; None where the whole tiles take about as long. Tiles in turns leave a
     last round of rest < programs tiles, whose time the idle programs then wait out; its rest x blocks key
     blocks in programs runs take a program ceil(rest x blocks / programs) blocks (runs long enough that no tile
     falls in more than SPLIT_MAX_PIECES) and SPLIT_PIECE_BLOCKS."""

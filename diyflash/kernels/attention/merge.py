@@ -1,5 +1,5 @@
 """The merge of a split forward's pieces: where the Hopper forward (forward_sm90.py) cuts its last round of
-tiles into runs of key blocks (semantics._work: without it, a call whose tiles are not a multiple of the
+tiles into runs of key blocks (tile_order._work: without it, a call whose tiles are not a multiple of the
 programs leaves most SMs idle for the last round), each piece of a tile holds its rows' normalized fp32 output
 and lse, and this launch merges a tile's pieces (semantics._merge_rows, in rank order: the bits depend on the
 values alone) into out and lse."""
@@ -11,7 +11,8 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import _merge_rows, _tile_at  # noqa: E402
+from .semantics import _merge_rows  # noqa: E402
+from .tile_order import _tile_at  # noqa: E402
 
 
 @triton.jit
@@ -22,7 +23,7 @@ def _attn_merge_pieces_kernel(
     BLOCK_M: tl.constexpr, HEAD_DIM_V: tl.constexpr, ROWS: tl.constexpr, PIECES_PAD: tl.constexpr,
 ):
     """Tile first_lin + r's (r: program_id(0); _tile_at's order, head after head) rows program_id(1) * ROWS
-    onward: its pieces (semantics._work: the runs of split_blocks key blocks that fall in its `blocks`, at
+    onward: its pieces (tile_order._work: the runs of split_blocks key blocks that fall in its `blocks`, at
     part_o (pieces, BLOCK_M, HEAD_DIM_V) and part_lse (pieces, BLOCK_M) from r * max_pieces) merged into out and
     lse; a row marked by a piece (a NaN lse) stays marked for the second pass."""
     r = tl.program_id(0)
