@@ -9,7 +9,6 @@ from .._runtime import require_triton
 
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
-from triton.language.extra import libdevice  # noqa: E402
 
 from .. import contract  # noqa: E402
 from .._launch import compiled  # noqa: E402
@@ -133,9 +132,12 @@ _COMPILED: tl.constexpr = tl.constexpr(compiled(_valid_lengths))
 @triton.jit
 def _mul_exact(a, b):
     """a * b, rounded on its own: PTX's mul.rn is never contracted into a following add, so exp2(s - m)
-    sees the same s as the max did. The interpreter (numpy) never contracts."""
+    sees the same s as the max did. Written as PTX (mul.rn.f32, subnormals kept): libdevice's mul_rn flushes
+    them under Triton's ftz setting, and a softcap near fp32's largest, whose tanh argument is subnormal, then
+    gave every score 0. The interpreter (numpy) never contracts."""
     if _COMPILED:
-        return libdevice.mul_rn(a, b)
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
     else:
         return a * b
 
@@ -167,8 +169,9 @@ def _rcp_fast(b):
         return 1.0 / b
 
 
-# _tanh_of's constants: tanh(x) = 1 - 2 / (exp2(k x) + 1) with k = 2 log2(e); the polynomial's bound 0.125 k
-# and tanh's Taylor coefficients in y = k x
+# The softcap's constants: tanh(x) = 1 - 2 / (exp2(k x) + 1) with k = 2 log2(e); near 0 (|x| < 0.125, where that
+# form cancels) tanh's Taylor polynomial x - x^3/3 + 2 x^5/15 - 17 x^7/315 (error < 3e-10 relative there) in
+# y = k x: the coefficients 1/k, -1/(3k^3), 2/(15k^5), -17/(315k^7)
 _K = 2.0 * contract.LOG2E
 TANH_ARG: tl.constexpr = tl.constexpr(_K)
 TANH_SMALL: tl.constexpr = tl.constexpr(0.125 * _K)
@@ -182,17 +185,15 @@ FP32_MAX: tl.constexpr = tl.constexpr(3.4028234663852886e38)
 @triton.jit
 def _tanh_of(y):
     """tanh(x) in fp32 to a few ulps, from y = 2 log2(e) x (the softcap's scores arrive with that factor folded
-    into their scale: one multiply a score fewer), by 1 - 2 / (exp(2x) + 1) = 1 - 2 / (exp2(y) + 1), which
-    saturates to +-1 without overflow, and tanh's Taylor polynomial in y where that formula cancels (|x| <
-    0.125; error < 3e-10 relative there). Triton's interpreter has no libdevice, and both must compute the same
-    thing. Compiled, 1 / (exp2(y) + 1) is _rcp_fast's (the divisor is in [1, inf]; past 2^126, where it gives 0,
-    1 - 0 is tanh's rounding anyway), then 1 - 2r: `2.0 / (...)` (div.full, with its range scaling) took 3
-    instructions more a score, and with it the softcapped forward took 1.16-1.20x the time (H200,
-    bench/results/attention_sm90.jsonl, run "softcap tanh by rcp.approx")."""
+    into their scale), by 1 - 2 / (exp2(y) + 1), which saturates to +-1 without overflow, and the polynomial
+    where that form cancels. Compiled, 1 / (exp2(y) + 1) is _rcp_fast's (the divisor is in [1, inf]; past
+    2^126, where it gives 0, 1 - 0 is tanh's rounding anyway), then 1 - 2r: `2.0 / (...)` (div.full, with its
+    range scaling) took 3 instructions more a score, and with it the softcapped forward took 1.16-1.20x the time
+    (H200, bench/results/attention_sm90.jsonl, run "softcap tanh by rcp.approx"). A subnormal y (a cap near
+    fp32's largest) takes the polynomial's plain multiplies, which keep it. Triton's interpreter has no
+    libdevice, and both must compute the same thing."""
     big = 1.0 - 2.0 * _rcp_fast(tl.math.exp2(y) + 1.0)
     y2 = y * y
-    # x (1 - x^2/3 + 2 x^4/15 - 17 x^6/315) with x = y / k, k = 2 log2(e): the coefficients are 1/k, -1/(3k^3),
-    # 2/(15k^5), -17/(315k^7)
     small = y * (TANH_C1 + y2 * (TANH_C3 + y2 * (TANH_C5 + y2 * TANH_C7)))
     return tl.where(tl.abs(y) < TANH_SMALL, small, big)
 
@@ -201,8 +202,8 @@ def _tanh_of(y):
 def _softcap_arg(qk_scale, inv_cap2):
     """The factor from a raw dot to _tanh_of's argument: qk_scale / cap2 * 2 log2(e), held within fp32's finite
     range (a scale near fp32's largest with a small softcap would make it inf, and a dot of 0 then NaN; held at
-    the largest float, such a factor still takes any other dot past tanh's saturation, as the exact
-    product would). One multiply a score where scaling, dividing by the cap and tanh's own factor took three: the
+    the largest float, such a factor still takes any other dot past tanh's saturation, as the exact product
+    would). One multiply a score where scaling, dividing by the cap and tanh's own factor took three: the
     softcapped forward 1.09x (H200, bench/results/attention_sm90.jsonl, run "softcap fold")."""
     arg = qk_scale * (inv_cap2 * TANH_ARG)
     return tl.minimum(tl.maximum(arg, -FP32_MAX), FP32_MAX)
@@ -212,9 +213,11 @@ def _softcap_arg(qk_scale, inv_cap2):
 def _softcap(qk, cap2, arg_scale):
     """Gemma 2's logit softcap on base-2 scores: cap2 * tanh(s / cap2), with cap2 = softcap * log2(e)
     (the same as softcap * tanh(s_nat / softcap) in natural units), from the raw dot qk and arg_scale =
-    _softcap_arg(scale, 1 / cap2): s / cap2 scaled for _tanh_of in one multiply. Also returns
-    t = tanh(.): the backward's chain factor is 1 - t^2. The product rounded on its own, as the scale is: left
-    to the compiler, it met the softmax's s - m in an FMA in some forms of a kernel and not in others."""
+    _softcap_arg(scale, 1 / cap2): s / cap2 scaled for _tanh_of in one multiply. Also returns t = tanh(.):
+    the backward's chain factor is 1 - t^2. The product rounded on its own, as the scale is: left to the
+    compiler, it met the softmax's s - m in an FMA in some forms of a kernel and not in others. With a cap
+    past ~2.4e38 times the scale (base 2), arg_scale and t are subnormal and kept so (_inv, _mul_exact): the
+    score then has the factor's relative rounding, ~2e-6 at the largest cap, where a flush had made it 0."""
     t = _tanh_of(qk * arg_scale)
     return _mul_exact(cap2, t), t
 
@@ -261,9 +264,14 @@ def _sink_lse(lse, sink):
 
 @triton.jit
 def _inv(cap2, SOFTCAP: tl.constexpr):
-    """1 / cap2 for the softcap (0.0 without SOFTCAP: unused)."""
+    """1 / cap2 for the softcap (0.0 without SOFTCAP: unused), once a program. Compiled by PTX's div.rn.f32, which
+    keeps a subnormal quotient (a cap near fp32's largest) where Triton's `/` (div.full) need not."""
     if SOFTCAP:
-        inv = 1.0 / cap2
+        if _COMPILED:
+            inv = tl.inline_asm_elementwise("div.rn.f32 $0, $1, $2;", "=r,r,r", [1.0, cap2], dtype=tl.float32,
+                                            is_pure=True, pack=1)
+        else:
+            inv = 1.0 / cap2
     else:
         inv = 0.0
     return inv
@@ -275,7 +283,7 @@ def _scores(qk, q_pos, k_pos, causal_offset, qk_scale, cap2, inv_cap2, slope2,
     """The base-2 scores of a raw q.k tile: scaled (rounded on its own: _mul_exact), softcapped,
     ALiBi-biased (in that order, before any mask). Returns (s, t), t the softcap's tanh for the backward
     (without SOFTCAP, s again: unused)."""
-    if SOFTCAP:  # s * scale is not needed on its own: the scale goes into tanh's argument
+    if SOFTCAP:  # the scale also goes into tanh's argument, with the cap (_softcap_arg)
         s, t = _softcap(qk, cap2, _softcap_arg(qk_scale, inv_cap2))
     else:
         s = _mul_exact(qk, qk_scale)
