@@ -43,8 +43,9 @@ RULES: dict[str, Rule] = {
        for name in ("k_cache", "v_cache")},
 }
 
-# softcap's bounds: the kernels take cap2 = softcap * log2(e) and 1 / cap2 as fp32 scalars, both finite
-# and normal within these (2.35e38 * log2(e) = 3.39e38 < fp32's largest, 3.40e38)
+# softcap's bounds: the kernels take cap2 = softcap * log2(e) as an fp32 scalar, finite within these (2.35e38 *
+# log2(e) = 3.39e38 < fp32's largest, 3.40e38); 1 / cap2 is subnormal past softcap ~5.9e37, which the kernels
+# keep (kernels.attention.semantics._inv, _mul_exact)
 MIN_SOFTCAP = float(torch.finfo(torch.float32).tiny)
 MAX_SOFTCAP = 2.35e38
 
