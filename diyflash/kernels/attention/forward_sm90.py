@@ -21,8 +21,9 @@ by side:
   0.97-1.00x on the causal and head_dim-128 ones (runs "consumers in turns, first look" and "consumers in
   turns at D64").
 The semantics are semantics.py's (_band, _scores, _visible, _online_softmax, _normalize), the tile order
-tile_order.py's (_tile_at, _work), called from Gluon as from the portable kernels. hopper.py decides where this kernel runs and launches it; this
-module is imported only where Triton has Gluon's Hopper API (hopper.kernel_module)."""
+tile_order.py's (_tile_at, _work), called from Gluon as from the portable kernels. hopper.py decides where this
+kernel runs and launches it; this module is imported only where Triton has Gluon's Hopper API
+(hopper.kernel_module)."""
 
 from __future__ import annotations
 
