@@ -428,31 +428,57 @@ def test_scratch_allocator_is_installed_once_and_keeps_the_users():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Triton asks for global scratch on the GPU only")
-def test_scratch_is_shared_by_a_streams_launches(fresh_caches):
+@pytest.mark.parametrize("allocator", ["none", "foreign"])
+def test_scratch_is_shared_by_a_streams_launches(fresh_caches, allocator):
     """One scratch buffer per (device, stream), grown to the largest launch's need, serves every launch
-    with device-built descriptors (no allocation per launch); a CUDA graph's launches get their own."""
+    with device-built descriptors (no allocation per launch); a CUDA graph's launches get their own. So also
+    where the thread has another library's Triton allocator ("foreign": torch.compile's kernels install
+    inductor's in the thread that runs them), through the C launcher, which does not ask it."""
+    import contextvars
     from dataclasses import replace
 
-    from diyflash.kernels import _launch
+    import triton
+    from diyflash.kernels import _claunch, _launch
     from diyflash.kernels.attention import launch as ka
     from diyflash.kernels.attention_configs import fwd_config
+    from triton.runtime import _allocation
 
-    small, large = (make_qkv(b, 4, 128, 128, 64, torch.float16, "cuda")[0] for b in (1, 8))
-    cfg = replace(fwd_config(64, torch.float16, small.device, False, False, 128), tma=True, rowoff=False, row64=False)
-    fwd = lambda x: ka.attention_fwd(x, x, x, False, 0.125, None, config=cfg)[0]  # noqa: E731
-    want = [fwd(x) for x in (small, large)]
-    kept = diyflash.cache_info()["launch scratch bytes"]
-    assert kept > 0 and diyflash.cache_info()["launch scratch"] == 1
-    assert _launch._scratch(kept, 128, torch.cuda.current_stream().cuda_stream).numel() == kept
-    assert torch.equal(fwd(small), want[0])
-    assert diyflash.cache_info()["launch scratch bytes"] == kept  # the large launch's buffer serves the small
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fwd(large)
-    assert diyflash.cache_info()["launch scratch"] == 1  # nothing kept for the capture's stream
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want[1])
+    if allocator == "foreign" and _claunch.module() is None:
+        pytest.skip(f"no C launcher here ({_claunch.reason()}): Triton's launcher asks the thread's allocator")
+    asked = []
+
+    def foreign(size, alignment, stream):
+        asked.append(size)
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    def check():
+        if allocator == "foreign":
+            triton.set_allocator(foreign)
+        else:
+            _allocation._allocator.set(_allocation._NULL_ALLOCATOR)
+        small, large = (make_qkv(b, 4, 128, 128, 64, torch.float16, "cuda")[0] for b in (1, 8))
+        cfg = replace(fwd_config(64, torch.float16, small.device, False, False, 128), tma=True, rowoff=False,
+                      row64=False)
+        fwd = lambda x: ka.attention_fwd(x, x, x, False, 0.125, None, config=cfg)[0]  # noqa: E731
+        want = [fwd(x) for x in (small, large)]  # the first calls compile (Triton's launcher may run them)
+        asked.clear()
+        assert all(torch.equal(fwd(x), w) for x, w in zip((small, large), want))
+        assert asked == []  # the replayed launches did not ask the thread's allocator
+        kept = diyflash.cache_info()["launch scratch bytes"]
+        assert kept > 0 and diyflash.cache_info()["launch scratch"] == 1
+        assert _launch._scratch(kept, 128, torch.cuda.current_stream().cuda_stream).numel() == kept
+        assert torch.equal(fwd(small), want[0])
+        assert diyflash.cache_info()["launch scratch bytes"] == kept  # the large launch's buffer serves the small
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fwd(large)
+        assert diyflash.cache_info()["launch scratch"] == 1  # nothing kept for the capture's stream
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want[1])
+        assert _allocation._allocator.get() is (foreign if allocator == "foreign" else _launch._scratch)
+
+    contextvars.Context().run(check)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="64-bit offsets need > 2^31-element tensors: GPU suite only")

@@ -110,13 +110,16 @@ class FakeC:
 
 def _three_bound_launches(monkeypatch):
     """Three bound launches of a stand-in kernel (scratch 64, none, 128 bytes), with a stand-in driver and
-    allocator: (bounds as plans keep them, env, the kernel, the allocator's requests)."""
+    scratch (_launch._scratch; Triton's allocator, another library's, left alone): (bounds as plans keep them,
+    env, the kernel, the scratch requests)."""
     from test_launch import FakeKernel
 
     monkeypatch.setattr(_launch, "active_driver", lambda: (lambda: 0, lambda device: 1234))
     asked = []
+    monkeypatch.setattr(_launch, "_scratch",
+                        lambda size, align, stream: asked.append((size, align, stream)) or "scratch")
     monkeypatch.setattr(_launch, "_allocation", SimpleNamespace(_allocator=SimpleNamespace(
-        get=lambda: lambda size, align, stream: asked.append((size, align, stream)) or "scratch")))
+        get=lambda: lambda size, align, stream: pytest.fail("a C launch asked Triton's allocator"))))
     kernel = FakeKernel()
     launcher = _launch.DirectLauncher(kernel)
     x, y = torch.zeros(8), torch.zeros(8)

@@ -71,11 +71,12 @@ keep("launch scratch", lambda: (_SCRATCH,), ("launch scratch bytes", lambda stor
 
 
 def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    """Global memory for a launch's device-built TMA descriptors, asked of the allocator per launch. The
-    launches of one stream run one after another, so one buffer per (device, stream), grown to the
-    largest launch's need, serves them all: no allocation per launch (a bf16 forward made two). While a
-    CUDA graph is being captured each launch gets its own (a replay may run beside other work on that
-    buffer's stream). torch.empty's allocations are 256-byte aligned."""
+    """Global memory for a launch's device-built TMA descriptors, asked for per launch: by the C launches
+    directly, by Triton's launcher through the allocator ensure_scratch_allocator installs. The launches of
+    one stream run one after another, so one buffer per (device, stream), grown to the largest launch's need,
+    serves them all: no allocation per launch (a bf16 forward made two). While a CUDA graph is being captured
+    each launch gets its own (a replay may run beside other work on that buffer's stream). torch.empty's
+    allocations are 256-byte aligned."""
     if torch._C._cuda_isCurrentStreamCapturing():
         return torch.empty(size, dtype=torch.int8, device="cuda")
     key = (torch._C._cuda_getDevice(), stream)
@@ -89,7 +90,8 @@ def ensure_scratch_allocator() -> None:
     """Kernels that build TMA descriptors on the device need global scratch memory at launch, which
     Triton asks of the allocator set with `triton.set_allocator` (a context variable: per thread, so
     autograd's backward thread starts without one). Install a torch-backed allocator where none is
-    set; an allocator the user set is kept."""
+    set; an allocator set before is kept (torch.compile's kernels set inductor's in the thread that runs them),
+    and only Triton's launcher, diyflash's fallback, uses it: the C launches take _scratch's buffer."""
     try:  # Triton keeps "none set" private; if that ever moves, install ours (it works the same)
         unset = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
     except AttributeError:
@@ -353,11 +355,9 @@ class BoundLaunch:
         self.packed = None if pointers is None else pack_launch(compiled, grid, (*pointers, *tail), len(pointers),
                                                                   len(args))
         self.scratch, self.align = 0, 1
-        if self.packed is not None:  # Triton's launcher asks the allocator for these; the C launch does too
+        if self.packed is not None:  # Triton's launcher asks its allocator for these, the C launch _scratch
             self.scratch = scratch_bytes(compiled, grid)
             self.align = compiled.metadata.global_scratch_align
-            if self.scratch and _allocation is None:
-                self.packed = None
 
     def __call__(self, *pointers) -> None:
         launcher = self.launcher
@@ -440,7 +440,7 @@ def run_bound(launches, env, args: list[tuple] | None = None, seq: Sequence | No
     if seq is not None and args is None and c_sequence_ok(seq):
         first = seq.bounds[0]
         stream = first.launcher._driver[1](first.device)
-        scratch = _allocation._allocator.get()(seq.need, seq.align, stream) if seq.need else None
+        scratch = _scratch(seq.need, seq.align, stream) if seq.need else None
         done = _c_fire_seq(c_launcher(), stream, scratch, seq.values(env), seq.tail)
         for bound in seq.bounds[:done]:
             bound.launcher.direct_launches += 1
@@ -455,7 +455,7 @@ def run_bound(launches, env, args: list[tuple] | None = None, seq: Sequence | No
     first = launches[0][0]
     stream = first.launcher._driver[1](first.device)
     need = max(bound.scratch for bound, _ in launches)
-    scratch = _allocation._allocator.get()(need, max(b.align for b, _ in launches), stream) if need else None
+    scratch = _scratch(need, max(b.align for b, _ in launches), stream) if need else None
     mod = c_launcher()
     for i, (bound, pointers) in enumerate(launches):
         fired = _c_fire(mod, bound, stream, scratch if bound.scratch else None, pointers(env),
@@ -491,7 +491,7 @@ def _c_launch(bound: BoundLaunch, stream, pointers: tuple, args: tuple | None) -
     launches)."""
     if not _c_on():
         return False
-    scratch = _allocation._allocator.get()(bound.scratch, bound.align, stream) if bound.scratch else None
+    scratch = _scratch(bound.scratch, bound.align, stream) if bound.scratch else None
     return _c_fire(c_launcher(), bound, stream, scratch, pointers, args)
 
 
