@@ -264,7 +264,6 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
                                                  inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
                                                  SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA, SERIAL=SERIAL)
         if not SERIAL:
-            _pin_wait(l_i)
             acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
             mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -278,14 +277,6 @@ def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo
     acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
     mbarrier.arrive(v_empty.index(prev), count=1)
     return acc, m_i, l_i, top, i
-
-
-@gluon.jit
-def _pin_wait(x):
-    """wgmma.wait_group 0 predicated on x (always true: x's bits are never that NaN), so that ptxas cannot place
-    it before x is computed."""
-    gl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $1, 0x7FC00001; @p wgmma.wait_group.sync.aligned 0; "
-                              "mov.b32 $0, 0; }", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
