@@ -88,12 +88,12 @@ def _step(t, n_blk, lo, head0, heads, BLOCK_M: gl.constexpr, BY_ROW: gl.constexp
     programs' shared rows heads times further apart in time: window 4096 GQA 32/8 510-513 -> 435-439 TFLOPS,
     run "order ab")."""
     if BY_ROW:
-        r = ((t.to(gl.float32) + 0.5) * (1.0 / heads.to(gl.float32))).to(gl.int32)
+        r = t // heads
         g = t - r * heads
         if heads > 1:
             r = n_blk - 1 - r
     else:
-        g = ((t.to(gl.float32) + 0.5) * (1.0 / n_blk.to(gl.float32))).to(gl.int32)
+        g = t // n_blk
         r = t - g * n_blk
     return lo + r * BLOCK_M, head0 + g
 
