@@ -1,7 +1,7 @@
 """The Hopper (sm_90) backward: one pass in FlashAttention-3's split, a warp-specialized Gluon kernel (D64, D128).
 
 A program holds one block of BLOCK_N = 128 keys of one (batch, kv head) and walks the query blocks that see
-it (every query head of the kv head's group, _query_band's rows, in _step's order), BLOCK_M rows a step (64, or
+it (every query head of the kv head's group, _query_band's rows, in _next_step's order), BLOCK_M rows a step (64, or
 128 at head_dim 64 without masks: hopper.BWD_WIDE_TILES).
 Partitions:
 - two MMA warpgroups (the default partition and one worker), each owning 64 of the keys and their dk, dv
@@ -77,7 +77,8 @@ def _own_regs(x):
 
 @gluon.jit
 def _first_step(n_blk, heads, BY_ROW: gl.constexpr):
-    """The first step's (row block, head) indices of a program's heads query heads: see _next_step."""
+    """The first step's (row block, head) of a program's heads query heads, and dr, the row block's move when a
+    head wraps (-1: from the last row block down; see _next_step)."""
     r = n_blk * 0  # tensors, whichever counts are constexpr (a count of 1 is)
     dr = r + 1
     if BY_ROW:
@@ -98,7 +99,8 @@ def _next_step(r, g, dr, n_blk, heads, BY_ROW: gl.constexpr):
     other, each over its band from its first row: a window's bands are shifted copies, which this order walks a
     row block a step (every head a row block spaced the programs' shared rows heads times further apart in time:
     window 4096 GQA 32/8 510-513 -> 435-439 TFLOPS, run "order ab"). Counted on from the step before, not divided
-    out of the step's number: an integer division by a runtime count is ~25 instructions of a step's ~585."""
+    out of the step's number: exact at any count, and ~25 SASS instructions fewer a GQA step (of ~585 at D128;
+    run "bwd step count")."""
     if BY_ROW:
         g += 1
         wrap = (g == heads).to(gl.int32)
@@ -404,7 +406,7 @@ def _hopper_bwd_kernel(
     # k and v in registers (hopper.BWD_TILES), but with softcap, whose D64 window build then spilled 24 B (offline)
     KV_IN: gl.constexpr = KV_REGS and not SOFTCAP
     STATS_IN: gl.constexpr = STATS_ACC and not SOFTCAP  # softcap's scores need the raw dot
-    BY_ROW: gl.constexpr = not WINDOW  # _step's order: every program's band ends at the same row
+    BY_ROW: gl.constexpr = not WINDOW  # _next_step's order: every program's band ends at the same row
     pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
     off_hk = off_hp // parts
     heads = kv_group // parts
