@@ -99,8 +99,8 @@ def _next_step(r, g, dr, n_blk, heads, BY_ROW: gl.constexpr):
     other, each over its band from its first row: a window's bands are shifted copies, which this order walks a
     row block a step (every head a row block spaced the programs' shared rows heads times further apart in time:
     window 4096 GQA 32/8 510-513 -> 435-439 TFLOPS, run "order ab"). Counted on from the step before, not divided
-    out of the step's number: exact at any count, and ~25 SASS instructions fewer a GQA step (of ~585 at D128;
-    run "bwd step count")."""
+    out of the step's number: exact at any count, and the integer division by a runtime count (~25 SASS
+    instructions) leaves every GQA and window step (run "bwd step count": never slower)."""
     if BY_ROW:
         g += 1
         wrap = (g == heads).to(gl.int32)
