@@ -160,6 +160,40 @@ def test_flat_dq_accumulator_reads_back(device, d, dtype, unprescale, power):
         assert torch.equal(out, want.to(dtype))
 
 
+@pytest.mark.parametrize("dtype,scale", [(torch.float16, 0.5), (torch.bfloat16, 0.5), (torch.bfloat16, 3.0),
+                                         (torch.float32, 1 / 11.3)])
+def test_preprocess_stores_the_shifted_stats(device, dtype, scale):
+    """The preprocess's SHIFTED stats (CPU: the interpreter), which the Hopper backward's STATS_ACC tiles start
+    at as they are: -lse2 / qk_rest and -delta (semantics._stats_shifted), qk_rest = qk_scale times 1 / p2 of
+    semantics._prescaled (p2 the power of two of qk_scale's exponent, at most 1; fp16 operands are not
+    prescaled: qk_rest = qk_scale), each product rounded as the kernel rounds it; a row that saw no key
+    (lse -inf) and the padding rows past N_q -inf, so that p = 0 there."""
+    import math
+
+    from diyflash.kernels.contract import LOG2E  # the host's, which attention_bwd's qk_scale takes
+    from diyflash.kernels.attention.backward_rows import _attn_bwd_preprocess_kernel
+
+    z, h, n, d, rows = 2, 3, 70, 64, 72
+    out, dout = (torch.randn(z, n, h, d, device=device, dtype=dtype).transpose(1, 2) for _ in range(2))
+    lse = torch.randn(z, h, n, device=device) * 4
+    lse[0, 1, 5] = float("-inf")
+    delta, lse2 = (torch.full((z, h, rows), float("nan"), device=device) for _ in range(2))
+    qk_scale = scale * LOG2E
+    _attn_bwd_preprocess_kernel[(-(-n // 64), h, z)](
+        out, dout, lse, lse, delta, lse2, lse, *out.stride(), *dout.stride(), *lse.stride(), 0, 0, 0, h, n, rows,
+        rows, qk_scale, HEAD_DIM=d, HEAD_DIM_PAD=d, BLOCK_M=64, HAS_DLSE=False, ZERO_DQ=False, HEAD_DIM_Q=d,
+        HEAD_DIM_Q_PAD=d, SHIFTED=True)
+    p2 = 1.0 if dtype == torch.float16 else min(2.0 ** (math.frexp(qk_scale)[1] - 1), 1.0)
+    rest = torch.tensor(qk_scale, dtype=torch.float32) * torch.tensor(1 / p2, dtype=torch.float32)  # fp32, exact
+    raw = torch.where(lse == float("-inf"), float("inf"), lse * torch.tensor(LOG2E, dtype=torch.float32))
+    want_lse = 0.0 - raw * (1.0 / rest.to(device))
+    assert torch.equal(lse2[..., :n], want_lse) and lse2[0, 1, 5] == float("-inf")
+    assert bool((lse2[..., n:] == float("-inf")).all()), lse2[..., n:]
+    want_delta = -(out.float() * dout.float()).sum(-1)
+    torch.testing.assert_close(delta[..., :n], want_delta, rtol=1e-5, atol=1e-5)
+    assert bool((delta[..., n:] == 0).all()), delta[..., n:]
+
+
 @needs_hopper
 def test_dk_dv_are_reproducible_and_dq_close(fresh_caches):
     """dk and dv come from the program that owns their keys, in a fixed order: bitwise equal call after call

@@ -9,7 +9,7 @@ from .._runtime import require_triton
 triton = require_triton()
 import triton.language as tl  # noqa: E402  (after the friendly import check above)
 
-from .semantics import LOG2E, _unprescale  # noqa: E402
+from .semantics import LOG2E, _stats_shifted, _unprescale  # noqa: E402
 
 
 @triton.jit
@@ -19,15 +19,17 @@ def _attn_bwd_preprocess_kernel(
     stride_gz, stride_gh, stride_gm, stride_gd,
     stride_lz, stride_lh, stride_lm,
     stride_dlz, stride_dlh, stride_dlm,
-    num_heads, seq_len_q, stat_stride, dq_rows,
+    num_heads, seq_len_q, stat_stride, dq_rows, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
     HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr, HEAD_DIM_Q: tl.constexpr, HEAD_DIM_Q_PAD: tl.constexpr,
+    SHIFTED: tl.constexpr,
 ):
     """delta and lse2 of BLOCK_M query rows of one head ((Z, H, stat_stride) fp32: N_q rows a head, or the
     Hopper backward's N_q rounded up to 4, whose TMA reads need 16-byte aligned rows); ZERO_DQ: also the
     zeros of the rows' fp32 dq accumulator (contiguous (Z, H, dq_rows, HEAD_DIM_Q)), which the dk/dv kernel's
     atomic adds then fill (DQ_ATOMIC), so that no separate fill runs: dq_rows N_q, or the Hopper backward's
-    hopper.bwd_dq_rows (its padding rows too, which the grid's last block covers)."""
+    hopper.bwd_dq_rows (its padding rows too, which the grid's last block covers). SHIFTED: -lse2 / qk_rest
+    and -delta instead (semantics._stats_shifted of qk_scale), as the Hopper backward with STATS_ACC takes them."""
     off_h = tl.program_id(1)
     off_z = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -52,6 +54,8 @@ def _attn_bwd_preprocess_kernel(
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     # rows N_q .. stat_stride (the Hopper backward's padding, which its TMA reads): delta 0 and lse2 +inf, so that
     # p and ds are 0 there, not a product with an unwritten value
+    if SHIFTED:
+        lse2, delta = _stats_shifted(lse2, delta, qk_scale, DTYPE=out_ptr.dtype.element_ty)
     head = (off_z * num_heads + off_h).to(tl.int64)
     tl.store(delta_ptr + head * stat_stride + offs_m, delta, mask=offs_m < stat_stride)
     tl.store(lse2_ptr + head * stat_stride + offs_m, lse2, mask=offs_m < stat_stride)

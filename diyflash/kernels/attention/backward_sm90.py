@@ -10,7 +10,8 @@ Partitions:
   ds^T = p^T (dp^T - delta), dk_w += ds^T q (ds^T from registers) and ds^T into shared memory; at D128
   (STATS_ACC) s^T's and dp^T's accumulators start at -lse2 / qk_rest and -delta, so p^T and ds^T load no stat
   after the matmuls' waits (1.03-1.05x the kernel that loaded them there, H200,
-  bench/results/onepass_backward_h200.jsonl, run "bwd stats in acc");
+  bench/results/onepass_backward_h200.jsonl, run "bwd stats in acc"), rows the preprocess stores so shifted
+  (semantics._stats_shifted);
   once dk and dv are done, dq_w = ds k[:, w*64:(w+1)*64] (the 64 columns of dq this warpgroup owns, ds . k_pre:
   the convert pass undoes k's prescale, so no multiply sits between dq's wait and its store) into a shared fp32
   tile, its share over the warpgroup's own keys issued before the wait for the other warpgroup's half of ds^T
@@ -118,12 +119,14 @@ def _next_step(r, g, dr, n_blk, heads, BY_ROW: gl.constexpr):
 def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar, q_bufs,
             do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start, k_start, q_len,
             off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN: gl.constexpr, BLOCK_M: gl.constexpr,
-            BY_ROW: gl.constexpr):
+            BY_ROW: gl.constexpr, STATS_ACC: gl.constexpr):
     """z_in, q_start, k_start: the sequence's batch slice and first rows in the tensors (0, and its offsets,
     for packed sequences: _sequence). VARLEN: a packed sequence's stats start at any row, where the TMA needs
-    16-byte aligned coordinates: this warp loads them (rows past q_len: lse2 +inf, delta 0) into the slot
-    before it arrives on the slot's barrier, ahead of the MMA warpgroups as the TMA loads are."""
+    16-byte aligned coordinates: this warp loads them (rows past q_len: lse2 +inf, or with STATS_ACC the shifted
+    -inf; delta 0) into the slot before it arrives on the slot's barrier, ahead of the MMA warpgroups as the TMA
+    loads are."""
     STAGES: gl.constexpr = q_bufs.shape[0]
+    NO_ROW: gl.constexpr = float("-inf") if STATS_ACC else float("inf")  # p = 0 there (_stats_shifted)
     stat_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [z_in, off_hk, k_start + start_n, 0], kv_bar, k_s)
@@ -137,7 +140,7 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
         if VARLEN:
             rows = start_m + gl.arange(0, BLOCK_M, layout=stat_layout)
             at = off_h.to(gl.int64) * stat_stride + q_start + rows
-            lse_bufs.index(s).store(gl.load(lse_ptr + at, mask=rows < q_len, other=float("inf")))
+            lse_bufs.index(s).store(gl.load(lse_ptr + at, mask=rows < q_len, other=NO_ROW))
             delta_bufs.index(s).store(gl.load(delta_ptr + at, mask=rows < q_len, other=0.0))
             _barrier()  # the warp's stores before the arrive below (it releases them to the waiting warpgroups)
             mbarrier.expect(ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
@@ -257,7 +260,8 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
     warpgroup's k and v held in registers as s^T's and dp^T's A operands (read from shared memory once, not
     every step). STATS_ACC (not SOFTCAP): s^T's and dp^T's accumulators start at -lse2 / qk_rest and -delta, so
-    that p and ds need no stat after the matmuls' waits (semantics._probs_shifted)."""
+    that p and ds need no stat after the matmuls' waits (semantics._probs_shifted); the stat rows hold them so
+    (semantics._stats_shifted), broadcast into the tiles as they are."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]  # the program's keys (k's descriptor block)
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's
@@ -287,7 +291,6 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     else:
         k_a = k_w
         v_a = v_w
-    inv_rest = 1.0 / qk_rest
     inv_cap2 = _inv(cap2, SOFTCAP=SOFTCAP)
 
     offs_n = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, st_layout))
@@ -306,10 +309,10 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         q_s = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         if STATS_ACC:  # s^T and dp^T come out of their matmuls with lse2 / qk_rest and delta subtracted
-            lse2 = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))
-            delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
-            st0 = _own_regs(zero_st - (lse2 * inv_rest)[None, :])
-            dpt0 = _own_regs(zero_st - delta[None, :])
+            neg_lse = lse_bufs.index(s).load(gl.SliceLayout(0, st_layout))  # -lse2 / qk_rest
+            neg_delta = delta_bufs.index(s).load(gl.SliceLayout(0, st_layout))
+            st0 = _own_regs(gl.broadcast(neg_lse[None, :], zero_st)[0])
+            dpt0 = _own_regs(gl.broadcast(neg_delta[None, :], zero_st)[0])
             st = warpgroup_mma(k_a, q_s.permute((1, 0)), st0, use_acc=True, is_async=True)
             dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), dpt0, use_acc=True, is_async=True)
         else:
@@ -470,7 +473,8 @@ def _hopper_bwd_kernel(
                 CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_IN)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
-                   k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW)),
+                   k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW,
+                   STATS_IN)),
         (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads,
                    dq_rows, HEAD_DIM, BLOCK_M, FLAT, BY_ROW)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

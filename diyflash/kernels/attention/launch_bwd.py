@@ -46,16 +46,18 @@ def _stat_rows(q: torch.Tensor, packed: Packed | None, device=None) -> tuple[tor
 
 
 def _preprocess_launch(row_grid: tuple, pre_args: tuple, stat_stride: int, d: int, d_pad: int, dv: int,
-                       dv_pad: int, has_dlse: bool, zero_dq: bool, dq_rows: int) -> Launch:
+                       dv_pad: int, has_dlse: bool, zero_dq: bool, dq_rows: int,
+                       shifted_by: float | None = None) -> Launch:
     """The backward's preprocess (backward_rows.py): delta and lse2 with stat_stride rows a head, and (zero_dq)
     the zeros of dq's fp32 accumulator, dq_rows rows a head (N_q, or the Hopper backward's hopper.bwd_dq_rows,
     which row_grid's PRE_BLOCK-row blocks cover). pre_args: its strides, heads and N_q, as attention_bwd builds
-    them."""
+    them. shifted_by: the qk_scale of a Hopper backward with STATS_ACC, whose stats the pass stores shifted
+    (semantics._stats_shifted)."""
     assert not zero_dq or cdiv(dq_rows, PRE_BLOCK) <= row_grid[0], (dq_rows, row_grid)
     return Launch(_BWD_PRE, row_grid, ("out", "dout", "lse", "dlse", "delta", "lse2", "dq_acc"),
-                  (*pre_args, stat_stride, dq_rows), dict(HEAD_DIM=dv, HEAD_DIM_PAD=dv_pad, BLOCK_M=PRE_BLOCK,
-                                                          HAS_DLSE=has_dlse, ZERO_DQ=zero_dq, HEAD_DIM_Q=d,
-                                                          HEAD_DIM_Q_PAD=d_pad))
+                  (*pre_args, stat_stride, dq_rows, 1.0 if shifted_by is None else shifted_by),
+                  dict(HEAD_DIM=dv, HEAD_DIM_PAD=dv_pad, BLOCK_M=PRE_BLOCK, HAS_DLSE=has_dlse, ZERO_DQ=zero_dq,
+                       HEAD_DIM_Q=d, HEAD_DIM_Q_PAD=d_pad, SHIFTED=shifted_by is not None))
 
 
 def _split_scratch(z: int, h_kv: int, parts: int, len_k: int, d: int, dv: int) -> tuple[tuple, tuple[str, str]]:
@@ -127,7 +129,9 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
         args = (*kernel_strides(dk_out, dv_out), h, len_q, len_k, scale * LOG2E, scale,
                 head_group(var.causal, key_blocks, zc * h_kv * parts, q4.device), var.kv_group, parts, rows,
                 dq_rows, var.left, var.right, var.cap2)
-        return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True, dq_rows),
+        shifted = kernel_meta["STATS_ACC"] and not var.softcap  # (the kernel's STATS_IN)
+        return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True, dq_rows,
+                                   shifted_by=scale * LOG2E if shifted else None),
                 Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc),
                        hopper.BWD_POINTERS + ("lse2", "delta", *kv_out, "seq_lens", "cu_k"), args, kernel_meta),
                 *([_group_sum_launch(dk4, dv4, parts, z_rows)] if parts > 1 else []),

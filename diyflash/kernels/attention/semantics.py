@@ -159,6 +159,16 @@ def _probs_shifted(d, qk_rest):
 
 
 @triton.jit
+def _stats_shifted(lse2, delta, qk_scale, DTYPE: tl.constexpr):
+    """The stats the Hopper backward's s^T and dp^T accumulators start at (its STATS_ACC), as the preprocess
+    stores them: -lse2 / qk_rest and -delta, qk_rest = qk_scale * _unprescale(qk_scale) the rest of the scale
+    _prescaled leaves on operands of DTYPE, so that each step starts its tiles from the stored rows with no
+    arithmetic; s^T then comes out as d of _probs_shifted and dp^T as dp - delta. lse2 = +inf (a row that saw no
+    key, or a padding row) gives -inf: p = 0."""
+    return 0.0 - lse2 * (1.0 / (qk_scale * _unprescale(qk_scale, DTYPE=DTYPE))), 0.0 - delta
+
+
+@triton.jit
 def _rcp_fast(b):
     """1 / b by rcp.approx.ftz (one MUFU.RCP, within 1 ulp; 0 for |b| past 2^126, flushed) compiled; exact in
     the interpreter."""
