@@ -86,7 +86,7 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
               hopper.bwd_dq_rows(1000, lens == "varlen"), 7, 0, 0.5]
     consts = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, HAS_SEQ_LENS=lens == "seq_lens",
                   VARLEN=lens == "varlen", HEAD_DIM=d,
-                  **{k: v for k, v in hopper.bwd_meta(d, wide).items() if k != "num_warps"})
+                  **{k: v for k, v in hopper.bwd_meta(d, wide, softcap).items() if k != "num_warps"})
     sig = {n: "fp32" if type(v) is float else "i32" if type(v) is int else "constexpr" if v is None else mangle_type(v)
            for n, v in zip(fn.arg_names, values)}
     sig.update({n: "constexpr" for n in consts})

@@ -348,12 +348,13 @@ def bwd_wide(d: int, *, causal: bool, window: bool, softcap: bool, packed: bool)
     return d in BWD_WIDE_TILES and not (causal or window or softcap or packed)
 
 
-def bwd_meta(d: int, wide: bool = False) -> dict:
+def bwd_meta(d: int, wide: bool = False, softcap: bool = False) -> dict:
     """The Hopper backward kernel's tile constexprs and num_warps at head dim d (BWD_TILES, or wide:
-    BWD_WIDE_TILES)."""
+    BWD_WIDE_TILES). STATS_ACC is off with softcap, whose scores need the raw dot; the preprocess stores the
+    stats shifted exactly where it is on (launch_bwd)."""
     block_m, stages, dq_bufs, kv_regs, stats_acc = (BWD_WIDE_TILES if wide else BWD_TILES)[d]
     return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs,
-                STATS_ACC=stats_acc, num_warps=4)
+                STATS_ACC=stats_acc and not softcap, num_warps=4)
 
 
 @functools.cache

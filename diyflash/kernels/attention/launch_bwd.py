@@ -121,7 +121,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
     dk_out, dv_out = env[kv_out[0]], env[kv_out[1]]
     wide = hopper.bwd_wide(d, causal=var.causal, window=var.window, softcap=var.softcap, packed=varlen)
     kernel_meta = dict(CAUSAL=var.causal, WINDOW=var.window, SOFTCAP=var.softcap, HAS_SEQ_LENS=has_seq_lens,
-                       VARLEN=varlen, HEAD_DIM=d, **hopper.bwd_meta(d, wide))
+                       VARLEN=varlen, HEAD_DIM=d, **hopper.bwd_meta(d, wide, softcap=var.softcap))
 
     def launches(zc: int) -> list[Launch]:
         z_rows = z if varlen else zc  # the row passes' batch: the tensors'
@@ -129,9 +129,8 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
         args = (*kernel_strides(dk_out, dv_out), h, len_q, len_k, scale * LOG2E, scale,
                 head_group(var.causal, key_blocks, zc * h_kv * parts, q4.device), var.kv_group, parts, rows,
                 dq_rows, var.left, var.right, var.cap2)
-        shifted = kernel_meta["STATS_ACC"] and not var.softcap  # (the kernel's STATS_IN)
         return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True, dq_rows,
-                                   shifted_by=scale * LOG2E if shifted else None),
+                                   shifted_by=scale * LOG2E if kernel_meta["STATS_ACC"] else None),
                 Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc),
                        hopper.BWD_POINTERS + ("lse2", "delta", *kv_out, "seq_lens", "cu_k"), args, kernel_meta),
                 *([_group_sum_launch(dk4, dv4, parts, z_rows)] if parts > 1 else []),
