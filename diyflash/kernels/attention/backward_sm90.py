@@ -78,19 +78,17 @@ def _own_regs(x):
 
 @gluon.jit
 def _first_step(n_blk, heads, BY_ROW: gl.constexpr):
-    """The first step's (row block, head) of a program's heads query heads, and dr, the row block's move when a
-    head wraps (-1: from the last row block down; see _next_step)."""
+    """The first step's (row block, head) of a program's heads query heads (see _next_step): row block 0, or the
+    last one where _next_step walks the row blocks down."""
     r = n_blk * 0  # tensors, whichever counts are constexpr (a count of 1 is)
-    dr = r + 1
     if BY_ROW:
         if heads > 1:
             r = n_blk - 1
-            dr = r * 0 - 1
-    return r, n_blk * 0, dr
+    return r, n_blk * 0
 
 
 @gluon.jit
-def _next_step(r, g, dr, n_blk, heads, BY_ROW: gl.constexpr):
+def _next_step(r, g, n_blk, heads, BY_ROW: gl.constexpr):
     """The step after (row block r, head g). BY_ROW (the kernel's choice where every program's band ends at the
     same row: no window), with more than one head (GQA): the band's row blocks from the last down, every head a
     row block, so that the programs of a kv head started together read each row block's q and do, and add into
@@ -106,7 +104,10 @@ def _next_step(r, g, dr, n_blk, heads, BY_ROW: gl.constexpr):
         g += 1
         wrap = (g == heads).to(gl.int32)
         g -= wrap * heads
-        r += wrap * dr
+        if heads > 1:  # from the last row block down (_first_step)
+            r -= wrap
+        else:
+            r += wrap
     else:
         r += 1
         wrap = (r == n_blk).to(gl.int32)
@@ -131,12 +132,12 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [z_in, off_hk, k_start + start_n, 0], kv_bar, k_s)
     _tma_load(v_desc, [z_in, off_hk, k_start + start_n, 0], kv_bar, v_s)
-    r, g, dr = _first_step(n_blk, heads, BY_ROW=BY_ROW)
+    r, g = _first_step(n_blk, heads, BY_ROW=BY_ROW)
     for t in range(total):
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
         start_m, off_h = lo + r * BLOCK_M, head0 + g
-        r, g = _next_step(r, g, dr, n_blk, heads, BY_ROW=BY_ROW)
+        r, g = _next_step(r, g, n_blk, heads, BY_ROW=BY_ROW)
         if VARLEN:
             rows = start_m + gl.arange(0, BLOCK_M, layout=stat_layout)
             at = off_h.to(gl.int64) * stat_stride + q_start + rows
@@ -170,10 +171,10 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
         SUBS: gl.constexpr = BLOCK_M // 64  # 64-row tiles a step
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2  # a warpgroup's (1 or 2)
         head_z = z_in * num_heads
-        r, g, dr = _first_step(n_blk, heads, BY_ROW=BY_ROW)
+        r, g = _first_step(n_blk, heads, BY_ROW=BY_ROW)
         for t in range(total):
             start_m, off_h = lo + r * BLOCK_M, head0 + g
-            r, g = _next_step(r, g, dr, n_blk, heads, BY_ROW=BY_ROW)
+            r, g = _next_step(r, g, n_blk, heads, BY_ROW=BY_ROW)
             row = (((head_z + off_h).to(gl.int64) * dq_rows + start_m) * HEAD_DIM // 256).to(gl.int32)
             b = t % DQ_BUFS
             for w in gl.static_range(2):
@@ -195,10 +196,10 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
         DQ_BUFS: gl.constexpr = dq_full.shape[0]
         PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
         PANEL: gl.constexpr = dq_bufs.shape[4]  # dq's columns a TMA reduce (its descriptor's block)
-        r, g, dr = _first_step(n_blk, heads, BY_ROW=BY_ROW)
+        r, g = _first_step(n_blk, heads, BY_ROW=BY_ROW)
         for t in range(total):
             start_m, off_h = lo + r * BLOCK_M, head0 + g
-            r, g = _next_step(r, g, dr, n_blk, heads, BY_ROW=BY_ROW)
+            r, g = _next_step(r, g, n_blk, heads, BY_ROW=BY_ROW)
             b = t % DQ_BUFS
             mbarrier.wait(dq_full.index(b), (t // DQ_BUFS) & 1)
             for j in gl.static_range(PANELS):
@@ -299,12 +300,12 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     zero_dq = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, dq_layout)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, kv_layout)
-    r, g, dr = _first_step(n_blk, heads, BY_ROW=BY_ROW)
+    r, g = _first_step(n_blk, heads, BY_ROW=BY_ROW)
     for t in range(total):
         s = t % STAGES
         b = t % 2
         start_m, off_h = lo + r * BLOCK_M, head0 + g
-        r, g = _next_step(r, g, dr, n_blk, heads, BY_ROW=BY_ROW)
+        r, g = _next_step(r, g, n_blk, heads, BY_ROW=BY_ROW)
         mbarrier.wait(ready.index(s), (t // STAGES) & 1)
         q_s = q_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
         do_s = do_bufs.index(s).reshape([BLOCK_M, HEAD_DIM])
