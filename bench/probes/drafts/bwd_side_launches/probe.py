@@ -34,7 +34,7 @@ def breakdown(name, calls=8):
     dout = torch.randn_like(out)
 
     def run():
-        return ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None)
+        return ka.attention_bwd(dout, None, q, k, v, out, lse, causal, scale, None, deterministic=False)
 
     for _ in range(3):
         run()
@@ -132,6 +132,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--cells", nargs="*", default=[c for c in CELLS if not c.startswith("window")])
+    p.add_argument("--no-rows", action="store_true", help="the breakdowns only")
     args = p.parse_args()
     prov = provenance()
     lines = []
@@ -143,7 +144,7 @@ def main():
             print(f"   {us:9.1f} us {100 * us / bd['call_us']:5.1f} %  {kname[:70]}")
         lines.append(dict(prov, run="bwd side launches", cell=name, kind="breakdown", call_us=bd["call_us"],
                           kernels_us=bd["kernels"]))
-        for (pas, var), (us, gbs) in row_variants(name).items():
+        for (pas, var), (us, gbs) in ({} if args.no_rows else row_variants(name)).items():
             print(f"   {pas:22s} {var:44s} {us:8.1f} us {gbs:7.0f} GB/s")
             lines.append(dict(prov, run="bwd side launches", cell=name, kind="row pass", row_pass=pas, variant=var,
                               us=us, gb_per_s=gbs))
