@@ -205,12 +205,12 @@ def _first_qk(q, k_bufs, k_ready, i, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constex
 
 
 @gluon.jit
-def _consume(q, qk, k, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi,
-             offs_m, offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+def _consume(q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi, offs_m,
+             offs_n, kv_len, causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
              MASKED: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
              KEY_MASK: gl.constexpr, FMA: gl.constexpr, WHICH: gl.constexpr, CONSUMERS: gl.constexpr,
-             TURNS: gl.constexpr, SERIAL: gl.constexpr, ROWSUM: gl.constexpr):
+             TURNS: gl.constexpr, SERIAL: gl.constexpr):
     """A tile's key blocks [lo, hi) (lo < hi) of a consumer's rows, the first block's q.k^T issued by _first_qk
     (qk, k): the rows' (acc, m_i, l_i, top), and i (it counts the blocks of the program's tiles so far: slot and
     phase) past this tile's. Block j's q.k^T is issued before block j-1's p @ v and waited for alone (wait(1)),
@@ -220,28 +220,22 @@ def _consume(q, qk, k, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty,
     after both (in _softmax_block's SERIAL form), so that it runs under the other consumers' matmuls only: with
     three consumers on causal D64, 1.023x -> 1.063x cuDNN, but 0.90-1.00x against 1.05-1.10x on every D128
     cell (H200, bench/results/attention_sm90.jsonl, run "the softmax outside p @ v's wait"); hopper.Tiles.serial
-    says where. ROWSUM: the rows' sums by the tensor cores, p @ ones beside p @ v (`ones`: BLOCK_N x 8 in shared
-    memory), an 8-column accumulator rescaled as acc is, where the softmax adds each block's p in fp32."""
+    says where."""
     STAGES: gl.constexpr = k_bufs.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM_V, 16])
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
     SUB_M: gl.constexpr = q.shape[0]
     zero_s = gl.zeros([SUB_M, BLOCK_N], gl.float32, s_layout)
     acc, m_i, l_i, top = _fresh_rows(SUB_M, HEAD_DIM_V, s_layout, o_layout)
-    lacc = gl.zeros([SUB_M, 8], gl.float32, l_layout)
     s_idx = i % STAGES
     ph = (i // STAGES) & 1
     qk, _q0, _k0 = warpgroup_mma_wait(0, deps=(qk, q, k))
     mbarrier.arrive(k_empty.index(s_idx), count=1)
-    p, alpha, m_i, l_new, top = _softmax_block(qk, m_i, l_i, top, lo, full_lo, full_hi, offs_m, offs_n, kv_len,
-                                               causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
-                                               MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
-                                               KEY_MASK=KEY_MASK, FMA=FMA, SERIAL=SERIAL)
-    if not ROWSUM:
-        l_i = l_new
+    p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, lo, full_lo, full_hi, offs_m, offs_n, kv_len,
+                                             causal_offset, qk_scale, win_left, win_right, cap2, inv_cap2,
+                                             MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP,
+                                             KEY_MASK=KEY_MASK, FMA=FMA, SERIAL=SERIAL)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
     prev = s_idx
@@ -257,35 +251,22 @@ def _consume(q, qk, k, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty,
         _wait_turn(WHICH, TURNS=TURNS)
         qk = warpgroup_mma(q, k, zero_s, use_acc=False, is_async=True)
         acc = warpgroup_mma(p16, v, acc, is_async=True)
-        if ROWSUM:
-            lacc = warpgroup_mma(gl.convert_layout(p16, pl_layout), ones, lacc, is_async=True)
         _pass_turn(WHICH, CONSUMERS, TURNS=TURNS)
-        if SERIAL and ROWSUM:
-            qk, acc, lacc, _q1, _k1, _v1, _p1 = warpgroup_mma_wait(0, deps=(qk, acc, lacc, q, k, v, p16))
-        elif SERIAL:
+        if SERIAL:
             qk, acc, _q1, _k1, _v1, _p1 = warpgroup_mma_wait(0, deps=(qk, acc, q, k, v, p16))
-        elif ROWSUM:
-            qk, _q1, _k1 = warpgroup_mma_wait(2, deps=(qk, q, k))
         else:
             qk, _q1, _k1 = warpgroup_mma_wait(1, deps=(qk, q, k))
         mbarrier.arrive(k_empty.index(s_idx), count=1)
         if SERIAL:
             mbarrier.arrive(v_empty.index(prev), count=1)
-        p, alpha, m_i, l_new, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
-                                                   kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
-                                                   inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
-                                                   SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA, SERIAL=SERIAL)
-        if not ROWSUM:
-            l_i = l_new
+        p, alpha, m_i, l_i, top = _softmax_block(qk, m_i, l_i, top, start_n, full_lo, full_hi, offs_m, offs_n,
+                                                 kv_len, causal_offset, qk_scale, win_left, win_right, cap2,
+                                                 inv_cap2, MASKED=MASKED, CAUSAL=CAUSAL, WINDOW=WINDOW,
+                                                 SOFTCAP=SOFTCAP, KEY_MASK=KEY_MASK, FMA=FMA, SERIAL=SERIAL)
         if not SERIAL:
-            if ROWSUM:
-                acc, lacc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, lacc, v, p16))
-            else:
-                acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
+            acc, _v1, _p1 = warpgroup_mma_wait(0, deps=(acc, v, p16))
             mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        if ROWSUM:
-            lacc = lacc * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
         p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
         prev = s_idx
         prev_ph = ph
@@ -293,12 +274,7 @@ def _consume(q, qk, k, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty,
     mbarrier.wait(v_ready.index(prev), prev_ph)
     v = v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM_V])
     acc = warpgroup_mma(p16, v, acc, is_async=True)
-    if ROWSUM:
-        lacc = warpgroup_mma(gl.convert_layout(p16, pl_layout), ones, lacc, is_async=True)
-        acc, lacc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, lacc, v, p16))
-        l_i = gl.convert_layout(gl.max(lacc, 1), gl.SliceLayout(1, s_layout))
-    else:
-        acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
+    acc, _v2, _p2 = warpgroup_mma_wait(0, deps=(acc, v, p16))
     mbarrier.arrive(v_empty.index(prev), count=1)
     return acc, m_i, l_i, top, i
 
@@ -377,13 +353,13 @@ def _store_tile(out, lse, row0, off_h, off_z, o_desc, o_buf, q_empty, lse_ptr, s
 
 
 @gluon.jit
-def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty, o_desc,
+def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
               lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale, num_tiles, num_heads,
               num_bh, head_group, win_left, win_right, cap2, split_blocks, max_pieces, part_o_ptr, part_lse_ptr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, HEAD_DIM_V: gl.constexpr,
               CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, EVEN_N: gl.constexpr,
               PASS: gl.constexpr, FMA: gl.constexpr, TURNS: gl.constexpr, SERIAL: gl.constexpr,
-              ROWSUM: gl.constexpr, WHICH: gl.constexpr):
+              WHICH: gl.constexpr):
     """A consumer partition: for each of the program's tiles, rows start_m + WHICH * SUB_M onward over the key
     blocks of their own _band (masks where forward.py has them); the loader streams the tile's band, whose other
     blocks this consumer passes (_pass_blocks: at D64 and causal 1.02-1.04x on three of four cells, H200,
@@ -461,11 +437,11 @@ def _consumer(q_bufs, q_ready, q_empty, k_bufs, v_bufs, ones, k_ready, k_empty, 
                                 q_empty.index(1 - a), lse_ptr, stride_lz, stride_lh, seq_len_q, held_piece,
                                 WHICH * SUB_M, part_o_ptr, part_lse_ptr, FMA=FMA, BLOCK_M=BLOCK_M, SPLIT=SPLIT)
                 acc, m_i, l_i, top, i = _consume(
-                    q, qk, k, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi,
+                    q, qk, k, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, i, lo, hi, full_lo, full_hi,
                     offs_m, offs_n, seq_len_k, causal_offset, score_scale, win_left, win_right, cap2, inv_cap2,
                     BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HEAD_DIM_V=HEAD_DIM_V, MASKED=CAUSAL or WINDOW or not EVEN_N,
                     CAUSAL=CAUSAL, WINDOW=WINDOW, SOFTCAP=SOFTCAP, KEY_MASK=not EVEN_N, FMA=FMA, WHICH=WHICH,
-                    CONSUMERS=CONSUMERS, TURNS=TURNS, SERIAL=SERIAL, ROWSUM=ROWSUM)
+                    CONSUMERS=CONSUMERS, TURNS=TURNS, SERIAL=SERIAL)
             else:  # its rows see no key: zeros and lse -inf
                 if held:
                     _store_rows(acc, m_i, l_i, top, held_row0, held_h, held_z, o_desc, held_buf,
@@ -498,7 +474,6 @@ def _hopper_fwd_kernel(
     # tiles: how
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, TURNS: gl.constexpr, SERIAL: gl.constexpr,
-    ROWSUM: gl.constexpr,
 ):
     """q_desc, k_desc, v_desc, o_desc: host TMA descriptors over the whole (Z, H, N, D) tensors in (1, 1, 64, D)
     and (1, 1, BLOCK_N, D) blocks (hopper.descriptor); lse by pointer and strides. The semantics are the
@@ -529,14 +504,6 @@ def _hopper_fwd_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if ROWSUM:  # p @ ones: the rows' sums by the tensor cores (_consume)
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], v_desc.dtype)
-        ones_t = gl.allocate_shared_memory(v_desc.dtype, [8, BLOCK_N], ones_layout,
-                                           gl.full([8, BLOCK_N], 1.0, v_desc.dtype, gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])))
-        ones = ones_t.permute((1, 0))  # [BLOCK_N, 8], K-major as q.k^T's k
-        fence_async_shared()
-    else:
-        ones = q_ready
     for a in gl.static_range(2):
         mbarrier.init(q_ready.index(a), count=1)
         mbarrier.init(q_empty.index(a), count=CONSUMERS)
@@ -548,21 +515,21 @@ def _hopper_fwd_kernel(
     # (the partitions' argument lists are written out: a tuple of them, concatenated, loses the constexprs)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty, o_desc,
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, ROWSUM, 0)),
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty, o_desc,
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 0)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, ROWSUM, 1)),
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty, o_desc,
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 1)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, ROWSUM, 2)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 2)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, split_blocks, max_pieces, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,
@@ -570,16 +537,16 @@ def _hopper_fwd_kernel(
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty, o_desc,
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, ROWSUM, 0)),
-            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, ones, k_ready, k_empty, v_ready, v_empty, o_desc,
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 0)),
+            (_consumer, (q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready, v_empty, o_desc,
                          lse_ptr, stride_lz, stride_lh, seq_len_q, seq_len_k, causal_offset, qk_scale,
                          num_tiles, num_heads, num_bh, head_group, win_left, win_right, cap2, split_blocks,
                          max_pieces, part_o_ptr, part_lse_ptr, BLOCK_M, BLOCK_N,
-                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, ROWSUM, 1)),
+                         HEAD_DIM, HEAD_DIM_V, CAUSAL, WINDOW, SOFTCAP, EVEN_N, PASS, FMA, TURNS, SERIAL, 1)),
             (_loader, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_empty, k_bufs, v_bufs, k_ready, k_empty, v_ready,
                        v_empty, seq_len_q, seq_len_k, causal_offset, win_left, win_right, num_tiles, num_heads,
                        num_bh, head_group, kv_group, split_blocks, max_pieces, BLOCK_M, BLOCK_N, CAUSAL, WINDOW,

@@ -50,7 +50,6 @@ class Tiles(NamedTuple):
     consumers: int = 2
     turns: bool = False
     serial: bool = False
-    rowsum: bool = False
 
     @property
     def block_m(self) -> int:
@@ -61,7 +60,7 @@ class Tiles(NamedTuple):
         register file (setmaxnreg; the loader warp keeps 24), 240 a thread for two, 160 for three."""
         return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages, EVEN_N=n_k % self.block_n == 0,
                     CONSUMERS=self.consumers, CONSUMER_REGS={2: 240, 3: 160}[self.consumers],
-                    TURNS=self.turns and not banded, SERIAL=self.serial and banded, ROWSUM=self.rowsum)
+                    TURNS=self.turns and not banded, SERIAL=self.serial and banded)
 
 
 # Tiles per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run, beside cuDNN):
