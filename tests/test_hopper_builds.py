@@ -81,7 +81,7 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
     descs = _with_descriptors(env, hopper.bwd_descriptors(d, packed=lens == "varlen", wide=wide))
     fn = hopper.backward_module()._hopper_bwd_kernel
     ints = torch.empty(3, dtype=torch.int32) if lens else None  # seq_lens, or cu_seqlens_q / cu_seqlens_k
-    values = [*(descs[name] for name in hopper.BWD_POINTERS), stats, stats, env["dq_acc"], q, q, ints, ints if lens == "varlen" else None,
+    values = [*(descs[name] for name in hopper.BWD_POINTERS), stats, stats, q, q, ints, ints if lens == "varlen" else None,
               *q.stride(), *q.stride(), 4, 1000, 1000, 0.1, 0.1, 3, 2, 2, stats.shape[-1],
               hopper.bwd_dq_rows(1000, lens == "varlen"), 7, 0, 0.5]
     consts = dict(CAUSAL=causal, WINDOW=window, SOFTCAP=softcap, HAS_SEQ_LENS=lens == "seq_lens",
@@ -96,7 +96,7 @@ def build_bwd(d, causal, window, softcap, dtype, lens=None):
     ptx = kernel.asm["ptx"]
     return {"shared": kernel.metadata.shared, "warps": kernel.metadata.num_warps, "consumers": 2,
             "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": "setmaxnreg" in ptx,
-            "reduce": ptx.count("cp.reduce.async.bulk.tensor") + ptx.count("red.relaxed.gpu.global.add.v4.f32"),
+            "reduce": ptx.count("cp.reduce.async.bulk.tensor"),
             "wgmma_rs": len(re.findall(r"wgmma.mma_async[^;]*\}\s*,\s*\{", ptx)),  # A from registers
             "case": ["bwd", d, causal, window, softcap, str(dtype), lens], "ptxas": ptxas_report(kernel)}
 

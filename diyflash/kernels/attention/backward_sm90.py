@@ -42,7 +42,6 @@ from triton.experimental.gluon.language._core import builtin as _builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .backward_rows import _dq_flat_offset
 from .semantics import _inv, _prescaled, _probs, _probs_shifted, _query_band, _scores, _sequence, _visible
 from .tile_order import _tile
 
@@ -158,8 +157,7 @@ def _loader(k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delt
 
 @gluon.jit
 def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads, dq_rows,
-            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr, BY_ROW: gl.constexpr,
-            RED: gl.constexpr):
+            HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, FLAT: gl.constexpr, BY_ROW: gl.constexpr):
     """Each step's dq tile added into the fp32 accumulator by the TMA unit; a buffer is free again once the
     unit has read it. FLAT (_store_dq): each warpgroup's half, a chunk of (64 x D/2) / 256 rows of 256 floats
     of the (Z, H, dq_rows, D) accumulator (dq_rows: hopper.bwd_dq_rows), reduced as soon as it is in (a
@@ -167,10 +165,8 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
     Else the tile's panels of the (Z, H, N_q, D) accumulator once both halves are in. DQ_BUFS buffers (a
     warpgroup's, or a tile's) in turns. A tile's rows past the sequence hold zeros (their p is masked): for
     packed sequences the next sequence's rows get +0, as does the next head's first 64-row tile from a 128-row
-    step past a head's rows. RED: the MMA warpgroups add dq themselves (_red_dq): nothing to do."""
-    if RED:
-        pass
-    elif FLAT:
+    step past a head's rows."""
+    if FLAT:
         CHUNK: gl.constexpr = dq_desc.block_type.shape[0]  # rows of 256 floats a warpgroup's half of 64 rows
         SUBS: gl.constexpr = BLOCK_M // 64  # 64-row tiles a step
         DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2  # a warpgroup's (1 or 2)
@@ -252,63 +248,14 @@ def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.const
         mbarrier.arrive(dq_full.index(qb), count=1)
 
 
-def _red_asm(n: int, h2: int, head_dim: int) -> tuple[str, str]:
-    """_red_dq's inline assembly for a thread's n dq registers (columns h2 a warpgroup): one
-    red.global.add.v4.f32 per four registers at the first register's address (operand n: the thread's first
-    element's pointer, so the others' are dead code for ptxas) plus an immediate, a 128-row tile's second 64 rows
-    only where the head's rows go on (operand 3n: rows_left > 64). Returns (asm, constraints)."""
-    lines = ["{ .reg .pred p; setp.gt.s32 p, $%d, 64;" % (3 * n)]
-    per_tile = h2 // 8  # packs of four registers a 64-row tile
-    for i in range(n // 4):
-        a, j = divmod(i, per_tile)
-        at = (a * 64 * head_dim + j * 512) * 4
-        vals = ", ".join("$%d" % (2 * n + 4 * i + e) for e in range(4))
-        lines.append("%sred.relaxed.gpu.global.add.v4.f32 [$%d+%d], {%s};" % ("@p " if a else "", n, at, vals))
-    lines += ["mov.b32 $%d, 0;" % o for o in range(n)] + ["}"]
-    return " ".join(lines), ",".join(["=r"] * n + ["l"] * n + ["f"] * n + ["r"] * n)
-
-
-_RED_D128 = [gl.constexpr(x) for x in _red_asm(32, 64, 128)]  # 64 rows a step
-_RED_D64 = [gl.constexpr(x) for x in _red_asm(16, 32, 64)]
-_RED_D64_WIDE = [gl.constexpr(x) for x in _red_asm(32, 32, 64)]  # 128 rows a step (hopper.BWD_WIDE_TILES)
-_RED_D128_ASM, _RED_D128_CONS = _RED_D128
-_RED_D64_ASM, _RED_D64_CONS = _RED_D64
-_RED_D64_WIDE_ASM, _RED_D64_WIDE_CONS = _RED_D64_WIDE
-
-
-@gluon.jit
-def _red_dq(dq, dq_ptr, tile0, rows_left, W: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """MMA warpgroup W's half of a step's dq tile (BLOCK_M rows x D/2 columns, fp32) added into the flat
-    accumulator from its registers, the tile's first float at dq_ptr + tile0: a red.global.add.v4.f32 per four
-    of a thread's registers (_dq_flat_offset's order puts them in 16 contiguous bytes, a warp's 512 in a row),
-    no shared memory and no writer; one assembly block a thread (_red_asm). rows_left: the head's accumulator
-    rows from the tile's first (a 128-row step's second 64 rows may lie past the last head's)."""
-    layout: gl.constexpr = dq.type.layout
-    H2: gl.constexpr = dq.shape[1]
-    r = gl.arange(0, dq.shape[0], layout=gl.SliceLayout(1, layout))[:, None]
-    c = gl.arange(0, H2, layout=gl.SliceLayout(0, layout))[None, :]
-    off = (r // 64) * (64 * HEAD_DIM) + _dq_flat_offset(r % 64, W * H2 + c, HEAD_DIM)
-    ptrs = (dq_ptr + tile0 + off).to(gl.int64)
-    live = gl.full(dq.shape, 0, gl.int32, layout) + rows_left
-    if HEAD_DIM == 128:
-        gl.inline_asm_elementwise(_RED_D128_ASM, _RED_D128_CONS, [ptrs, dq, live], dtype=gl.int32, is_pure=False,
-                                  pack=32)
-    elif dq.shape[0] == 64:
-        gl.inline_asm_elementwise(_RED_D64_ASM, _RED_D64_CONS, [ptrs, dq, live], dtype=gl.int32, is_pure=False,
-                                  pack=16)
-    else:
-        gl.inline_asm_elementwise(_RED_D64_WIDE_ASM, _RED_D64_WIDE_CONS, [ptrs, dq, live], dtype=gl.int32,
-                                  is_pure=False, pack=32)
-
-
 @gluon.jit
 def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs, dq_full,
-         dq_empty, dq_ptr, num_heads, dq_rows, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz, stride_dvh,
+         dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz, stride_dvh,
          stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n, q_len, kv_len,
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
          W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr,
-         STATS_ACC: gl.constexpr, DQ_RED: gl.constexpr):
+         STATS_ACC: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
@@ -421,11 +368,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
                            k_cols.slice((1 - W) * KEYS, KEYS, dim=0), dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(s), count=1)
-        if DQ_RED:
-            _red_dq(dq, dq_ptr, ((z_in * num_heads + off_h).to(gl.int64) * dq_rows + start_m) * HEAD_DIM,
-                    dq_rows - start_m, W=W, HEAD_DIM=HEAD_DIM)
-        else:
-            _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT)
+        _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT)
 
     kv_rows = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
@@ -439,7 +382,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
 
 @gluon.jit(do_not_specialize=["head_group"])
 def _hopper_bwd_kernel(
-    k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr,
+    k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, dq_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     seq_lens_ptr, cu_k_ptr,
     stride_dkz, stride_dkh, stride_dkn, stride_dkd,
     stride_dvz, stride_dvh, stride_dvn, stride_dvd,
@@ -448,7 +391,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr, DQ_RED: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (grids.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -494,11 +437,7 @@ def _hopper_bwd_kernel(
     delta_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], delta_desc.layout)
     ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M],
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype))
-    RED: gl.constexpr = DQ_RED and FLAT  # dq added from the MMA warpgroups' registers (_red_dq): no buffers
-    if RED:
-        DQ_BARS: gl.constexpr = 1
-        dq_bufs = ds_bufs  # (not used)
-    elif FLAT:  # DQ_BUFS buffers a warpgroup
+    if FLAT:  # DQ_BUFS buffers a warpgroup
         DQ_BARS: gl.constexpr = 2 * DQ_BUFS
         dq_bufs = gl.allocate_shared_memory(gl.float32, [2 * DQ_BUFS, (BLOCK_M // 64) * dq_desc.block_type.shape[0],
                                                          256], dq_desc.layout)
@@ -524,21 +463,19 @@ def _hopper_bwd_kernel(
         mbarrier.init(dq_empty.index(i), count=1)
     gl.warp_specialize([
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
-                dq_full, dq_empty, dq_ptr, num_heads, dq_rows, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn,
-                stride_dkd, stride_dvz, stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in,
-                k_start, off_hp, start_n, q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads,
-                win_left, win_right, cap2, CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW,
-                STATS_ACC, RED)),
+                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
+                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
+                q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_ACC)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
-                dq_full, dq_empty, dq_ptr, num_heads, dq_rows, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn,
-                stride_dkd, stride_dvz, stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in,
-                k_start, off_hp, start_n, q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads,
-                win_left, win_right, cap2, CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW,
-                STATS_ACC, RED)),
+                dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
+                stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
+                q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_ACC)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW,
                    STATS_ACC)),
         (_writer, (dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start, head0, heads, num_heads,
-                   dq_rows, HEAD_DIM, BLOCK_M, FLAT, BY_ROW, RED)),
+                   dq_rows, HEAD_DIM, BLOCK_M, FLAT, BY_ROW)),
     ], [4, 1, 1], [MMA_REGS, SIDE_REGS, SIDE_REGS])

@@ -132,7 +132,7 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
         return [_preprocess_launch(row_grid, pre_args, rows, d, d, d, d, dlse3 is not None, True, dq_rows,
                                    shifted_by=scale * LOG2E if kernel_meta["STATS_ACC"] else None),
                 Launch(hopper.backward_launcher(), (key_blocks, h_kv * parts, zc),
-                       hopper.BWD_POINTERS + ("lse2", "delta", "dq_acc", *kv_out, "seq_lens", "cu_k"), args, kernel_meta),
+                       hopper.BWD_POINTERS + ("lse2", "delta", *kv_out, "seq_lens", "cu_k"), args, kernel_meta),
                 *([_group_sum_launch(dk4, dv4, parts, z_rows)] if parts > 1 else []),
                 _dq_convert_launch(dq4, row_grid, scale, dq_rows, flat=flat, unprescale=True)]
 
