@@ -209,7 +209,7 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
 
 
 @gluon.jit
-def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr):
+def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr, LATE: gl.constexpr):
     """MMA warpgroup W's half of step t's dq tile (BLOCK_M rows x D/2 columns, fp32) into shared memory for the
     writer warp, DQ_BUFS buffers in turns. FLAT: in the accumulator registers' order, into the warpgroup's
     own buffers, a 64-row tile after the other, element (r, c) of a tile at (c // 8) * 512 + (32 * (r // 16)
@@ -227,9 +227,8 @@ def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.const
         x = gl.permute(gl.reshape(dq, [SUBS, 4, 2, 8, H2 // 8, 4, 2]), (0, 4, 1, 3, 5, 2, 6))
         mbarrier.wait(dq_empty.index(i), ((t // DQ_BUFS) & 1) ^ 1)
         dq_bufs.index(i).store(gl.reshape(x, [dq_bufs.shape[1], 256]))
-        fence_async_shared()
-        _barrier()
-        mbarrier.arrive(dq_full.index(i), count=1)
+        if not LATE:
+            _publish_dq(dq_full, t, W=W, FLAT=FLAT)
     else:
         DQ_BUFS: gl.constexpr = dq_full.shape[0]
         PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
@@ -243,9 +242,20 @@ def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.const
             dq0, dq1 = gl.split(gl.permute(gl.reshape(dq, [M, 2, PANEL]), (0, 2, 1)))
             dq_bufs.index(qb * PANELS + 2 * W).reshape([M, PANEL]).store(dq0)
             dq_bufs.index(qb * PANELS + 2 * W + 1).reshape([M, PANEL]).store(dq1)
-        fence_async_shared()
-        _barrier()
-        mbarrier.arrive(dq_full.index(qb), count=1)
+        if not LATE:
+            _publish_dq(dq_full, t, W=W, FLAT=FLAT)
+
+
+@gluon.jit
+def _publish_dq(dq_full, t, W: gl.constexpr, FLAT: gl.constexpr):
+    """Step t's dq tile, stored by _store_dq, handed to the writer: the proxy fence that orders the warpgroup's
+    stores before the TMA unit's reads, its barrier, the arrive."""
+    fence_async_shared()
+    _barrier()
+    if FLAT:
+        mbarrier.arrive(dq_full.index((t % (dq_full.shape[0] // 2)) * 2 + W), count=1)
+    else:
+        mbarrier.arrive(dq_full.index(t % dq_full.shape[0]), count=1)
 
 
 @gluon.jit
@@ -255,7 +265,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
          key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2, CAUSAL: gl.constexpr,
          WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
          W: gl.constexpr, FLAT: gl.constexpr, KV_REGS: gl.constexpr, BY_ROW: gl.constexpr,
-         STATS_ACC: gl.constexpr):
+         STATS_ACC: gl.constexpr, DQ_LATE: gl.constexpr):
     """MMA warpgroup W: keys start_n + W * KEYS onward, and dq's columns W * HEAD_DIM / 2 onward; dk and dv
     stored as head off_hp of dk_ptr and dv_ptr (the kv head, or its partial sums' part), rows below key_rows
     (the tensor's rows, or the packed sequence's: the next ones are another program's). KV_REGS: the
@@ -319,6 +329,9 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         else:
             st = warpgroup_mma(k_a, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        if DQ_LATE:  # PROBE bwd_dq_late: the step before's dq handed over under this step's first matmuls
+            if t > 0:
+                _publish_dq(dq_full, t - 1, W=W, FLAT=FLAT)
         st = warpgroup_mma_wait(1, deps=(st, ))
         rows = start_m + offs_m
         if STATS_ACC:
@@ -368,8 +381,11 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
                            k_cols.slice((1 - W) * KEYS, KEYS, dim=0), dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(s), count=1)
-        _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT)
+        _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT, LATE=DQ_LATE)
 
+    if DQ_LATE:
+        if total > 0:
+            _publish_dq(dq_full, total - 1, W=W, FLAT=FLAT)
     kv_rows = start_n + W * KEYS + gl.arange(0, KEYS, layout=gl.SliceLayout(1, kv_layout))
     kv_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
     key_in = (kv_rows < key_rows)[:, None]  # keys past kv_len (seq_lens) get zeros: their p was masked
@@ -391,7 +407,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr, DQ_LATE: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (grids.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -466,12 +482,12 @@ def _hopper_bwd_kernel(
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_ACC)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 0, FLAT, KV_IN, BY_ROW, STATS_ACC, DQ_LATE)),
         (_mma, (k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, ds_bufs, ds_ready, dq_bufs,
                 dq_full, dq_empty, dk_ptr, dv_ptr, stride_dkz, stride_dkh, stride_dkn, stride_dkd, stride_dvz,
                 stride_dvh, stride_dvn, stride_dvd, total, n_blk, lo, mid, full_end, z_in, k_start, off_hp, start_n,
                 q_len, kv_len, key_rows, causal_offset, qk_scale, scale, head0, heads, win_left, win_right, cap2,
-                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_ACC)),
+                CAUSAL, WINDOW, SOFTCAP, HEAD_DIM, BLOCK_M, 1, FLAT, KV_IN, BY_ROW, STATS_ACC, DQ_LATE)),
         (_loader, (k_desc, v_desc, q_desc, do_desc, lse_desc, delta_desc, lse_ptr, delta_ptr, k_s, v_s, kv_bar,
                    q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, total, n_blk, lo, off_z, z_in, q_start,
                    k_start, q_len, off_hk, start_n, head0, heads, num_heads, stat_stride, VARLEN, BLOCK_M, BY_ROW,
