@@ -407,7 +407,7 @@ def _hopper_bwd_kernel(
     CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, HAS_SEQ_LENS: gl.constexpr,
     VARLEN: gl.constexpr,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, DQ_BUFS: gl.constexpr,
-    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr, DQ_LATE: gl.constexpr,
+    MMA_REGS: gl.constexpr, KV_REGS: gl.constexpr, STATS_ACC: gl.constexpr,
 ):
     """Grid (key blocks, kv heads x parts, batch): a program takes kv_group / parts query heads of its kv head
     (grids.head_split: more programs for a small grid), and dk_ptr, dv_ptr are then fp32 partial sums
@@ -427,6 +427,7 @@ def _hopper_bwd_kernel(
     KV_IN: gl.constexpr = KV_REGS and not SOFTCAP
     gl.static_assert(not (STATS_ACC and SOFTCAP), "softcap's scores need the raw dot (hopper.bwd_meta)")
     BY_ROW: gl.constexpr = not WINDOW  # _next_step's order: every program's band ends at the same row
+    DQ_LATE: gl.constexpr = DQ_BUFS > 1  # PROBE bwd_dq_late: where a warpgroup has two dq buffers
     pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
     off_hk = off_hp // parts
     heads = kv_group // parts

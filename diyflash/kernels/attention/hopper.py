@@ -339,7 +339,6 @@ BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
 BWD_MMA_REGS = 240  # an MMA warpgroup's registers a thread (setmaxnreg; the loader and writer keep 32)
 BWD_DQ_PANEL = 32  # packed sequences' dq columns a TMA reduce: 128 bytes of fp32, the widest swizzled box
-BWD_DQ_LATE = True  # PROBE bwd_dq_late
 BWD_DQ_TILE = 64  # rows of a tile of dq's flat accumulator (one wgmma row tile: backward_sm90._store_dq's order)
 
 
@@ -355,7 +354,7 @@ def bwd_meta(d: int, wide: bool = False, softcap: bool = False) -> dict:
     stats shifted exactly where it is on (launch_bwd)."""
     block_m, stages, dq_bufs, kv_regs, stats_acc = (BWD_WIDE_TILES if wide else BWD_TILES)[d]
     return dict(BLOCK_M=block_m, STAGES=stages, DQ_BUFS=dq_bufs, MMA_REGS=BWD_MMA_REGS, KV_REGS=kv_regs,
-                STATS_ACC=stats_acc and not softcap, DQ_LATE=BWD_DQ_LATE, num_warps=4)
+                STATS_ACC=stats_acc and not softcap, num_warps=4)
 
 
 @functools.cache
