@@ -15,8 +15,9 @@ Partitions:
   once dk and dv are done, dq_w = ds k[:, w*64:(w+1)*64] (the 64 columns of dq this warpgroup owns, ds . k_pre:
   the convert pass undoes k's prescale, so no multiply sits between dq's wait and its store) into a shared fp32
   tile, its share over the warpgroup's own keys issued before the wait for the other warpgroup's half of ds^T
-  (an mbarrier of count 2), the rest after. dq is issued after dk and dv are waited for: three accumulators in
-  flight made ptxas serialize every wgmma (tests/test_hopper.py checks);
+  (an mbarrier of count 2), the rest after; with two dq buffers a warpgroup, the tile is handed to the writer
+  under the next step's first matmuls (DQ_LATE). dq is issued after dk and dv are waited for: three accumulators
+  in flight made ptxas serialize every wgmma (tests/test_hopper.py checks);
 - a loader warp: k and v once, then q, do, lse and delta of each step into STAGES slots (TMA; packed
   sequences' lse and delta rows start anywhere, unaligned for the TMA: the warp loads those itself);
 - a writer warp: each step's dq tile added into the fp32 accumulator by the TMA unit (a bulk tensor
@@ -216,7 +217,8 @@ def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.const
     + 4 * (r % 8) + c % 8 // 2) * 4 + 2 * (r // 8 % 2) + c % 2, so that thread t's registers 4i .. 4i+3 land at
     i * 512 + t * 4 (128-bit stores, a warp's 512 bytes in a row: no bank conflicts; a 128-row tile's second
     64 rows are its registers after the first's); backward_rows._dq_flat_offset reads it back.
-    Else the tile's 128-byte swizzled panels (one a warpgroup at D64, two at D128; 64-bit stores)."""
+    Else the tile's 128-byte swizzled panels (one a warpgroup at D64, two at D128; 64-bit stores).
+    LATE: the hand-over to the writer (_publish_dq) is left to the caller."""
     if FLAT:
         H2: gl.constexpr = dq.shape[1]
         SUBS: gl.constexpr = dq.shape[0] // 64
@@ -272,7 +274,8 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
     warpgroup's k and v held in registers as s^T's and dp^T's A operands (read from shared memory once, not
     every step). STATS_ACC (not SOFTCAP): s^T's and dp^T's accumulators start at -lse2 / qk_rest and -delta, so
     that p and ds need no stat after the matmuls' waits (semantics._probs_shifted); the stat rows hold them so
-    (semantics._stats_shifted), broadcast into the tiles as they are."""
+    (semantics._stats_shifted), broadcast into the tiles as they are. DQ_LATE: each step's dq tile handed to the
+    writer (_publish_dq) after the next step's s^T and dp^T are issued, the last one after the loop."""
     STAGES: gl.constexpr = q_bufs.shape[0]
     BLOCK_N: gl.constexpr = k_s.shape[2]  # the program's keys (k's descriptor block)
     KEYS: gl.constexpr = BLOCK_N // 2  # this warpgroup's
@@ -329,7 +332,7 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
         else:
             st = warpgroup_mma(k_a, q_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
             dpt = warpgroup_mma(v_a, do_s.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        if DQ_LATE:  # PROBE bwd_dq_late: the step before's dq handed over under this step's first matmuls
+        if DQ_LATE:  # the step before's dq tile handed to the writer under this step's first matmuls
             if t > 0:
                 _publish_dq(dq_full, t - 1, W=W, FLAT=FLAT)
         st = warpgroup_mma_wait(1, deps=(st, ))
@@ -427,7 +430,11 @@ def _hopper_bwd_kernel(
     KV_IN: gl.constexpr = KV_REGS and not SOFTCAP
     gl.static_assert(not (STATS_ACC and SOFTCAP), "softcap's scores need the raw dot (hopper.bwd_meta)")
     BY_ROW: gl.constexpr = not WINDOW  # _next_step's order: every program's band ends at the same row
-    DQ_LATE: gl.constexpr = DQ_BUFS > 1  # PROBE bwd_dq_late: where a warpgroup has two dq buffers
+    # each step's dq tile handed to the writer once the next step's s^T and dp^T are issued, so that the proxy
+    # fence's wait falls under them, where a warpgroup has two dq buffers (D64's 64-row tile): 1.012-1.022x on three
+    # D64 causal cells; with one buffer the next store then waits longer for the writer, 0.980-0.995x at D128
+    # (H200, bench/results/onepass_backward_h200.jsonl, runs "bwd dq late")
+    DQ_LATE: gl.constexpr = DQ_BUFS > 1
     pid_n, off_hp, off_z = _tile(head_group, DEAL=CAUSAL, REVERSE=False)
     off_hk = off_hp // parts
     heads = kv_group // parts
