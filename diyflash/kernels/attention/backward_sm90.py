@@ -210,33 +210,31 @@ def _writer(dq_desc, dq_bufs, dq_full, dq_empty, total, n_blk, lo, z_in, q_start
 
 
 @gluon.jit
-def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr, LATE: gl.constexpr):
+def _store_dq(dq, dq_bufs, dq_empty, t, W: gl.constexpr, FLAT: gl.constexpr):
     """MMA warpgroup W's half of step t's dq tile (BLOCK_M rows x D/2 columns, fp32) into shared memory for the
-    writer warp, DQ_BUFS buffers in turns. FLAT: in the accumulator registers' order, into the warpgroup's
+    writer warp, DQ_BUFS buffers in turns (_dq_slot's), once the writer is done with the buffer; _publish_dq hands
+    it over. FLAT: in the accumulator registers' order, into the warpgroup's
     own buffers, a 64-row tile after the other, element (r, c) of a tile at (c // 8) * 512 + (32 * (r // 16)
     + 4 * (r % 8) + c % 8 // 2) * 4 + 2 * (r // 8 % 2) + c % 2, so that thread t's registers 4i .. 4i+3 land at
     i * 512 + t * 4 (128-bit stores, a warp's 512 bytes in a row: no bank conflicts; a 128-row tile's second
     64 rows are its registers after the first's); backward_rows._dq_flat_offset reads it back.
-    Else the tile's 128-byte swizzled panels (one a warpgroup at D64, two at D128; 64-bit stores).
-    LATE: the hand-over to the writer (_publish_dq) is left to the caller."""
+    Else the tile's 128-byte swizzled panels (one a warpgroup at D64, two at D128; 64-bit stores)."""
     if FLAT:
         H2: gl.constexpr = dq.shape[1]
         SUBS: gl.constexpr = dq.shape[0] // 64
-        DQ_BUFS: gl.constexpr = dq_full.shape[0] // 2
-        i = (t % DQ_BUFS) * 2 + W
+        DQ_BUFS: gl.constexpr = dq_empty.shape[0] // 2
+        i = _dq_slot(t, dq_empty.shape[0], W=W, FLAT=FLAT)
         # (r // 64, r // 16 % 4, r // 8 % 2, r % 8, c // 8, c % 8 // 2, c % 2), then a 64-row tile after the
         # other, each in the order of the offset above
         x = gl.permute(gl.reshape(dq, [SUBS, 4, 2, 8, H2 // 8, 4, 2]), (0, 4, 1, 3, 5, 2, 6))
         mbarrier.wait(dq_empty.index(i), ((t // DQ_BUFS) & 1) ^ 1)
         dq_bufs.index(i).store(gl.reshape(x, [dq_bufs.shape[1], 256]))
-        if not LATE:
-            _publish_dq(dq_full, t, W=W, FLAT=FLAT)
     else:
-        DQ_BUFS: gl.constexpr = dq_full.shape[0]
+        DQ_BUFS: gl.constexpr = dq_empty.shape[0]
         PANELS: gl.constexpr = dq_bufs.shape[0] // DQ_BUFS
         PANEL: gl.constexpr = dq_bufs.shape[4]
         M: gl.constexpr = dq.shape[0]
-        qb = t % DQ_BUFS
+        qb = _dq_slot(t, DQ_BUFS, W=W, FLAT=FLAT)
         mbarrier.wait(dq_empty.index(qb), ((t // DQ_BUFS) & 1) ^ 1)
         if dq.shape[1] == PANEL:
             dq_bufs.index(qb * PANELS + W).reshape([M, PANEL]).store(dq)
@@ -244,8 +242,6 @@ def _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W: gl.constexpr, FLAT: gl.const
             dq0, dq1 = gl.split(gl.permute(gl.reshape(dq, [M, 2, PANEL]), (0, 2, 1)))
             dq_bufs.index(qb * PANELS + 2 * W).reshape([M, PANEL]).store(dq0)
             dq_bufs.index(qb * PANELS + 2 * W + 1).reshape([M, PANEL]).store(dq1)
-        if not LATE:
-            _publish_dq(dq_full, t, W=W, FLAT=FLAT)
 
 
 @gluon.jit
@@ -254,10 +250,17 @@ def _publish_dq(dq_full, t, W: gl.constexpr, FLAT: gl.constexpr):
     stores before the TMA unit's reads, its barrier, the arrive."""
     fence_async_shared()
     _barrier()
+    mbarrier.arrive(dq_full.index(_dq_slot(t, dq_full.shape[0], W=W, FLAT=FLAT)), count=1)
+
+
+@gluon.jit
+def _dq_slot(t, n: gl.constexpr, W: gl.constexpr, FLAT: gl.constexpr):
+    """Step t's dq buffer (and its dq_full and dq_empty barriers) of n: FLAT, warpgroup W's of its n // 2 in turns;
+    else the tile's, both warpgroups', n in turns."""
     if FLAT:
-        mbarrier.arrive(dq_full.index((t % (dq_full.shape[0] // 2)) * 2 + W), count=1)
+        return (t % (n // 2)) * 2 + W
     else:
-        mbarrier.arrive(dq_full.index(t % dq_full.shape[0]), count=1)
+        return t % n
 
 
 @gluon.jit
@@ -384,7 +387,9 @@ def _mma(k_s, v_s, kv_bar, q_bufs, do_bufs, lse_bufs, delta_bufs, ready, empty, 
                            k_cols.slice((1 - W) * KEYS, KEYS, dim=0), dq, is_async=True)
         dq = warpgroup_mma_wait(0, deps=(dq, ))
         mbarrier.arrive(empty.index(s), count=1)
-        _store_dq(dq, dq_bufs, dq_full, dq_empty, t, W=W, FLAT=FLAT, LATE=DQ_LATE)
+        _store_dq(dq, dq_bufs, dq_empty, t, W=W, FLAT=FLAT)
+        if not DQ_LATE:
+            _publish_dq(dq_full, t, W=W, FLAT=FLAT)
 
     if DQ_LATE:
         if total > 0:
