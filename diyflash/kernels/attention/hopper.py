@@ -63,28 +63,19 @@ class Tiles(NamedTuple):
                     TURNS=self.turns and not banded, SERIAL=self.serial and banded)
 
 
-# Tiles per head dim. H200, Triton 3.6, bench/results/attention_sm90.jsonl (its "final" run, beside cuDNN):
-# D128 with 128-key blocks in 2 slots 0.94-1.03x cuDNN where the portable kernel ran 0.83-0.91x
-# (H100: 0.93-1.00x against 0.80-0.92x);
-# 3 slots won one run and lost the next (within noise), so the smaller 2 stay. D64 with three consumers (192
-# rows a program, as FA3 tiles D64; two consumers ran slower on the long cells, run "d64 fma"), in turns
-# without masks: 1.026-1.061x on five D64 cells, 0.98x causal, 0.97-1.00x at D128 (causal or not; runs
-# "consumers in turns, first look" and "consumers in turns at D64"; D128 full again after the FMA form, held rows
-# and the split last round 0.99x, run "consumers in turns at D128, again").
-# D64 with masks: each block's softmax after its p @ v as well (serial), then its three consumers' softmaxes run
-# under each other's matmuls only: causal 1.023x -> 1.063x cuDNN, every D128 cell slower (0.90-1.00x against
-# 1.05-1.10x; run "the softmax outside p @ v's wait"); with only the mask behind the block's branch 1.075x (run
-# "the softmax outside p @ v's wait, D64", also a D64 causal window of 1024: 1.15x FlexAttention against 1.12x;
-# GQA 32/8 causal bf16 N16384 1.015x -> 1.083x, run "Tiles.serial beyond the headline").
+# Tiles per head dim (H200, Triton 3.6, bench/results/attention_sm90.jsonl; docs/performance.md, "Attention
+# forward on Hopper", has every run). D128: 128-key blocks in 2 slots (3 ran within the noise). D64: three
+# consumers (192 rows a program, as FA3 tiles D64), in turns on calls without masks (1.026-1.061x cuDNN on five
+# D64 cells, run "consumers in turns at D64"; at D128 turns do not pay), and on calls with masks each block's
+# softmax after its p @ v as well (serial: the three consumers' softmaxes run under each other's matmuls; MHA
+# D64 causal 1.023x -> 1.063x cuDNN, run "the softmax outside p @ v's wait").
 TILES = {64: Tiles(128, 3, 3, turns=True, serial=True), 128: Tiles(128, 2)}
 # A sliding window's tiles where they differ, on windows whose rows see fewer than WINDOW_MAX_KEYS keys on
-# average (contract.mean_keys; D64: every window): 64-key blocks (a consumer's 64 rows and a w-key window span
-# 64 + w keys: fewer keys computed past the window's edges, and more blocks to pipeline over a short band). D64 in
-# 6 slots, against its 128-key blocks (causal windows at N16384): window 256 89 -> 140 TFLOPS (0.63x -> 0.98x
-# FlexAttention), 512 163 -> 213 (0.78x -> 1.01x), 1024 260 -> 298 (0.93x -> 1.07x), 2048 340 -> 351 (1.03x ->
-# 1.07x) (attention_sm90.jsonl, run "d64 window blocks"). D128 in 3 slots (4 ran the same), against its 128-key
-# blocks: window 256 1.17x, 512 1.06x, but 1024 0.95x, 2048 0.93x, 4096 (GQA) 0.87x (run "d128 window blocks"):
-# up to the middle of 512 and 1024.
+# average (contract.mean_keys; D64: every window): 64-key blocks. A consumer's 64 rows and a w-key window span
+# 64 + w keys, so smaller blocks compute fewer keys past the window's edges and give a short band more blocks to
+# pipeline (D64, causal window 256 at N16384: 0.63x -> 0.98x FlexAttention, attention_sm90.jsonl, run "d64 window
+# blocks"). At D128 the 128-key blocks' longer matmuls win from 1024 keys (0.95x there on 64-key blocks, run "d128
+# window blocks"): hence 768, between 512 and 1024.
 WINDOW_TILES = {64: Tiles(64, 6, 3, serial=True), 128: Tiles(64, 3, 2)}
 WINDOW_MAX_KEYS = {128: 768}
 
@@ -98,15 +89,13 @@ def head_dim_tiles(d: int, window: bool, keys: float = 0.0) -> Tiles:
 
 
 # "auto": the head dims it runs the Hopper forward at, and the fewest keys a query row must see on average
-# (contract.mean_keys). D64 pays its tiles' start and end only over long enough rows: at 2048 keys a row 1.03x
-# (causal) and 1.10x (full) the portable kernel, at 1024 (causal) 0.92x (H200, attention_sm90.jsonl, run
-# "held rows"; from 3072 keys 0.99-1.04x cuDNN where the portable kernel ran 0.90-0.95x, runs "d64 fma").
+# (contract.mean_keys). D64 pays its tiles' start and end only over long enough rows: at 1024 keys a row (causal)
+# it ran 0.92x the portable kernel (H200, attention_sm90.jsonl, run "held rows").
 AUTO_MIN_KEYS = {64: 2048, 128: 0}
 # A call with a sliding window: its rows see about the window's keys each, and the portable kernel is slow on
 # windows: at D64 (causal windows, N16384) on WINDOW_TILES the Hopper kernel ran 1.31x the portable one at 128
-# keys a row, 1.39x at 192, 1.42x at 256 (attention_sm90.jsonl, run "d64 short window routes"; under
-# AUTO_MIN_KEYS a 2048-key window, 1921 keys a row, had taken the portable kernel at 0.77x FlexAttention, run
-# "d64 routes, first look"). Shorter windows are not measured: they keep the portable kernel.
+# keys a row (attention_sm90.jsonl, run "d64 short window routes"). Shorter windows are not measured: they keep
+# the portable kernel.
 AUTO_MIN_WINDOW_KEYS = {64: 120, 128: 0}
 # "auto" leaves short calls (less work than plans.HOST_DESC_MIN_WORK, Z*H*N_q*N_k*D) to the portable kernel,
 # which builds no host descriptors for them: the Hopper kernel's three (Gluon's TensorDescriptor, then
@@ -143,11 +132,10 @@ class Split(NamedTuple):
 
 
 # A split's cost beside its runs of key blocks, counted in key blocks a program: a piece's start (its rows
-# loaded, the pipeline filled) and end (its fp32 rows stored), and the merge launch. The split measured 1.006x
-# the kernel before on MHA D128 full fp16 B2 H16 N8192 (2048 tiles, 15.52 rounds; 1.039-1.044x -> 1.051-1.053x cuDNN)
-# and 1.036x on D64 (10.42 rounds) on the H200 (bench/results/attention_sm90.jsonl, run "split last round"): less
-# than the 2.9 % and 4.8 % this count predicts (not profiled: a last round on fewer SMs may run at a higher
-# clock under the power cap).
+# loaded, the pipeline filled) and end (its fp32 rows stored), and the merge launch. On MHA D128 full fp16 B2
+# H16 N8192 (15.52 rounds) the split ran 1.006x the whole tiles, less than the 2.9 % this count predicts (H200,
+# bench/results/attention_sm90.jsonl, run "split last round"; a last round on fewer SMs may meet a higher clock
+# under the power cap).
 SPLIT_PIECE_BLOCKS = 2
 SPLIT_MIN_GAIN = 0.01  # the least share of the call's time a split must save, by that count
 SPLIT_MAX_PIECES = 8  # the most pieces a tile is cut into (the merge adds them in a static unroll)
@@ -309,31 +297,24 @@ def launcher():
 
 # -- the backward (backward_sm90.py) --
 
-# The Hopper backward's tiles by head dim (D = Dv): (query rows a step, 64 here, a multiple of BWD_DQ_TILE: dq's
-# flat accumulator holds tiles of that many rows; q/dout/stat stages; dq buffers a warpgroup, or for
-# packed sequences dq tile buffers, the MMA warpgroups and the writer take in turns; k and v in registers; the
-# stats in s^T's and dp^T's accumulators). Its programs take 128 keys (two MMA warpgroups of 64; the kernel reads
-# it off k's descriptor). H200, Triton 3.6, in one run
-# beside cuDNN (bench/results/onepass_backward_h200.jsonl, run "dq in register order, cells"): D128 1.03-1.08x
-# cuDNN on the GQA 32/8 and MHA cells, D64 1.00-1.04x, 1.39x FlexAttention on the window 4096 cell, where the two
-# portable kernels (deterministic=True) ran 0.71-0.81x of it; D64's tiles (run "d64 tiles"): 128
-# query rows a step (spills) or 3 stages ran no faster. Two dq buffers a warpgroup (run "dq buffers a
-# warpgroup"): 1.006-1.016x of one at D64, 0.96-1.00x at D128 (225.6 of 227 KiB of shared memory); the
-# packed sequences' two panel tiles (run "dq buffers", where shared memory has room: at D64) 0.991x against
-# one's 0.970x on MHA fp16 B2 H16 N8192 not causal. Then: whether each MMA warpgroup holds its k and v in
-# registers as s^T's and dp^T's A operands (read from shared memory once, not every step): at D64 1.025-1.063x
-# of reading them every step on four cells, two passes (run "kv in registers"); at D128 they do not fit (offline
-# sm_90a builds spill 192-684 B and serialize every wgmma, with k or v alone too). Last: whether s^T's and dp^T's
-# accumulators start at the stats (-lse2 / qk_rest, -delta), so that p and ds load nothing after the matmuls'
-# waits: at D128 1.030-1.048x the kernel before on five cells and the window (run "bwd stats in acc"), at D64
-# 0.991-1.002x (kept off). Other head dims keep the portable backward.
+# The Hopper backward's tiles by head dim (D = Dv): (query rows a step, a multiple of BWD_DQ_TILE: dq's flat
+# accumulator holds tiles of that many rows; q/dout/stat stages; dq buffers a warpgroup, or for packed sequences
+# dq tile buffers, that the MMA warpgroups and the writer take in turns; k and v in registers as s^T's and dp^T's
+# A operands; the stats in s^T's and dp^T's accumulators). A program takes BWD_BLOCK_N keys. H200, Triton 3.6,
+# bench/results/onepass_backward_h200.jsonl (docs/performance.md, "Attention backward on Hopper", has every run):
+# - two dq buffers: 1.006-1.016x one at D64 (run "dq buffers a warpgroup"); D128's fit, with 1.4 KiB of shared
+#   memory to spare, and did not pay;
+# - k and v in registers (read from shared memory once, not every step): 1.025-1.063x at D64 (run "kv in
+#   registers"); at D128 they spill and serialize every wgmma (offline sm_90a builds);
+# - the stats in the accumulators (p and ds load nothing after the matmuls' waits): 1.030-1.048x at D128 (run
+#   "bwd stats in acc"); at D64 no gain, so off.
+# Other head dims keep the portable backward.
 BWD_TILES: dict[int, tuple[int, int, int, bool, bool]] = {128: (64, 2, 1, False, True), 64: (64, 2, 2, True, False)}
 # Calls without masks (not causal, no window, no softcap, not packed) at head_dim 64 take FlashAttention-3's D64
 # tile instead: 128 query rows a step (each MMA warpgroup's s^T and dp^T 64 keys x 128 rows), k and v from shared
-# memory (in registers beside those tiles they spill 280-344 B and serialize every wgmma, offline sm_90a), the
-# stats in the accumulators: 1.012-1.027x the 64-row tile on three D64 cells without masks (MHA fp16 B2 H16 N8192
-# 452 -> 465 TFLOPS; bench/results/onepass_backward_h200.jsonl, run "bwd m128"), where the causal one ran 0.98x
-# (run "bwd m128, first look").
+# memory (in registers beside those tiles they spill and serialize every wgmma, offline sm_90a), the stats in the
+# accumulators: 1.012-1.027x the 64-row tile on three D64 cells without masks (bench/results/onepass_backward_h200.jsonl,
+# run "bwd m128"; causal calls lost).
 BWD_WIDE_TILES: dict[int, tuple[int, int, int, bool, bool]] = {64: (128, 2, 1, False, True)}
 BWD_HEAD_DIMS = tuple(sorted(BWD_TILES))
 BWD_BLOCK_N = 128  # keys a program, two MMA warpgroups of 64 (the kernel reads it off k's descriptor)
@@ -395,10 +376,9 @@ def backward_runs(q4, v4, seq_lens, packed, alibi, overrides: bool, deterministi
 
 MAX_PACKED_SEQUENCES = 65535  # CUDA's cap on a grid's z dimension: the kernel takes a sequence a slice
 # "auto" also leaves to the portable kernels a backward whose programs walk fewer query rows than this (a kv
-# head's query heads x the longest sequence: backward_runs' program_rows). H200, GPU time against the portable
-# kernels with k and v in registers (bench/results/onepass_backward_h200.jsonl, run "short calls, GPU time"): at
-# head_dim 64 causal 256 rows 0.92x, 512 rows 0.96x, 768 rows 1.03x, 1024 rows 1.09-1.11x (not causal 1.03x,
-# 1.10x, 1.16x at 512, 768, 1024); at head_dim 128 MHA 1.23x from 256 rows (run "short calls").
+# head's query heads x the longest sequence: backward_runs' program_rows): at head_dim 64, causal, the Hopper
+# backward ran 0.96x the portable kernels' speed at 512 rows and 1.03x at 768, by GPU time (H200,
+# bench/results/onepass_backward_h200.jsonl, run "short calls, GPU time"); head_dim 128 wins from 256 rows.
 BWD_MIN_ROWS = {64: 768}
 # A causal GQA backward (no window) of BWD_GROUP_MIN_ROWS query rows or more splits each kv head's query-head
 # group so that a program walks at most BWD_GROUP_HEADS query heads (grids.head_split; dk and dv then fp32
