@@ -32,14 +32,11 @@ def head_group(causal: bool, num_tiles: int, num_bh: int, device: torch.device) 
 # A GQA dk/dv kernel has one program per key block of a kv head, each summing its whole query-head group:
 # a grid a group's size smaller than the dense one. Where it holds fewer than SPLIT_PROGRAMS_PER_SM programs
 # per SM, the group is split over programs (head_split) and their fp32 partial sums added by one more launch.
-# Measured (H200, the gqa_split probe, bench/results/gqa_split_h200.txt; D128 bf16, backward TFLOPS):
-# B1 H16/4 causal N1024 56 -> 117, N2048 121 -> 245, N4096 225 -> 334 (one wave of 128 programs ended on the
-# heaviest key blocks); grids of 256 programs and more (B1 N8192, B2 N4096) gained nothing from a split.
-# Calls of less work than SPLIT_MIN_WORK (Z*H*N_q*N_k*D) keep one launch: through autograd the backward costs
-# ~200 us of host time a call (bench/results/attention_bwd_host_h200.txt), more than such a grid's GPU time, and
-# the split's extra launch and two allocations added ~40 us to it (B1 H16/4 N1024 D128, 2^31: the kernels 190 ->
-# 90 us, yet autograd.grad in a loop 195 -> 250-290 us a call; H200). B1 H16 N2048 D128 is 2^33. The Hopper
-# backward (one program per 128 keys) splits the same way: B1 H16/4 N4096 bf16 causal 280 -> 470 TFLOPS
+# Unsplit, one wave of such programs ends on the heaviest key blocks: the split took B1 H16/4 D128 bf16 causal
+# N2048 from 121 to 245 TFLOPS (H200, bench/results/gqa_split_h200.txt); grids of 256 programs and more gained
+# nothing. Calls of less work than SPLIT_MIN_WORK (Z*H*N_q*N_k*D; B1 H16 N2048 D128 is 2^33) keep one launch:
+# their host time decides, and the split's extra launch and allocations added ~40 us a call through autograd
+# (bench/results/attention_bwd_host_h200.txt). The Hopper backward (one program per 128 keys) splits the same way
 # (bench/results/onepass_backward_h200.jsonl, run "gqa split").
 SPLIT_PROGRAMS_PER_SM = 1
 SPLIT_MIN_WORK = 1 << 32

@@ -62,18 +62,14 @@ def decode_rows(n_q: int, kv_group: int) -> int:
     return min(DECODE_MAX_ROWS, max(16, 1 << (n_q * kv_group - 1).bit_length()))
 
 
-# Programs of a decode launch and where they sit (the decode_probe probe --grid, H200, B x L = 64k
-# tokens, 8 kv heads, D128, bench/results/decode_probe_h200.txt): the time falls in steps with whole waves
-# of programs. With 3 pipeline stages (two programs an SM) B8 L8k took 80.0 us at 2 or 4 splits (128 or
-# 256 programs) and 83.8 us at 5 (320: a second, partial wave); one program an SM was as fast as two or
-# faster (B1 L8k: 21.0 us at 16 splits, 22.1 at 32; B16 L4k: 77.7 unsplit, 80.8 at 3 splits). An
-# unsplit grid of more than two programs an SM reads best with 2 stages, three programs an SM: B64 L1k
-# 82.2 -> 76.3 us, L8k 550 -> 485 us, L32k 2157 -> 1891 us (bench/results/decode_tiles_h200.txt).
-# A paged cache is the exception: each step's keys wait for their block-table entry, and the more programs
-# an SM, the more of that latency is hidden (decode_probe --paged, H200, page 256, one table load a step,
-# clean L2, bench/results/decode_paged_probe_h200.txt): B1 L64k at 1 / 2 / 3 / 4 programs an SM 123.7 /
-# 81.3 / 71.9 / 71.2 us (51 / 78 / 88 / 89 % of the copy bandwidth), B8 L8k 123.6 / 79.9 / 71.4 / 70.5,
-# B1 L128k 237.6 / 146.0 / 130.9 / 130.7. Paged launches take four programs an SM.
+# Programs of a decode launch and where they sit: the time falls in steps with whole waves of programs, and
+# one program an SM was as fast as two or faster (B8 L8k, 8 kv heads, D128: 80.0 us at 128 or 256 programs,
+# 83.8 at 320, a second partial wave; H200, bench/results/decode_probe_h200.txt). An unsplit grid of more than
+# two programs an SM reads best with 2 stages, three programs an SM (B64 L8k 550 -> 485 us,
+# bench/results/decode_tiles_h200.txt). A paged cache is the exception: each step's keys wait for their
+# block-table entry, and the more programs an SM, the more of that latency is hidden (B1 L64k, page 256: 123.7
+# us at one program an SM, 71.2 at four; bench/results/decode_paged_probe_h200.txt). Paged launches take four
+# programs an SM.
 
 
 def num_splits_for(batch: int, h_kv: int, row_tiles: int, capacity: int, device: torch.device,

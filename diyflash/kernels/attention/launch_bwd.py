@@ -148,10 +148,9 @@ def _hopper_backward(key, env: dict, var: Variant, scale: float, pre_args: tuple
 
 # The one-pass backward (dq added up with fp32 atomic adds by the dk/dv kernel: 5 dots a tile pair against the
 # two-kernel backward's 7) where it measured faster than the two-kernel one on the H200, with its own dk/dv
-# tiles: padded head_dim -> (the shortest sequence it serves, the tiles). bench/results/bwd_one_pass_h200.jsonl:
-# at D64, 64x64 tiles, 4 warps, 3 stages, TMA (a tile's share of dq is one bulk reduce) run 1.04-1.07x the
-# two-kernel backward at N4096-8192 (MHA fp16, GQA bf16, causal or not) but 0.87x at B16 N1024; at D128 the
-# dk, dv and dq tiles together spill registers (at most 1.01x with the best of seven tiles), D32 ties.
+# tiles: padded head_dim -> (the shortest sequence it serves, the tiles). At D64 on 64x64 tiles (TMA: a tile's
+# share of dq is one bulk reduce) it ran 1.04-1.07x the two-kernel backward from N4096, and lost at N1024
+# (bench/results/bwd_one_pass_h200.jsonl); at D128 its tiles spill registers, and D32 ties.
 ONE_PASS: dict[int, tuple[int, AttnConfig | None]] = {64: (4096, AttnConfig(64, 64, 4, 3, tma=True))}
 ONE_PASS_MAX_HEAD_DIM = 128  # above it the dk/dv tiles leave no shared memory for dq's share
 
