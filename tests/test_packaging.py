@@ -58,9 +58,26 @@ def test_ci_runs_the_readme_commands_verbatim():
     ci = (root / ".ci" / "run").read_text()
     block = readme.split("```bash", 1)[1].split("```", 1)[0]
     commands = [line.strip() for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
-    assert commands == ["pip install -e . && python -m diyflash", 'pip install -e ".[test,transformers]" && python -m pytest']
-    assert "(pip install -e . && python -m diyflash)" in ci and 'pip install -e ".[test,transformers]" && python -m pytest' in ci
+    assert commands == ["pip install -e . && python -m diyflash", 'pip install -e ".[test,transformers]" && python -m pytest -n auto']
+    assert "(pip install -e . && python -m diyflash)" in ci and 'pip install -e ".[test,transformers]" && python -m pytest -n auto' in ci
     assert "python -m venv" in ci and "--system-site-packages" not in ci and "validation: PASSED" in ci
+
+
+def test_auto_workers(monkeypatch):
+    """`-n auto` (the README's test command) takes every CPU this process may run on, at most GPU_WORKERS on the
+    GPU, and leaves the count to pytest-xdist's own rule where PYTEST_XDIST_AUTO_NUM_WORKERS is set."""
+    import conftest
+
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(40)), raising=False)
+    monkeypatch.setattr(conftest, "DEVICE", "cpu")
+    assert conftest.pytest_xdist_auto_num_workers(None) == 40
+    monkeypatch.setattr(conftest, "DEVICE", "cuda")
+    assert conftest.pytest_xdist_auto_num_workers(None) == conftest.GPU_WORKERS < 40
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 2
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "3")
+    assert conftest.pytest_xdist_auto_num_workers(None) is None
 
 
 def test_test_session_leaves_no_cache_dir(tmp_path):
