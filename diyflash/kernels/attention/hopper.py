@@ -303,13 +303,14 @@ def launcher():
 # A operands; the stats in s^T's and dp^T's accumulators). A program takes BWD_BLOCK_N keys. H200, Triton 3.6,
 # bench/results/onepass_backward_h200.jsonl (docs/performance.md, "Attention backward on Hopper", has every run):
 # - two dq buffers: 1.006-1.016x one at D64 (run "dq buffers a warpgroup"); D128's fit, with 1.4 KiB of shared
-#   memory to spare, and did not pay;
+#   memory to spare, and did not pay, nor with each tile handed over late (0.976-0.998x, run "bwd dq late, D128
+#   two buffers");
 # - k and v in registers (read from shared memory once, not every step): 1.025-1.063x at D64 (run "kv in
 #   registers"); at D128 they spill and serialize every wgmma (offline sm_90a builds);
 # - the stats in the accumulators (p and ds load nothing after the matmuls' waits): 1.030-1.048x at D128 (run
 #   "bwd stats in acc"); at D64 no gain, so off.
 # Other head dims keep the portable backward.
-BWD_TILES: dict[int, tuple[int, int, int, bool, bool]] = {128: (64, 2, 2, False, True), 64: (64, 2, 2, True, False)}
+BWD_TILES: dict[int, tuple[int, int, int, bool, bool]] = {128: (64, 2, 1, False, True), 64: (64, 2, 2, True, False)}
 # Calls without masks (not causal, no window, no softcap, not packed) at head_dim 64 take FlashAttention-3's D64
 # tile instead: 128 query rows a step (each MMA warpgroup's s^T and dp^T 64 keys x 128 rows), k and v from shared
 # memory (in registers beside those tiles they spill and serialize every wgmma, offline sm_90a), the stats in the
