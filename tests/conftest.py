@@ -92,6 +92,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+GPU_WORKERS = 14  # the GPU suite's workers on a 16-core H200 host (docs/testing.md)
+
+
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config):
     """The workers of `-n auto` (the README's test command): every CPU this process may run on, since Triton's
@@ -102,9 +105,6 @@ def pytest_xdist_auto_num_workers(config):
         return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(cpus, GPU_WORKERS) if DEVICE == "cuda" else cpus
-
-
-GPU_WORKERS = 14  # the GPU suite's workers on a 16-core H200 host (docs/testing.md)
 
 
 def pytest_report_header(config):

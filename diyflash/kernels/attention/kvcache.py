@@ -62,9 +62,9 @@ def decode_rows(n_q: int, kv_group: int) -> int:
     return min(DECODE_MAX_ROWS, max(16, 1 << (n_q * kv_group - 1).bit_length()))
 
 
-# Programs of a decode launch and where they sit: the time falls in steps with whole waves of programs, and
-# one program an SM was as fast as two or faster (B8 L8k, 8 kv heads, D128: 80.0 us at 128 or 256 programs,
-# 83.8 at 320, a second partial wave; H200, bench/results/decode_probe_h200.txt). An unsplit grid of more than
+# Programs of a decode launch and where they sit: the time falls in steps with whole waves of programs (B8
+# L8k, 8 kv heads, D128: 80.0 us at 128 or 256 programs, 83.8 at 320, a second partial wave; H200,
+# bench/results/decode_probe_h200.txt), and one program an SM was as fast as two or faster. An unsplit grid of more than
 # two programs an SM reads best with 2 stages, three programs an SM (B64 L8k 550 -> 485 us,
 # bench/results/decode_tiles_h200.txt). A paged cache is the exception: each step's keys wait for their
 # block-table entry, and the more programs an SM, the more of that latency is hidden (B1 L64k, page 256: 123.7
