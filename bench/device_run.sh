@@ -18,7 +18,9 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
 smi=$!
 trap 'kill $smi 2>/dev/null' EXIT
 if [[ $parts == *tests* ]]; then
-  DIYFLASH_TEST_DEVICE=cuda python3 -m pytest -q --maxfail=25 -p no:cacheprovider --durations=10 ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  # on every core where pytest-xdist is there (tests/conftest.py caps the GPU's workers); serially where not
+  workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n auto")
+  DIYFLASH_TEST_DEVICE=cuda python3 -m pytest -q --maxfail=25 -p no:cacheprovider --durations=10 $workers ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   status=${PIPESTATUS[0]}
 fi
 if [[ $parts == *sweep* ]]; then  # re-tunes diyflash/kernels/attention_tuned.py (copied to $OUT)
